@@ -1,0 +1,29 @@
+# One virtual environment for everything; torch is installed first from the local CPU wheel.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint install test-docker bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## run: train a demo model on generated data (once) and serve it on http://127.0.0.1:8000
+run: $(STAMP)
+	$(VENV)/bin/ovex demo
+
+## test: lint, type-check and run the test suite
+test: $(STAMP)
+	$(VENV)/bin/ruff check trainer service tests bench clients
+	$(VENV)/bin/mypy
+	$(VENV)/bin/pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

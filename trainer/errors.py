@@ -1,0 +1,34 @@
+"""Typed errors users can act on: each names the file, line, field or index at fault."""
+
+from __future__ import annotations
+
+
+class OvexError(Exception):
+    """Base of every error ovex raises on purpose (the API maps these to 4xx, never 500)."""
+
+
+class DataFormatError(OvexError):
+    """A dataset file is malformed; carries the file and 1-based line so the user can fix it."""
+
+    def __init__(self, path: str, line: int, message: str) -> None:
+        self.path = path
+        self.line = line
+        self.message = message
+        super().__init__(f"{path}:{line}: {message}")
+
+
+class ArtifactError(OvexError):
+    """A model directory is missing, corrupt or of another schema version."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        self.message = message
+        super().__init__(f"{path}: {message}")
+
+
+class ParamsError(OvexError):
+    """Training parameters out of range or inconsistent with the data."""
+
+
+class TrainingCancelled(OvexError):
+    """Raised inside the training loop when hooks ask it to stop."""
