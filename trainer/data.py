@@ -1,0 +1,499 @@
+"""Dataset readers and writers: Extreme Classification Repository text format and JSONL.
+
+Files are read in chunks of lines so peak memory stays proportional to the CSR arrays, not to the
+text; every malformed input becomes a `DataFormatError` naming the file, the 1-based line and the
+fault, because a traceback from deep inside numpy tells a user nothing about which row to fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+import scipy.sparse as sp
+
+from trainer.errors import DataFormatError
+
+__all__ = [
+    "Dataset",
+    "check_compatible",
+    "read_dataset",
+    "read_jsonl",
+    "read_xc",
+    "write_xc",
+]
+
+# Lines parsed per vectorised chunk: large enough to amortise numpy calls, small enough that the
+# transient per-chunk Python objects stay a few MB.
+_CHUNK_LINES = 16384
+_F32_MAX = float(np.finfo(np.float32).max)
+
+# One well-formed XC row: optional comma-separated label ids, then `id:value` pairs. A row with no
+# labels may start with whitespace or directly with a pair. Values are checked by float() later.
+_ROW_RE = re.compile(rb"[ \t]*(?:([0-9]+(?:,[0-9]+)*)(?:[ \t]+|$))?((?:[0-9]+:[^\s:,]+(?:[ \t]+|$))*)\s*")
+_INT_RE = re.compile(rb"[0-9]+")
+
+
+@dataclass
+class Dataset:
+    """One split in memory: sparse features (or raw texts before featurizing) and a label matrix.
+
+    `X` is N×D float32 CSR for feature files; JSONL text sets carry `texts` instead and `X` is None
+    until a featurizer turns them into features. `Y` is N×L float32 CSR of 1s (rows may be empty).
+    """
+
+    Y: sp.csr_matrix
+    n_features: int
+    n_labels: int
+    X: sp.csr_matrix | None = None
+    texts: list[str] | None = None
+    label_names: list[str] | None = None
+    path: str = ""
+    meta: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.Y.shape[0])
+
+    @property
+    def is_text(self) -> bool:
+        return self.texts is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# XC format
+# ---------------------------------------------------------------------------------------------
+
+
+class _CsrBuilder:
+    """Accumulates CSR pieces chunk by chunk (numpy arrays), concatenated once at the end."""
+
+    def __init__(self) -> None:
+        self.indices: list[np.ndarray] = []
+        self.data: list[np.ndarray] = []
+        self.counts: list[np.ndarray] = []
+
+    def add(self, counts: np.ndarray, indices: np.ndarray, data: np.ndarray | None) -> None:
+        self.counts.append(counts.astype(np.int64, copy=False))
+        self.indices.append(indices)
+        if data is not None:
+            self.data.append(data)
+
+    def build(self, n_rows: int, n_cols: int, ones: bool) -> sp.csr_matrix:
+        counts = np.concatenate(self.counts) if self.counts else np.zeros(0, np.int64)
+        nnz = int(counts.sum())
+        idx_dtype = np.int32 if max(nnz, n_cols) < 2**31 else np.int64
+        indptr = np.zeros(n_rows + 1, dtype=idx_dtype)
+        np.cumsum(counts, out=indptr[1:])
+        indices = np.concatenate(self.indices).astype(idx_dtype, copy=False) if self.indices else (
+            np.zeros(0, idx_dtype))
+        self.indices.clear()
+        if ones:
+            data = np.ones(nnz, dtype=np.float32)
+        else:
+            data = np.concatenate(self.data).astype(np.float32) if self.data else np.zeros(0, np.float32)
+        self.data.clear()
+        m = sp.csr_matrix((data, indices, indptr), shape=(n_rows, n_cols))
+        m.has_sorted_indices = True
+        return m
+
+
+def _parse_header(raw: bytes, path: str) -> tuple[int, int, int]:
+    parts = raw.split()
+    if len(parts) != 3 or not all(_INT_RE.fullmatch(p) for p in parts):
+        shown = raw.decode("utf-8", "replace").strip()[:80]
+        raise DataFormatError(
+            path, 1, f"bad header {shown!r}: expected three non-negative integers 'N D L' "
+            "(rows, features, labels)")
+    n, d, labels = (int(p) for p in parts)
+    if d == 0:
+        raise DataFormatError(path, 1, "bad header: feature count D must be positive")
+    return n, d, labels
+
+
+def _check_row(line: bytes, lineno: int, path: str, n_features: int, n_labels: int
+               ) -> tuple[list[int], list[int], list[float]]:
+    """Slow, exact parse of one row; used to find and describe the first fault in a chunk."""
+    text = line.decode("utf-8", "replace").strip()
+    tokens = text.split()
+    labels: list[int] = []
+    if tokens and ":" not in tokens[0]:
+        lab_tok = tokens.pop(0)
+        for part in lab_tok.split(","):
+            if part == "":
+                raise DataFormatError(path, lineno, f"empty label id in label list {lab_tok!r}")
+            if not part.lstrip("-").isdigit():
+                raise DataFormatError(path, lineno, f"unparsable label id {part!r} (expected an integer)")
+            lab = int(part)
+            if lab < 0:
+                raise DataFormatError(path, lineno, f"negative label id {lab}")
+            if lab >= n_labels:
+                raise DataFormatError(path, lineno, f"label id {lab} >= L={n_labels} from the header")
+            labels.append(lab)
+        if len(set(labels)) != len(labels):
+            dup = next(x for x in labels if labels.count(x) > 1)
+            raise DataFormatError(path, lineno, f"duplicate label id {dup}")
+    ids: list[int] = []
+    vals: list[float] = []
+    for tok in tokens:
+        if tok.count(":") != 1:
+            raise DataFormatError(path, lineno, f"unparsable token {tok!r}: expected feature:value")
+        fid_s, val_s = tok.split(":")
+        if not fid_s.lstrip("-").isdigit():
+            raise DataFormatError(path, lineno, f"unparsable feature id {fid_s!r} in {tok!r}")
+        fid = int(fid_s)
+        if fid < 0:
+            raise DataFormatError(path, lineno, f"negative feature id {fid}")
+        if fid >= n_features:
+            raise DataFormatError(path, lineno, f"feature id {fid} >= D={n_features} from the header")
+        try:
+            val = float(val_s)
+        except ValueError:
+            raise DataFormatError(path, lineno, f"unparsable value {val_s!r} in {tok!r}") from None
+        if not math.isfinite(val):
+            raise DataFormatError(path, lineno, f"non-finite value {val_s!r} for feature {fid}")
+        if abs(val) > _F32_MAX:
+            raise DataFormatError(path, lineno, f"value {val_s!r} for feature {fid} overflows float32")
+        ids.append(fid)
+        vals.append(val)
+    if len(set(ids)) != len(ids):
+        dup = next(x for x in ids if ids.count(x) > 1)
+        raise DataFormatError(path, lineno, f"duplicate feature id {dup}")
+    return labels, ids, vals
+
+
+def _sorted_rows(counts: np.ndarray, ids: np.ndarray, n_cols: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Sort ids within each row; report whether any row holds a duplicate id."""
+    if ids.size == 0:
+        return ids, np.zeros(0, np.int64), False
+    rows = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+    key = rows * np.int64(n_cols) + ids
+    order = np.argsort(key, kind="stable")
+    skey = key[order]
+    dup = bool(np.any(skey[1:] == skey[:-1]))
+    return ids[order], order, dup
+
+
+def _parse_chunk(lines: list[bytes], first_lineno: int, path: str, n_features: int, n_labels: int,
+                 xb: _CsrBuilder, yb: _CsrBuilder) -> None:
+    """Vectorised parse of a chunk; on any anomaly re-parse line by line to report the exact fault."""
+    n = len(lines)
+    lab_parts: list[bytes] = []
+    feat_parts: list[bytes] = []
+    lab_counts = np.zeros(n, np.int64)
+    feat_counts = np.zeros(n, np.int64)
+    bad = False
+    for i, line in enumerate(lines):
+        m = _ROW_RE.fullmatch(line)
+        if m is None:
+            bad = True
+            break
+        labs, feats = m.group(1), m.group(2)
+        if labs:
+            lab_parts.append(labs)
+            lab_counts[i] = labs.count(b",") + 1
+        if feats:
+            feat_parts.append(feats)
+            feat_counts[i] = feats.count(b":")
+    try:
+        if bad:
+            raise ValueError
+        lab_ids = (np.array(b",".join(lab_parts).split(b","), dtype=np.int64) if lab_parts
+                   else np.zeros(0, np.int64))
+        pieces = b" ".join(feat_parts).replace(b":", b" ").split()
+        feat_ids = np.array(pieces[0::2], dtype=np.int64) if pieces else np.zeros(0, np.int64)
+        vals = np.array(list(map(float, pieces[1::2])), dtype=np.float64)
+        if lab_ids.size and int(lab_ids.max()) >= n_labels:
+            raise ValueError
+        if feat_ids.size and int(feat_ids.max()) >= n_features:
+            raise ValueError
+        if vals.size and not (np.all(np.isfinite(vals)) and float(np.abs(vals).max()) <= _F32_MAX):
+            raise ValueError
+        feat_ids, order, dup_f = _sorted_rows(feat_counts, feat_ids, n_features)
+        lab_ids, _, dup_l = _sorted_rows(lab_counts, lab_ids, n_labels)
+        if dup_f or dup_l:
+            raise ValueError
+        vals = vals[order] if order.size else vals
+    except (ValueError, OverflowError):
+        for j, line in enumerate(lines):
+            _check_row(line, first_lineno + j, path, n_features, n_labels)
+        raise DataFormatError(path, first_lineno, "malformed rows in this region (no single fault found)"
+                              ) from None
+    xb.add(feat_counts, feat_ids, vals.astype(np.float32))
+    yb.add(lab_counts, lab_ids, None)
+
+
+def _lines(fh: IO[bytes]) -> Iterator[list[bytes]]:
+    buf: list[bytes] = []
+    for line in fh:
+        buf.append(line)
+        if len(buf) >= _CHUNK_LINES:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+def read_xc(path: str | Path) -> Dataset:
+    """Read an Extreme Classification Repository file (`N D L` header, `l1,l2 f:v ...` rows).
+
+    Rows are parsed in vectorised chunks; ids are sorted within each row. Blank lines after the
+    N-th row are ignored; a blank line among the rows is a row with no labels and no features.
+    """
+    spath = str(path)
+    try:
+        fh = open(spath, "rb")  # noqa: SIM115 - closed in finally; streaming read
+    except OSError as e:
+        raise DataFormatError(spath, 0, f"cannot open: {e.strerror}") from None
+    try:
+        header = fh.readline()
+        if not header:
+            raise DataFormatError(spath, 1, "empty file: expected a header line 'N D L'")
+        n_rows, n_features, n_labels = _parse_header(header, spath)
+        xb, yb = _CsrBuilder(), _CsrBuilder()
+        seen = 0
+        lineno = 2  # line number of the next line read
+        for chunk in _lines(fh):
+            take = chunk[: max(0, n_rows - seen)]
+            rest = chunk[len(take):]
+            if take:
+                _parse_chunk(take, lineno, spath, n_features, n_labels, xb, yb)
+                seen += len(take)
+            for j, extra in enumerate(rest):
+                if extra.strip():
+                    raise DataFormatError(spath, lineno + len(take) + j,
+                                          f"more rows than N={n_rows} declared in the header")
+            lineno += len(chunk)
+        if seen < n_rows:
+            raise DataFormatError(spath, lineno, f"file ends after {seen} rows but the header declares "
+                                  f"N={n_rows}")
+    finally:
+        fh.close()
+    X = xb.build(n_rows, n_features, ones=False)
+    Y = yb.build(n_rows, n_labels, ones=True)
+    return Dataset(Y=Y, n_features=n_features, n_labels=n_labels, X=X, path=spath)
+
+
+def _format_values(values: np.ndarray) -> list[str]:
+    """Shortest strings that read back to the same float32 (integers without a decimal point)."""
+    v = np.asarray(values, dtype=np.float32)
+    out = v.astype(str).tolist()
+    if out and np.all(v == np.round(v)) and np.all(np.abs(v) < 2**24):
+        out = v.astype(np.int64).astype(str).tolist()
+    return out
+
+
+def write_xc(path: str | Path, X: sp.spmatrix, Y: sp.spmatrix) -> None:
+    """Write features and labels in XC format (values written so they read back bit-exactly)."""
+    Xc = sp.csr_matrix(X, dtype=np.float32)
+    Yc = sp.csr_matrix(Y)
+    if Xc.shape[0] != Yc.shape[0]:
+        raise ValueError(f"X has {Xc.shape[0]} rows but Y has {Yc.shape[0]}")
+    Xc.sort_indices()
+    Yc.sort_indices()
+    n = Xc.shape[0]
+    step = 8192
+    with open(path, "w", encoding="ascii", newline="\n") as fh:
+        fh.write(f"{n} {Xc.shape[1]} {Yc.shape[1]}\n")
+        for start in range(0, n, step):
+            stop = min(n, start + step)
+            xs, ys = Xc[start:stop], Yc[start:stop]
+            fid = xs.indices.astype(str).tolist()
+            val = _format_values(xs.data)
+            toks = [f"{a}:{b}" for a, b in zip(fid, val, strict=True)]
+            labs = ys.indices.astype(str).tolist()
+            xp, yp = xs.indptr, ys.indptr
+            rows = []
+            for i in range(stop - start):
+                lab = ",".join(labs[yp[i]:yp[i + 1]])
+                feats = " ".join(toks[xp[i]:xp[i + 1]])
+                rows.append(f"{lab} {feats}".rstrip() if lab else f" {feats}".rstrip())
+            fh.write("\n".join(rows))
+            fh.write("\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# JSONL
+# ---------------------------------------------------------------------------------------------
+
+_JSONL_KEYS = {"text", "labels", "id"}
+
+
+def read_jsonl(path: str | Path, label_names: list[str] | None = None) -> Dataset:
+    """Read `{"text": ..., "labels": [names]}` lines (blank lines skipped, `labels` may be absent).
+
+    Without `label_names` the vocabulary is built in first-seen order; with it (e.g. a test set
+    read against the training vocabulary) an unknown name is an error.
+    """
+    spath = str(path)
+    vocab: dict[str, int] = {}
+    fixed = label_names is not None
+    if label_names is not None:
+        for i, name in enumerate(label_names):
+            vocab.setdefault(name, i)
+    texts: list[str] = []
+    indices: list[int] = []
+    indptr: list[int] = [0]
+    try:
+        fh = open(spath, encoding="utf-8")  # noqa: SIM115 - closed below; streaming read
+    except OSError as e:
+        raise DataFormatError(spath, 0, f"cannot open: {e.strerror}") from None
+    lineno = 0
+    try:
+        with fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataFormatError(spath, lineno, f"invalid JSON: {e.msg} at column {e.colno}"
+                                          ) from None
+                texts.append(_jsonl_text(obj, spath, lineno))
+                for name in _jsonl_labels(obj, spath, lineno):
+                    idx = vocab.get(name)
+                    if idx is None:
+                        if fixed:
+                            raise DataFormatError(spath, lineno, f"unknown label {name!r} (not in the "
+                                                  "training label set)")
+                        idx = vocab[name] = len(vocab)
+                    indices.append(idx)
+                indptr.append(len(indices))
+    except UnicodeDecodeError as e:
+        raise DataFormatError(spath, lineno + 1, f"not UTF-8 text: {e.reason}") from None
+    if not texts:
+        raise DataFormatError(spath, max(lineno, 1), "empty file: no JSON rows")
+    names = list(label_names) if label_names is not None else list(vocab)
+    n_labels = len(names)
+    Y = sp.csr_matrix(
+        (np.ones(len(indices), np.float32), np.asarray(indices, np.int32), np.asarray(indptr, np.int64)),
+        shape=(len(texts), n_labels))
+    Y.sort_indices()
+    return Dataset(Y=Y, n_features=0, n_labels=n_labels, texts=texts, label_names=names, path=spath)
+
+
+def _jsonl_text(obj: object, path: str, lineno: int) -> str:
+    if not isinstance(obj, dict):
+        raise DataFormatError(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
+    extra = set(obj) - _JSONL_KEYS
+    if extra:
+        raise DataFormatError(path, lineno, f"unknown key(s) {sorted(extra)}; allowed: text, labels, id")
+    if "text" not in obj:
+        raise DataFormatError(path, lineno, "missing key 'text'")
+    text = obj["text"]
+    if not isinstance(text, str):
+        raise DataFormatError(path, lineno, f"'text' must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise DataFormatError(path, lineno, "'text' is empty")
+    return text
+
+
+def _jsonl_labels(obj: dict[str, object], path: str, lineno: int) -> list[str]:
+    labels = obj.get("labels", [])
+    if not isinstance(labels, list):
+        raise DataFormatError(path, lineno,
+                              f"'labels' must be a list of strings, got {type(labels).__name__}")
+    seen: set[str] = set()
+    for lab in labels:
+        if not isinstance(lab, str):
+            raise DataFormatError(path, lineno, f"'labels' must be a list of strings; found {lab!r}")
+        if not lab:
+            raise DataFormatError(path, lineno, "empty label name in 'labels'")
+        if lab in seen:
+            raise DataFormatError(path, lineno, f"duplicate label {lab!r}")
+        seen.add(lab)
+    return labels
+
+
+# ---------------------------------------------------------------------------------------------
+# Sniffing and compatibility
+# ---------------------------------------------------------------------------------------------
+
+
+def _first_char(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            while True:
+                block = fh.read(4096)
+                if not block:
+                    return ""
+                stripped = block.lstrip()
+                if stripped:
+                    return chr(stripped[0])
+    except OSError as e:
+        raise DataFormatError(path, 0, f"cannot open: {e.strerror}") from None
+
+
+def read_dataset(path: str | Path, label_names: list[str] | None = None) -> Dataset:
+    """Read XC or JSONL, chosen by content: JSONL if the first non-blank character is `{`.
+
+    `label_names` only applies to JSONL (the training vocabulary for a test set).
+    """
+    spath = str(path)
+    first = _first_char(spath)
+    if first == "":
+        raise DataFormatError(spath, 1, "empty file")
+    if first == "{":
+        return read_jsonl(spath, label_names=label_names)
+    return read_xc(spath)
+
+
+def check_compatible(train: Dataset, test: Dataset) -> Dataset:
+    """Check a test set against the training set and return it in the training set's dimensions.
+
+    XC: a test file may declare fewer features/labels (its matrices are widened), never more.
+    JSONL: labels are remapped by name onto the training vocabulary; unknown names are an error.
+    """
+    if train.is_text != test.is_text:
+        kinds = {True: "text (JSONL)", False: "sparse features (XC)"}
+        raise DataFormatError(test.path, 1, f"test set holds {kinds[test.is_text]} but the model was "
+                              f"trained on {kinds[train.is_text]}")
+    if test.is_text:
+        return _remap_labels(train, test)
+    assert test.X is not None
+    if test.n_features > train.n_features:
+        raise DataFormatError(test.path, 1, f"test set declares D={test.n_features} features but the "
+                              f"training set has {train.n_features}")
+    if test.n_labels > train.n_labels:
+        raise DataFormatError(test.path, 1, f"test set declares L={test.n_labels} labels but the "
+                              f"training set has {train.n_labels}")
+    if test.n_features == train.n_features and test.n_labels == train.n_labels:
+        return test
+    X = sp.csr_matrix((test.X.data, test.X.indices, test.X.indptr), shape=(test.n_rows, train.n_features))
+    Y = sp.csr_matrix((test.Y.data, test.Y.indices, test.Y.indptr), shape=(test.n_rows, train.n_labels))
+    return Dataset(Y=Y, n_features=train.n_features, n_labels=train.n_labels, X=X,
+                   label_names=train.label_names, path=test.path, meta=dict(test.meta))
+
+
+def _remap_labels(train: Dataset, test: Dataset) -> Dataset:
+    names = train.label_names or []
+    test_names = test.label_names or []
+    if test_names == names[: len(test_names)] and test.n_labels == train.n_labels:
+        return test
+    index = {n: i for i, n in enumerate(names)}
+    unknown = [n for n in test_names if n not in index]
+    if unknown:
+        # find the first row using an unknown label, to point at a line the user can look at
+        bad = {test_names.index(u) for u in unknown}
+        row = next(i for i in range(test.n_rows)
+                   if bad.intersection(test.Y.indices[test.Y.indptr[i]:test.Y.indptr[i + 1]].tolist()))
+        raise DataFormatError(test.path, row + 1, f"row {row + 1}: unknown label {unknown[0]!r} (not in "
+                              f"the training label set; {len(unknown)} unknown in all)")
+    mapping = np.array([index[n] for n in test_names], dtype=np.int32)
+    Y = sp.csr_matrix((test.Y.data, mapping[test.Y.indices], test.Y.indptr),
+                      shape=(test.n_rows, train.n_labels))
+    Y.sort_indices()
+    return Dataset(Y=Y, n_features=test.n_features, n_labels=train.n_labels, texts=test.texts,
+                   label_names=list(names), path=test.path, meta=dict(test.meta))
+
+
+def label_counts(Y: sp.spmatrix) -> np.ndarray:
+    """Number of rows carrying each label (for propensities and unigram samplers)."""
+    Yc = sp.csr_matrix(Y)
+    return np.bincount(Yc.indices, minlength=Yc.shape[1]).astype(np.int64)
