@@ -32,12 +32,14 @@ __all__ = [
 # Lines parsed per vectorised chunk: large enough to amortise numpy calls, small enough that the
 # transient per-chunk Python objects stay a few MB.
 _CHUNK_LINES = 16384
-_F32_MAX = float(np.finfo(np.float32).max)
+# Smallest magnitude that rounds to inf in float32 (max float32 plus half an ulp).
+_F32_OVERFLOW = 2.0**128 - 2.0**103
 
 # One well-formed XC row: optional comma-separated label ids, then `id:value` pairs. A row with no
 # labels may start with whitespace or directly with a pair. Values are checked by float() later.
 _ROW_RE = re.compile(rb"[ \t]*(?:([0-9]+(?:,[0-9]+)*)(?:[ \t]+|$))?((?:[0-9]+:[^\s:,]+(?:[ \t]+|$))*)\s*")
 _INT_RE = re.compile(rb"[0-9]+")
+_SIGNED_INT_RE = re.compile(r"-?[0-9]+")
 
 
 @dataclass
@@ -128,7 +130,7 @@ def _check_row(line: bytes, lineno: int, path: str, n_features: int, n_labels: i
         for part in lab_tok.split(","):
             if part == "":
                 raise DataFormatError(path, lineno, f"empty label id in label list {lab_tok!r}")
-            if not part.lstrip("-").isdigit():
+            if not _SIGNED_INT_RE.fullmatch(part):
                 raise DataFormatError(path, lineno, f"unparsable label id {part!r} (expected an integer)")
             lab = int(part)
             if lab < 0:
@@ -145,7 +147,7 @@ def _check_row(line: bytes, lineno: int, path: str, n_features: int, n_labels: i
         if tok.count(":") != 1:
             raise DataFormatError(path, lineno, f"unparsable token {tok!r}: expected feature:value")
         fid_s, val_s = tok.split(":")
-        if not fid_s.lstrip("-").isdigit():
+        if not _SIGNED_INT_RE.fullmatch(fid_s):
             raise DataFormatError(path, lineno, f"unparsable feature id {fid_s!r} in {tok!r}")
         fid = int(fid_s)
         if fid < 0:
@@ -158,7 +160,7 @@ def _check_row(line: bytes, lineno: int, path: str, n_features: int, n_labels: i
             raise DataFormatError(path, lineno, f"unparsable value {val_s!r} in {tok!r}") from None
         if not math.isfinite(val):
             raise DataFormatError(path, lineno, f"non-finite value {val_s!r} for feature {fid}")
-        if abs(val) > _F32_MAX:
+        if abs(val) >= _F32_OVERFLOW:
             raise DataFormatError(path, lineno, f"value {val_s!r} for feature {fid} overflows float32")
         ids.append(fid)
         vals.append(val)
@@ -213,7 +215,7 @@ def _parse_chunk(lines: list[bytes], first_lineno: int, path: str, n_features: i
             raise ValueError
         if feat_ids.size and int(feat_ids.max()) >= n_features:
             raise ValueError
-        if vals.size and not (np.all(np.isfinite(vals)) and float(np.abs(vals).max()) <= _F32_MAX):
+        if vals.size and not (np.all(np.isfinite(vals)) and float(np.abs(vals).max()) < _F32_OVERFLOW):
             raise ValueError
         feat_ids, order, dup_f = _sorted_rows(feat_counts, feat_ids, n_features)
         lab_ids, _, dup_l = _sorted_rows(lab_counts, lab_ids, n_labels)
