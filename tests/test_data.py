@@ -204,7 +204,8 @@ JSONL_BAD = [
 
 
 @pytest.mark.parametrize(("rows", "line", "msg"), JSONL_BAD, ids=[c[2][:30] for c in JSONL_BAD])
-def test_malformed_jsonl_names_line_and_fault(tmp_path: Path, rows: list[object], line: int, msg: str) -> None:
+def test_malformed_jsonl_names_line_and_fault(
+        tmp_path: Path, rows: list[object], line: int, msg: str) -> None:
     p = _jsonl(tmp_path, rows)
     with pytest.raises(DataFormatError) as ei:
         read_jsonl(p)
