@@ -1,0 +1,241 @@
+"""Losses over a *candidate set* of labels, and the registry other objectives plug into.
+
+Each step scores the batch against one shared candidate set (one GEMM): the distinct sampled negatives
+first, then the batch's positive labels that were not sampled. A loss sees a `CandidateBatch` and returns
+a scalar to minimise. Conventions shared by every loss:
+
+* multi-label rows: each positive (b, y) is one observation and the loss is the mean over all positive
+  pairs of the batch; the *other* positives of row b never act as negatives for (b, y).
+* negatives are unbiased only through `neg_logw`: a sampled column j carries weight count(j)/(M·q(j)),
+  and weight 0 for rows where j is positive (masking keeps the estimator unbiased for the sum over
+  non-positives, because the proposal q is over all K labels).
+* exhaustive mode (`cand.exhaustive`, used by `softmax` or `--sampler all`): the columns are all K labels
+  with weight 1, so the sampled losses become their exact counterparts.
+
+Plug-in seam: `LOSSES[name] = LossSpec(fn, needs_all_labels, extra_heads)`. A loss that owns K-row
+parameters (e.g. DropMax's retain-logit head) names them in `extra_heads`; the model creates a K×(d+1)
+table per name, the trainer gathers the candidate rows into `batch.extra[name]` (a leaf with gradient,
+column d is a bias, score = h_aug @ rows.T) and updates only those rows. Modules listed in `PLUGINS` are
+imported on first use and register their losses with `register_loss`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from trainer.negatives import NegativeSampler
+
+
+@dataclass
+class Candidates:
+    """The label columns scored this step and how each relates to each row of the batch."""
+
+    label_ids: torch.Tensor  # int64 [C]; columns [0, n_sampled) are the distinct sampled negatives
+    n_sampled: int
+    neg_logw: torch.Tensor  # float32 [n_sampled]: log(count / (M q)), 0 in exhaustive mode
+    pos_mask: torch.Tensor  # bool [B, C]: label of column c is positive for row b
+    pos_rows: torch.Tensor  # int64 [P]: row of each positive pair (each pair exactly once)
+    pos_cols: torch.Tensor  # int64 [P]: column of each positive pair
+    in_batch_pos: torch.Tensor  # bool [C]: label is positive for some row of the batch
+    n_labels: int  # K
+    n_draws: int  # M (K in exhaustive mode)
+    exhaustive: bool
+
+
+@dataclass
+class CandidateBatch:
+    """What a loss receives: candidates, their scores, the representation and loss-owned head rows."""
+
+    cand: Candidates
+    scores: torch.Tensor  # float [B, C] = h_aug @ head[label_ids].T
+    h: torch.Tensor  # float [B, d]
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [C, d+1] rows
+
+    def h_aug(self) -> torch.Tensor:
+        """h with a trailing 1, so `h_aug @ rows.T` adds the bias column of a K×(d+1) table."""
+        return torch.cat([self.h, self.h.new_ones(self.h.shape[0], 1)], dim=1)
+
+
+LossFn = Callable[[CandidateBatch], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    fn: LossFn
+    needs_all_labels: bool = False  # exact over all K (the trainer uses the exhaustive candidate set)
+    extra_heads: tuple[str, ...] = ()  # loss-owned K×(d+1) tables, created by the model
+    doc: str = ""
+
+
+LOSSES: dict[str, LossSpec] = {}
+PLUGINS: tuple[str, ...] = ("trainer.objectives",)  # modules that call register_loss (issue 3)
+_plugins_loaded = False
+
+
+def register_loss(name: str, spec: LossSpec) -> None:
+    LOSSES[name] = spec
+
+
+def load_plugins() -> None:
+    """Import plug-in objective modules that exist (each registers its losses on import)."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for module in PLUGINS:
+        if importlib.util.find_spec(module) is not None:
+            importlib.import_module(module)
+
+
+def get_loss(name: str) -> LossSpec:
+    load_plugins()
+    try:
+        return LOSSES[name]
+    except KeyError:
+        raise KeyError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}") from None
+
+
+# --------------------------------------------------------------------------------------- candidates
+
+
+def _positive_pairs(y_indptr: torch.Tensor, y_indices: torch.Tensor) -> torch.Tensor:
+    rows = torch.arange(y_indptr.numel() - 1, device=y_indices.device)
+    return torch.repeat_interleave(rows, y_indptr[1:] - y_indptr[:-1])
+
+
+def exhaustive_candidates(y_indptr: torch.Tensor, y_indices: torch.Tensor, n_labels: int) -> Candidates:
+    """All K labels as columns, weight 1: the sampled losses become exact."""
+    device = y_indices.device
+    b = y_indptr.numel() - 1
+    pos_rows = _positive_pairs(y_indptr, y_indices)
+    pos_mask = torch.zeros(b, n_labels, dtype=torch.bool, device=device)
+    pos_mask[pos_rows, y_indices] = True
+    in_batch = torch.zeros(n_labels, dtype=torch.bool, device=device)
+    in_batch[y_indices] = True
+    return Candidates(
+        label_ids=torch.arange(n_labels, device=device),
+        n_sampled=n_labels,
+        neg_logw=torch.zeros(n_labels, device=device),
+        pos_mask=pos_mask,
+        pos_rows=pos_rows,
+        pos_cols=y_indices,
+        in_batch_pos=in_batch,
+        n_labels=n_labels,
+        n_draws=n_labels,
+        exhaustive=True,
+    )
+
+
+def sampled_candidates(
+    y_indptr: torch.Tensor, y_indices: torch.Tensor, sampler: NegativeSampler, m: int
+) -> Candidates:
+    """Distinct sampled negatives first, then the batch positives not among them; no per-row loops."""
+    device = y_indices.device
+    b = y_indptr.numel() - 1
+    neg = sampler.draw(m, device=device)
+    s = neg.ids.numel()
+    pos_rows = _positive_pairs(y_indptr, y_indices)
+    up, inv = torch.unique(y_indices, return_inverse=True)
+    where = torch.searchsorted(neg.ids, up).clamp_(max=max(s - 1, 0))
+    member = neg.ids[where] == up if s > 0 else torch.zeros_like(up, dtype=torch.bool)
+    extra = up[~member]
+    col_of_up = torch.where(member, where, s + torch.cumsum((~member).long(), 0) - 1)
+    label_ids = torch.cat([neg.ids, extra])
+    c = label_ids.numel()
+    pos_cols = col_of_up[inv]
+    pos_mask = torch.zeros(b, c, dtype=torch.bool, device=device)
+    pos_mask[pos_rows, pos_cols] = True
+    in_batch = torch.zeros(c, dtype=torch.bool, device=device)
+    in_batch[col_of_up] = True
+    return Candidates(
+        label_ids=label_ids,
+        n_sampled=s,
+        neg_logw=neg.log_weight,
+        pos_mask=pos_mask,
+        pos_rows=pos_rows,
+        pos_cols=pos_cols,
+        in_batch_pos=in_batch,
+        n_labels=sampler.n_labels,
+        n_draws=m,
+        exhaustive=False,
+    )
+
+
+# ------------------------------------------------------------------------------------------- losses
+
+
+def _mean_over_pairs(total: torch.Tensor, n_pairs: int) -> torch.Tensor:
+    return total / max(n_pairs, 1)
+
+
+def ove_loss(batch: CandidateBatch) -> torch.Tensor:
+    """One-vs-each bound (Titsias 2016): Σ_{m∉P_b} log(1 + exp(f_m − f_y)), estimated from the samples.
+
+    −log p(y|x) ≤ Σ_{m≠y} softplus(f_m − f_y); each sampled column carries count/(M q) and is dropped
+    for rows where it is positive, so the sum is unbiased for the sum over all non-positive labels.
+    """
+    c = batch.cand
+    s = batch.scores
+    n = c.n_sampled
+    if c.pos_rows.numel() == 0:
+        return s.sum() * 0.0
+    sp = s[c.pos_rows, c.pos_cols]
+    sn = s[:, :n].index_select(0, c.pos_rows)
+    w = torch.exp(c.neg_logw).unsqueeze(0) * (~c.pos_mask[:, :n]).index_select(0, c.pos_rows)
+    total = (F.softplus(sn - sp.unsqueeze(1)) * w).sum()
+    return _mean_over_pairs(total, c.pos_rows.numel())
+
+
+def softmax_loss(batch: CandidateBatch) -> torch.Tensor:
+    """Exact softmax NLL, mean over positive pairs; other positives of the row leave the denominator.
+
+    −log [e^{f_y} / (e^{f_y} + Σ_{m∉P_b} e^{f_m})]: the quantity the one-vs-each bound bounds from above
+    in the multi-label case, so the two losses are comparable (single-label: the usual cross-entropy).
+    """
+    c = batch.cand
+    s = batch.scores
+    if not c.exhaustive:
+        raise ValueError("softmax needs the exhaustive candidate set")
+    if c.pos_rows.numel() == 0:
+        return s.sum() * 0.0
+    lse_neg = torch.logsumexp(s.masked_fill(c.pos_mask, -math.inf), dim=1)
+    sp = s[c.pos_rows, c.pos_cols]
+    nll = torch.logaddexp(sp, lse_neg[c.pos_rows]) - sp
+    return _mean_over_pairs(nll.sum(), c.pos_rows.numel())
+
+
+def ove_subset_loss(batch: CandidateBatch) -> torch.Tensor:
+    """Titsias 2016 eq. 6: softmax over a subset S times one-vs-each over the rest (a tighter bound).
+
+    p(y|x) ≥ softmax_{S∪{y}}(f)_y · Π_{m∉S∪P_b} σ(f_y − f_m). S = labels positive for some row of the
+    batch (not for row b): exact in-batch negatives. The rest is estimated from the sampled columns that
+    are not batch positives, with the same importance weights as `ove`.
+    """
+    c = batch.cand
+    s = batch.scores
+    n = c.n_sampled
+    p = c.pos_rows.numel()
+    if p == 0:
+        return s.sum() * 0.0
+    sp = s[c.pos_rows, c.pos_cols]
+    sub_cols = torch.nonzero(c.in_batch_pos).squeeze(1)
+    s_sub = s.index_select(1, sub_cols).index_select(0, c.pos_rows)  # [P, U]
+    keep = ~c.pos_mask.index_select(1, sub_cols).index_select(0, c.pos_rows)
+    lse_sub = torch.logsumexp(s_sub.masked_fill(~keep, -math.inf), dim=1)
+    head = torch.logaddexp(sp, lse_sub) - sp
+    sn = s[:, :n].index_select(0, c.pos_rows)
+    w = (torch.exp(c.neg_logw) * (~c.in_batch_pos[:n])).unsqueeze(0)
+    rest = (F.softplus(sn - sp.unsqueeze(1)) * w).sum()
+    return _mean_over_pairs(head.sum() + rest, p)
+
+
+register_loss("ove", LossSpec(ove_loss, doc="one-vs-each bound over sampled negatives (Titsias 2016)"))
+register_loss("ove-subset", LossSpec(ove_subset_loss, doc="softmax over in-batch labels x OVE over the rest"))
+register_loss("softmax", LossSpec(softmax_loss, needs_all_labels=True, doc="exact full softmax (reference)"))

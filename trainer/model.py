@@ -1,0 +1,198 @@
+"""`XCModel`: sparse input → EmbeddingBag projection → optional hidden layers → h; label head W, b.
+
+The big tables (input projection D×d, label head K×(d+1) with the bias as last column, loss-owned
+K×(d+1) heads) are plain tensors updated row-wise by `trainer.optim.RowAdam`: a step gathers only the
+rows it touches into small leaf tensors, so neither the gradient nor the optimizer update ever costs
+O(K) or O(D). Hidden layers are ordinary dense modules.
+
+Encoder seam: `make_hidden_layer(encoder, dim, pieces, dropout)`; `maxout` comes from
+`trainer.maxout.Maxout(in_dim, out_dim, pieces)` (issue 3).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.errors import ParamsError
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What is needed to rebuild the module before loading weights (stored in the artifact config)."""
+
+    n_features: int
+    n_labels: int
+    dim: int
+    encoder: str = "linear"
+    hidden: int = 0
+    pieces: int = 2
+    dropout: float = 0.0
+    extra_heads: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n_features": self.n_features,
+            "n_labels": self.n_labels,
+            "dim": self.dim,
+            "encoder": self.encoder,
+            "hidden": self.hidden,
+            "pieces": self.pieces,
+            "dropout": self.dropout,
+            "extra_heads": list(self.extra_heads),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ModelShape:
+        return cls(
+            n_features=int(d["n_features"]),
+            n_labels=int(d["n_labels"]),
+            dim=int(d["dim"]),
+            encoder=str(d.get("encoder", "linear")),
+            hidden=int(d.get("hidden", 0)),
+            pieces=int(d.get("pieces", 2)),
+            dropout=float(d.get("dropout", 0.0)),
+            extra_heads=tuple(str(x) for x in d.get("extra_heads", [])),
+        )
+
+
+class ReluLayer(nn.Module):
+    """ReLU → dropout → Linear: one hidden layer of the `mlp` encoder."""
+
+    def __init__(self, in_dim: int, out_dim: int, dropout: float) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        self.linear = nn.Linear(in_dim, out_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(self.drop(F.relu(x)))
+        return out
+
+
+def make_hidden_layer(encoder: str, dim: int, pieces: int, dropout: float) -> nn.Module:
+    """The encoder switch: one d→d hidden layer of the requested kind."""
+    if encoder == "mlp":
+        return ReluLayer(dim, dim, dropout)
+    if encoder == "maxout":
+        try:
+            maxout = importlib.import_module("trainer.maxout")
+        except ImportError as exc:
+            raise ParamsError("encoder 'maxout' is not available in this build") from exc
+        layer: nn.Module = maxout.Maxout(dim, dim, pieces, dropout=dropout)
+        return layer
+    raise ParamsError(f"encoder {encoder!r} has no hidden layers; use mlp or maxout, or hidden=0")
+
+
+def csr_to_tensors(x: sp.csr_matrix, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+    """(indices int64, offsets int64 [n], values float32) as EmbeddingBag wants them."""
+    indptr = torch.from_numpy(np.asarray(x.indptr, dtype=np.int64))
+    indices = torch.from_numpy(np.asarray(x.indices, dtype=np.int64))
+    values = torch.from_numpy(np.asarray(x.data, dtype=np.float32))
+    return indices.to(device), indptr[:-1].to(device), values.to(device)
+
+
+class XCModel(nn.Module):
+    def __init__(self, shape: ModelShape, init_scale: float = 1.0, seed: int = 0) -> None:
+        super().__init__()
+        self.shape = shape
+        d, k, n_in = shape.dim, shape.n_labels, shape.n_features
+        if shape.hidden > 0 and shape.encoder == "linear":
+            raise ParamsError("encoder 'linear' takes no hidden layers; use --encoder mlp or maxout")
+        gen = torch.Generator().manual_seed(seed)
+        # input rows ~ N(0, init_scale²/d): an L2-normalised input gives h of norm ≈ init_scale
+        self.input_weight = nn.Parameter(
+            torch.randn(n_in, d, generator=gen) * (init_scale / math.sqrt(d)), requires_grad=False
+        )
+        self.input_bias = nn.Parameter(torch.zeros(d))
+        self.hidden = nn.ModuleList(
+            make_hidden_layer(shape.encoder, d, shape.pieces, shape.dropout) for _ in range(shape.hidden)
+        )
+        self.drop = nn.Dropout(shape.dropout)
+        # head: W (K×d) small random, bias (last column) 0
+        head = torch.randn(k, d + 1, generator=gen) * (0.01 / math.sqrt(d))
+        head[:, d] = 0.0
+        self.head = nn.Parameter(head, requires_grad=False)
+        self.extra = nn.ParameterDict(
+            {name: nn.Parameter(torch.zeros(k, d + 1), requires_grad=False) for name in shape.extra_heads}
+        )
+
+    # ---- tables updated row-wise (not through autograd on the full tensor)
+    def row_tables(self) -> dict[str, nn.Parameter]:
+        tables = {"input": self.input_weight, "head": self.head}
+        tables.update({f"extra.{n}": p for n, p in self.extra.items()})
+        return tables
+
+    def dense_parameters(self) -> dict[str, nn.Parameter]:
+        return {n: p for n, p in self.named_parameters() if p.requires_grad}
+
+    # ---- encoder
+    def encode_tensors(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        values: torch.Tensor,
+        table: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """h for a batch in EmbeddingBag form; `table` is the (gathered) input table the indices refer to."""
+        weight = self.input_weight if table is None else table
+        h = F.embedding_bag(indices, weight, offsets, mode="sum", per_sample_weights=values)
+        h = h + self.input_bias
+        for layer in self.hidden:
+            h = layer(h)
+        out: torch.Tensor = self.drop(h)
+        return out
+
+    @torch.no_grad()
+    def encode(self, x: sp.csr_matrix, chunk: int = 4096) -> torch.Tensor:
+        """h(x) for every row of a CSR matrix, in eval mode (dropout off)."""
+        was_training = self.training
+        self.eval()
+        device = self.input_weight.device
+        parts = []
+        try:
+            for start in range(0, x.shape[0], chunk):
+                ind, off, val = csr_to_tensors(x[start : start + chunk], device)
+                parts.append(self.encode_tensors(ind, off, val))
+        finally:
+            self.train(was_training)
+        if not parts:
+            return torch.zeros(0, self.shape.dim, device=device)
+        return torch.cat(parts)
+
+    # ---- head
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.head[:, : self.shape.dim]
+
+    @property
+    def head_bias(self) -> torch.Tensor:
+        return self.head[:, self.shape.dim]
+
+    def score(self, h: torch.Tensor, label_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """f_k(x) = <w_k, h> + b_k for the given labels (all K when None)."""
+        rows = self.head if label_ids is None else self.head.index_select(0, label_ids)
+        return h @ rows[:, : self.shape.dim].T + rows[:, self.shape.dim]
+
+    @torch.no_grad()
+    def topk(self, x: sp.csr_matrix, k: int, budget: int = 1 << 23) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k (ids, scores) by blocked products, memory bounded by `budget` scores at a time."""
+        n, kk = x.shape[0], self.shape.n_labels
+        k = min(k, kk)
+        rows = max(1, budget // max(kk, 1))
+        ids = np.zeros((n, k), dtype=np.int64)
+        vals = np.zeros((n, k), dtype=np.float32)
+        for start in range(0, n, rows):
+            h = self.encode(x[start : start + rows])
+            s = self.score(h)
+            v, i = torch.topk(s, k, dim=1)
+            ids[start : start + rows] = i.cpu().numpy()
+            vals[start : start + rows] = v.cpu().numpy()
+        return ids, vals

@@ -1,0 +1,75 @@
+"""`TrainParams`: the one typed parameter object shared by CLI flags, API job requests and the artifact.
+
+Keeping a single pydantic model means a job submitted over HTTP, a command line run and a saved model all
+describe training the same way, and the artifact's config can be validated when it is loaded back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from trainer.errors import ParamsError
+
+Encoder = Literal["linear", "mlp", "maxout"]
+Sampler = Literal["uniform", "unigram"]
+Schedule = Literal["cosine", "linear", "constant"]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+class TrainParams(BaseModel):
+    """Every knob of a training run, with defaults chosen to work on the XC benchmark sets untuned."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # objective
+    loss: str = Field("ove", description="loss from trainer.losses.LOSSES (ove, ove-subset, softmax, ...)")
+    negatives: int = Field(1024, ge=1, le=1_000_000, description="negatives drawn per step (shared)")
+    sampler: Sampler = Field("uniform", description="proposal for negatives (importance-weighted)")
+    alpha: float = Field(0.75, ge=0.0, le=2.0, description="exponent of the unigram^alpha proposal")
+    # encoder
+    dim: int = Field(256, ge=1, le=16384, description="width d of the representation h(x)")
+    encoder: Encoder = Field("linear", description="linear projection, or hidden layers: mlp (ReLU) / maxout")
+    hidden: int = Field(0, ge=0, le=8, description="number of hidden layers after the projection")
+    pieces: int = Field(2, ge=2, le=16, description="maxout pieces per unit")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on h (and between hidden layers)")
+    # optimisation
+    epochs: int = Field(20, ge=1, le=10_000)
+    lr: float = Field(0.01, gt=0.0, le=10.0, description="peak learning rate (row-wise Adam)")
+    warmup: float = Field(0.05, ge=0.0, lt=1.0, description="fraction of steps with linear warmup")
+    schedule: Schedule = Field("cosine", description="decay after warmup")
+    batch_size: int = Field(256, ge=1, le=1_000_000)
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="L2 penalty, applied lazily to touched rows")
+    init_scale: float = Field(1.0, gt=0.0, le=100.0, description="scale of the random input projection")
+    seed: int = Field(0, ge=0)
+    device: Device = "auto"
+    # featurizer
+    tfidf: bool = Field(True, description="re-weight features by inverse document frequency")
+    l2: bool = Field(True, description="L2-normalise each input row")
+    hash_size: int = Field(0, ge=0, le=1 << 26, description="text: hashing dimension (0 = vocabulary)")
+    max_vocab: int = Field(200_000, ge=1, description="text: vocabulary size cap")
+    min_df: int = Field(1, ge=1, description="text: minimum document frequency of a vocabulary term")
+    # evaluation
+    eval_every: int = Field(1, ge=0, description="evaluate every N epochs (0 = only at the end)")
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, value: str) -> str:
+        from trainer.losses import LOSSES, load_plugins
+
+        load_plugins()
+        if value not in LOSSES:
+            raise ValueError(f"unknown loss {value!r}; choose one of {sorted(LOSSES)}")
+        return value
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> TrainParams:
+        """Parse params from a config or job request; turns validation errors into `ParamsError`."""
+        try:
+            return cls.model_validate(data)
+        except Exception as exc:  # pydantic.ValidationError, but keep the message user-readable
+            raise ParamsError(f"invalid training parameters: {exc}") from exc
