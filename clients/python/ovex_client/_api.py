@@ -1,0 +1,248 @@
+"""What each endpoint sends and how its answer is read, shared by the sync and async clients.
+
+Keeping the request shapes in one place means `Client` and `AsyncClient` cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+
+from .errors import error_from_response
+from .models import (
+    DatasetInfo,
+    Job,
+    ModelInfo,
+    PredictInput,
+    PredictResponse,
+    inputs_to_wire,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One HTTP call; `idempotent` decides whether it may be retried."""
+
+    method: str
+    path: str
+    idempotent: bool
+    json: Any = None
+    params: Mapping[str, Any] | None = None
+    files: Mapping[str, Any] | None = None
+    data: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter; only idempotent calls are ever retried.
+
+    Retried: connection failures, timeouts, and the statuses a busy or restarting server answers with.
+    """
+
+    retries: int = 3
+    backoff: float = 0.25
+    max_backoff: float = 5.0
+    statuses: frozenset[int] = field(default_factory=lambda: frozenset({429, 502, 503, 504}))
+
+    def delay(self, attempt: int, retry_after: str | None = None) -> float:
+        if retry_after:
+            try:
+                return min(self.max_backoff, max(0.0, float(retry_after)))
+            except ValueError:
+                pass
+        base = min(self.max_backoff, self.backoff * (2**attempt))
+        return base * (0.5 + random.random() / 2)
+
+
+def resolve_url(url: str | None) -> str:
+    return (url or os.environ.get("OVEX_URL") or DEFAULT_URL).rstrip("/")
+
+
+def resolve_key(api_key: str | None) -> str | None:
+    return api_key if api_key is not None else (os.environ.get("OVEX_API_KEY") or None)
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The key goes both as a bearer token and as X-API-Key, so either server convention accepts it."""
+    if not api_key:
+        return {}
+    return {"Authorization": f"Bearer {api_key}", "X-API-Key": api_key}
+
+
+def make_timeout(timeout: float | httpx.Timeout | None) -> httpx.Timeout:
+    if isinstance(timeout, httpx.Timeout):
+        return timeout
+    return httpx.Timeout(timeout, connect=min(timeout, 10.0) if timeout else 10.0)
+
+
+def seg(value: str | int) -> str:
+    """A path segment, escaped so a name like `a/b` cannot walk the URL."""
+    return quote(str(value), safe="")
+
+
+def check(response: httpx.Response) -> httpx.Response:
+    if response.is_error:
+        raise error_from_response(response)
+    return response
+
+
+def as_model(cls: type[M]) -> Callable[[httpx.Response], M]:
+    return lambda r: cls.model_validate(r.json())
+
+
+def _items(body: Any, *keys: str) -> list[Any]:
+    if isinstance(body, list):
+        return body
+    if isinstance(body, dict):
+        for key in (*keys, "items", "data", "results"):
+            value = body.get(key)
+            if isinstance(value, list):
+                return value
+    raise ValueError(f"expected a list in the answer, got {type(body).__name__}")
+
+
+def as_list(cls: type[M], *keys: str) -> Callable[[httpx.Response], list[M]]:
+    return lambda r: [cls.model_validate(x) for x in _items(r.json(), *keys)]
+
+
+def as_json(r: httpx.Response) -> Any:
+    return r.json()
+
+
+def as_logs(r: httpx.Response) -> str:
+    """Logs may come as text or as JSON (`{"lines": [...]}`, `{"logs": "..."}` or a list)."""
+    if "json" not in r.headers.get("content-type", ""):
+        return r.text
+    body = r.json()
+    if isinstance(body, dict):
+        for key in ("lines", "logs", "log", "text"):
+            if key in body:
+                body = body[key]
+                break
+    if isinstance(body, list):
+        return "".join(s if str(s).endswith("\n") else f"{s}\n" for s in map(str, body))
+    return str(body)
+
+
+# --- endpoint builders -------------------------------------------------------------------------
+
+
+def predict(
+    inputs: PredictInput | Sequence[PredictInput],
+    *,
+    model: str | None,
+    top_k: int | None,
+    normalization: str | None,
+    exact: bool | None,
+) -> Request:
+    body: dict[str, Any] = {"inputs": inputs_to_wire(inputs)}
+    if top_k is not None:
+        body["top_k"] = top_k
+    if normalization is not None:
+        body["normalization"] = normalization
+    if exact is not None:
+        body["exact"] = exact
+    path = f"/v1/models/{seg(model)}/predict" if model else "/v1/predict"
+    # Predicting changes nothing on the server, so a retry is safe.
+    return Request("POST", path, idempotent=True, json=body)
+
+
+def list_models() -> Request:
+    return Request("GET", "/v1/models", idempotent=True)
+
+
+def get_model(name: str) -> Request:
+    return Request("GET", f"/v1/models/{seg(name)}", idempotent=True)
+
+
+def activate(name: str, version: str | int) -> Request:
+    # Activating the same version twice leaves the same state: idempotent.
+    return Request("POST", f"/v1/models/{seg(name)}/versions/{seg(version)}/activate", idempotent=True)
+
+
+def upload_file(
+    file: str | os.PathLike[str] | bytes | IO[bytes], filename: str | None
+) -> tuple[Request, IO[bytes] | None]:
+    """The multipart upload; returns the file object it opened (the caller closes it)."""
+    opened: IO[bytes] | None = None
+    content: bytes | IO[bytes]
+    if isinstance(file, bytes):
+        content, name = file, filename or "dataset.txt"
+    elif isinstance(file, str | os.PathLike):
+        path = Path(file)
+        opened = path.open("rb")
+        content, name = opened, filename or path.name
+    else:
+        content, name = file, filename or Path(getattr(file, "name", "dataset.txt")).name
+    files = {"file": (name, content, "application/octet-stream")}
+    # Uploading creates a dataset: never retried.
+    return Request("POST", "/v1/datasets", idempotent=False, files=files), opened
+
+
+def list_datasets() -> Request:
+    return Request("GET", "/v1/datasets", idempotent=True)
+
+
+def get_dataset(dataset_id: str | int) -> Request:
+    return Request("GET", f"/v1/datasets/{seg(dataset_id)}", idempotent=True)
+
+
+def submit_job(
+    model: str,
+    train_dataset: str | int,
+    *,
+    test_dataset: str | int | None,
+    params: Mapping[str, Any] | None,
+    activate: bool | None,
+) -> Request:
+    body: dict[str, Any] = {"model": model, "train_dataset": str(train_dataset)}
+    if test_dataset is not None:
+        body["test_dataset"] = str(test_dataset)
+    if params:
+        body["params"] = dict(params)
+    if activate is not None:
+        body["activate"] = activate
+    # Submitting twice would train twice: never retried.
+    return Request("POST", "/v1/jobs", idempotent=False, json=body)
+
+
+def get_job(job_id: str | int) -> Request:
+    return Request("GET", f"/v1/jobs/{seg(job_id)}", idempotent=True)
+
+
+def list_jobs(state: str | None) -> Request:
+    return Request("GET", "/v1/jobs", idempotent=True, params={"state": state} if state else None)
+
+
+def cancel_job(job_id: str | int) -> Request:
+    # Cancelling a cancelled job changes nothing: idempotent.
+    return Request("POST", f"/v1/jobs/{seg(job_id)}/cancel", idempotent=True)
+
+
+def job_logs(job_id: str | int) -> Request:
+    return Request("GET", f"/v1/jobs/{seg(job_id)}/logs", idempotent=True)
+
+
+def events_path(job_id: str | int) -> str:
+    return f"/v1/jobs/{seg(job_id)}/events"
+
+
+PARSE_PREDICT = as_model(PredictResponse)
+PARSE_MODELS = as_list(ModelInfo, "models")
+PARSE_MODEL = as_model(ModelInfo)
+PARSE_DATASET = as_model(DatasetInfo)
+PARSE_DATASETS = as_list(DatasetInfo, "datasets")
+PARSE_JOB = as_model(Job)
+PARSE_JOBS = as_list(Job, "jobs")

@@ -1,0 +1,401 @@
+"""`ovex-client`: the terminal front of the SDK (predict, train with a progress bar, jobs, models, datasets).
+
+Exit codes: 0 success, 1 the server refused or the job did not succeed, 2 bad usage or input file,
+3 the server could not be reached, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from .client import Client
+from .errors import APIError, OvexClientError, TransportError
+from .models import Job, JobEvent, JobProgress, PredictResponse, input_to_wire
+
+
+class UsageError(Exception):
+    """A bad flag or input file: reported as `path:line: message`, exit code 2."""
+
+
+# -- parsing --------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ovex-client", description="Talk to an ovex server.")
+    p.add_argument("--url", default=None, help="server URL (default: $OVEX_URL or http://127.0.0.1:8000)")
+    p.add_argument("--api-key", default=None, help="API key (default: $OVEX_API_KEY)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per request (default 30)")
+    p.add_argument("--json", action="store_true", help="print raw JSON answers")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    pr = sub.add_parser("predict", help="top labels for a text, or for every row of a JSONL file")
+    pr.add_argument("text", nargs="*", help="input text(s); each is one input")
+    pr.add_argument("--file", type=Path, help='JSONL file, one {"text": ...} or {"features": {...}} per line')
+    pr.add_argument("--model", help="model name (default: the active default model)")
+    pr.add_argument("--top-k", type=int, default=None)
+    pr.add_argument("--normalization", choices=["sparsemax", "evsoftmax", "softmax", "none"], default=None)
+    pr.add_argument("--exact", action="store_true", help="score every label instead of the index")
+    pr.add_argument("--batch-size", type=int, default=64, help="rows per request with --file (default 64)")
+    pr.add_argument("--out", type=Path, help="write JSONL answers here instead of stdout (with --file)")
+
+    tr = sub.add_parser("train", help="upload a dataset, submit a training job, optionally follow it")
+    tr.add_argument("--dataset", required=True, help="training file (XC format or JSONL), or an uploaded id")
+    tr.add_argument("--test-dataset", help="test file or uploaded id (metrics each epoch)")
+    tr.add_argument("--model", required=True, help="name of the model to train a new version of")
+    tr.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                    help="trainer option, e.g. --param epochs=3 --param dim=64 (repeatable)")
+    tr.add_argument("--params", default=None, help="trainer options as one JSON object")
+    tr.add_argument("--activate", action="store_true", help="serve the new version as soon as it is trained")
+    tr.add_argument("--follow", action="store_true", help="show a progress bar until the job finishes")
+
+    jobs = sub.add_parser("jobs", help="list, show, cancel, follow training jobs or read their logs")
+    jsub = jobs.add_subparsers(dest="action", required=True)
+    jl = jsub.add_parser("list")
+    jl.add_argument("--state", default=None)
+    for name in ("show", "cancel", "logs", "watch"):
+        jsub.add_parser(name).add_argument("job_id")
+
+    models = sub.add_parser("models", help="list, show or activate models")
+    msub = models.add_subparsers(dest="action", required=True)
+    msub.add_parser("list")
+    msub.add_parser("show").add_argument("name")
+    ma = msub.add_parser("activate")
+    ma.add_argument("name")
+    ma.add_argument("version")
+
+    ds = sub.add_parser("datasets", help="upload or list datasets")
+    dsub = ds.add_subparsers(dest="action", required=True)
+    dsub.add_parser("upload").add_argument("file", type=Path)
+    dsub.add_parser("list")
+    dsub.add_parser("show").add_argument("dataset_id")
+
+    sub.add_parser("health", help="liveness and readiness of the server")
+    return p
+
+
+def parse_params(pairs: Sequence[str], raw_json: str | None) -> dict[str, Any]:
+    """`KEY=VALUE` flags (values read as JSON when they parse, else as strings) over an optional JSON."""
+    params: dict[str, Any] = {}
+    if raw_json:
+        try:
+            loaded = json.loads(raw_json)
+        except ValueError as exc:
+            raise UsageError(f"--params: not valid JSON: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise UsageError("--params: must be a JSON object")
+        params.update(loaded)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--param {pair!r}: expected KEY=VALUE")
+        try:
+            params[key.strip()] = json.loads(value)
+        except ValueError:
+            params[key.strip()] = value
+    return params
+
+
+def read_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """Inputs from a JSONL file; blank lines are skipped; any other bad line is a `path:line:` error."""
+    try:
+        fh = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot open: {exc.strerror}") from exc
+    with fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(obj, dict):
+                raise UsageError(f"{path}:{lineno}: expected a JSON object")
+            row = {k: obj[k] for k in ("text", "features") if k in obj}
+            try:
+                yield input_to_wire(row)
+            except TypeError as exc:
+                raise UsageError(f"{path}:{lineno}: needs a \"text\" or a \"features\" field") from exc
+
+
+def chunks(rows: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    batch: list[dict[str, Any]] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+
+def dump(obj: Any, out: TextIO) -> None:
+    if hasattr(obj, "model_dump"):
+        obj = obj.model_dump(mode="json")
+    elif isinstance(obj, list):
+        obj = [o.model_dump(mode="json") if hasattr(o, "model_dump") else o for o in obj]
+    out.write(json.dumps(obj, indent=2) + "\n")
+
+
+def print_prediction(resp: PredictResponse, texts: Sequence[str], out: TextIO) -> None:
+    out.write(f"model {resp.model} version {resp.version}\n")
+    for text, pred in zip(texts, resp.predictions, strict=False):
+        exact = "" if pred.exact is None else (" (exact)" if pred.exact else " (approximate)")
+        out.write(f"{text[:70]!r}{exact}\n")
+        for lab in pred.labels:
+            prob = "" if lab.prob is None else f"{lab.prob:8.4f}"
+            name = lab.name if lab.name is not None else str(lab.id)
+            out.write(f"  {prob}  {lab.score:9.4f}  {name}\n")
+
+
+def progress_line(job_id: str, state: str | None, prog: JobProgress | None, width: int = 28) -> str:
+    parts = [f"job {job_id}", state or ""]
+    if prog is not None:
+        frac = prog.fraction
+        if frac is not None:
+            filled = round(frac * width)
+            parts.insert(0, f"[{'#' * filled}{'.' * (width - filled)}] {frac * 100:5.1f}%")
+        if prog.epoch is not None:
+            parts.append(f"epoch {prog.epoch:g}" + (f"/{prog.epochs}" if prog.epochs else ""))
+        if prog.loss is not None:
+            parts.append(f"loss {prog.loss:.4f}")
+        if prog.examples_per_s is not None:
+            parts.append(f"{prog.examples_per_s:,.0f} ex/s")
+        if prog.metrics:
+            parts.extend(f"{k} {v:.3f}" for k, v in list(prog.metrics.items())[:2])
+    return "  ".join(p for p in parts if p)
+
+
+class ProgressView:
+    """Redraws one line on a terminal; elsewhere prints a line per state change or at most once a second."""
+
+    def __init__(self, job_id: str, out: TextIO) -> None:
+        self.job_id = job_id
+        self.out = out
+        self.tty = out.isatty()
+        self.state: str | None = None
+        self.progress: JobProgress | None = None
+        self._last = 0.0
+
+    def __call__(self, event: JobEvent) -> None:
+        changed = event.state is not None and event.state != self.state
+        if event.state is not None:
+            self.state = event.state
+        if event.progress is not None:
+            self.progress = event.progress
+        line = progress_line(self.job_id, self.state, self.progress)
+        now = time.monotonic()
+        if self.tty:
+            self.out.write("\r\033[K" + line)
+        elif changed or now - self._last >= 1.0:
+            self.out.write(line + "\n")
+            self._last = now
+        self.out.flush()
+
+    def finish(self) -> None:
+        if self.tty:
+            self.out.write("\n")
+            self.out.flush()
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+
+def cmd_predict(client: Client, args: argparse.Namespace) -> int:
+    opts: dict[str, Any] = {"model": args.model, "top_k": args.top_k,
+                            "normalization": args.normalization, "exact": True if args.exact else None}
+    if args.file is not None:
+        if args.text:
+            raise UsageError("give either texts or --file, not both")
+        if args.batch_size < 1:
+            raise UsageError("--batch-size must be at least 1")
+        out = args.out.open("w", encoding="utf-8") if args.out else sys.stdout
+        try:
+            n = 0
+            for batch in chunks(read_rows(args.file), args.batch_size):
+                resp = client.predict(batch, **opts)
+                for pred in resp.predictions:
+                    row = {"model": resp.model, "version": resp.version, **pred.model_dump(mode="json")}
+                    out.write(json.dumps(row) + "\n")
+                n += len(batch)
+        finally:
+            if args.out:
+                out.close()
+        if args.out:
+            print(f"wrote {n} predictions to {args.out}", file=sys.stderr)
+        return 0
+    if not args.text:
+        raise UsageError("predict needs a text or --file")
+    resp = client.predict(list(args.text), **opts)
+    if args.json:
+        dump(resp, sys.stdout)
+    else:
+        print_prediction(resp, args.text, sys.stdout)
+    return 0
+
+
+def _dataset_id(client: Client, ref: str) -> str:
+    """A path that exists is uploaded; anything else is taken as the id of an uploaded dataset."""
+    path = Path(ref)
+    if path.is_file():
+        info = client.upload_dataset(path)
+        print(f"uploaded {path} as dataset {info.id} ({info.rows} rows, {info.labels} labels)",
+              file=sys.stderr)
+        return info.id
+    if os.sep in ref or ref.endswith((".txt", ".jsonl", ".json")):
+        raise UsageError(f"{ref}: no such file")
+    return ref
+
+
+def follow(client: Client, job_id: str) -> Job:
+    view = ProgressView(job_id, sys.stderr)
+    try:
+        job = client.wait_for_job(job_id, on_event=view)
+    finally:
+        view.finish()
+    return job
+
+
+def report_final(job: Job) -> int:
+    if job.state == "succeeded":
+        version = f" as version {job.model_version}" if job.model_version is not None else ""
+        print(f"job {job.id} succeeded: model {job.model}{version}")
+        return 0
+    print(f"job {job.id} {job.state}" + (f": {job.error}" if job.error else ""), file=sys.stderr)
+    return 1
+
+
+def cmd_train(client: Client, args: argparse.Namespace) -> int:
+    params = parse_params(args.param, args.params)
+    train_id = _dataset_id(client, args.dataset)
+    test_id = _dataset_id(client, args.test_dataset) if args.test_dataset else None
+    job = client.submit_job(
+        args.model, train_id, test_dataset=test_id, params=params or None, activate=args.activate or None
+    )
+    print(f"submitted job {job.id} ({job.state})", file=sys.stderr)
+    if not args.follow:
+        if args.json:
+            dump(job, sys.stdout)
+        else:
+            print(job.id)
+        return 0
+    try:
+        final = follow(client, job.id)
+    except KeyboardInterrupt:
+        print(f"\nstopped following; job {job.id} keeps running (ovex-client jobs cancel {job.id})",
+              file=sys.stderr)
+        return 130
+    if args.json:
+        dump(final, sys.stdout)
+    return report_final(final)
+
+
+def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
+    if args.action == "list":
+        jobs = client.list_jobs(args.state)
+        if args.json:
+            dump(jobs, sys.stdout)
+        else:
+            for j in jobs:
+                frac = j.progress.fraction if j.progress else None
+                pct = f"{frac * 100:5.1f}%" if frac is not None else "     -"
+                version = j.model_version if j.model_version is not None else "-"
+                print(f"{j.id}\t{j.state:<10}\t{pct}\t{j.model or '-'}\t{version}")
+        return 0
+    if args.action == "show":
+        dump(client.get_job(args.job_id), sys.stdout)
+        return 0
+    if args.action == "cancel":
+        job = client.cancel_job(args.job_id)
+        print(f"job {job.id}: {job.state}")
+        return 0
+    if args.action == "logs":
+        sys.stdout.write(client.job_logs(args.job_id))
+        return 0
+    final = follow(client, args.job_id)
+    return report_final(final)
+
+
+def cmd_models(client: Client, args: argparse.Namespace) -> int:
+    if args.action == "list":
+        models = client.list_models()
+        if args.json:
+            dump(models, sys.stdout)
+        else:
+            for m in models:
+                versions = ",".join(v.version for v in m.versions)
+                print(f"{m.name}\tactive {m.active_version}\tversions {versions}")
+        return 0
+    if args.action == "show":
+        dump(client.get_model(args.name), sys.stdout)
+        return 0
+    answer = client.activate(args.name, args.version)
+    if args.json:
+        dump(answer, sys.stdout)
+    else:
+        print(f"model {args.name}: version {args.version} active")
+    return 0
+
+
+def cmd_datasets(client: Client, args: argparse.Namespace) -> int:
+    if args.action == "upload":
+        if not args.file.is_file():
+            raise UsageError(f"{args.file}: no such file")
+        dump(client.upload_dataset(args.file), sys.stdout)
+    elif args.action == "list":
+        dump(client.list_datasets(), sys.stdout)
+    else:
+        dump(client.get_dataset(args.dataset_id), sys.stdout)
+    return 0
+
+
+def cmd_health(client: Client, args: argparse.Namespace) -> int:
+    live = client.health()
+    ready = client.ready()
+    print(json.dumps({"url": client.url, "healthz": live, "ready": ready}))
+    return 0 if ready else 1
+
+
+COMMANDS = {
+    "predict": cmd_predict,
+    "train": cmd_train,
+    "jobs": cmd_jobs,
+    "models": cmd_models,
+    "datasets": cmd_datasets,
+    "health": cmd_health,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with Client(args.url, args.api_key, timeout=args.timeout) as client:
+            return COMMANDS[args.command](client, args)
+    except UsageError as exc:
+        print(f"ovex-client: {exc}", file=sys.stderr)
+        return 2
+    except APIError as exc:
+        print(f"ovex-client: server said {exc.status_code}: {exc.message}", file=sys.stderr)
+        return 1
+    except TransportError as exc:
+        print(f"ovex-client: {exc}", file=sys.stderr)
+        return 3
+    except OvexClientError as exc:
+        print(f"ovex-client: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""Pydantic models of the server's requests and answers.
+
+Answers allow extra fields, so a newer server that adds a field never breaks an older client.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+
+def _to_str(value: Any) -> Any:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+# Ids and versions may be numbers or strings on the wire; the client always hands back strings.
+Id = Annotated[str, BeforeValidator(_to_str)]
+
+Normalization = Literal["sparsemax", "evsoftmax", "softmax", "none"]
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+
+class Features(BaseModel):
+    """A sparse input row: feature ids and their values (same length, finite values)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    indices: list[int]
+    values: list[float]
+
+    @field_validator("values")
+    @classmethod
+    def _finite(cls, values: list[float]) -> list[float]:
+        for i, v in enumerate(values):
+            if not math.isfinite(v):
+                raise ValueError(f"values[{i}] is not finite")
+        return values
+
+    @model_validator(mode="after")
+    def _same_length(self) -> Features:
+        if len(self.indices) != len(self.values):
+            raise ValueError(
+                f"indices and values differ in length ({len(self.indices)} != {len(self.values)})"
+            )
+        return self
+
+
+PredictInput = str | Features | Mapping[str, Any]
+
+
+def input_to_wire(item: PredictInput) -> dict[str, Any]:
+    """One input as the API wants it: `{"text": ...}` or `{"features": {"indices", "values"}}`."""
+    if isinstance(item, str):
+        return {"text": item}
+    if isinstance(item, Features):
+        return {"features": item.model_dump()}
+    if isinstance(item, Mapping):
+        if "text" in item or "features" in item:
+            out = dict(item)
+            feats = out.get("features")
+            if isinstance(feats, Features):
+                out["features"] = feats.model_dump()
+            return out
+        if "indices" in item and "values" in item:
+            return {"features": {"indices": list(item["indices"]), "values": list(item["values"])}}
+    raise TypeError(
+        "an input is a string, a Features, or a mapping with 'text' or 'features' "
+        f"(got {type(item).__name__})"
+    )
+
+
+def inputs_to_wire(inputs: PredictInput | Sequence[PredictInput]) -> list[dict[str, Any]]:
+    """A single input or a sequence of them, as the `inputs` list of a predict request."""
+    if isinstance(inputs, str | Features | Mapping):
+        return [input_to_wire(inputs)]
+    return [input_to_wire(item) for item in inputs]
+
+
+class LabelScore(_Answer):
+    id: int
+    name: str | None = None
+    score: float
+    prob: float | None = None
+
+
+class Prediction(_Answer):
+    labels: list[LabelScore]
+    exact: bool | None = None
+
+
+class PredictResponse(_Answer):
+    model: str
+    version: Id | None = None
+    predictions: list[Prediction]
+
+
+class ModelVersion(_Answer):
+    version: Id
+    active: bool | None = None
+
+
+class ModelInfo(_Answer):
+    name: str
+    active_version: Id | None = None
+    versions: list[ModelVersion] = Field(default_factory=list)
+
+    @field_validator("versions", mode="before")
+    @classmethod
+    def _versions(cls, value: Any) -> Any:
+        # Accept bare version ids as well as version objects.
+        if isinstance(value, list):
+            return [v if isinstance(v, dict) else {"version": v} for v in value]
+        return value
+
+
+class DatasetInfo(_Answer):
+    id: Id
+    name: str | None = None
+    rows: int | None = None
+    features: int | None = None
+    labels: int | None = None
+
+
+class JobProgress(_Answer):
+    epoch: float | None = None
+    epochs: int | None = None
+    step: int | None = None
+    steps_total: int | None = None
+    examples_per_s: float | None = None
+    loss: float | None = None
+    metrics: dict[str, float] | None = None
+
+    @property
+    def fraction(self) -> float | None:
+        """Share of the work done, from steps if known, else from epochs."""
+        if self.step is not None and self.steps_total:
+            return min(1.0, self.step / self.steps_total)
+        if self.epoch is not None and self.epochs:
+            return min(1.0, self.epoch / self.epochs)
+        return None
+
+
+class Job(_Answer):
+    id: Id
+    state: str
+    model: str | None = None
+    progress: JobProgress | None = None
+    error: str | None = None
+    model_version: Id | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class JobEvent(_Answer):
+    """One Server-Sent Event of a job's stream; `data` is the decoded JSON payload (or raw text)."""
+
+    event: str = "message"
+    data: Any = None
+    id: str | None = None
+
+    @property
+    def state(self) -> str | None:
+        if isinstance(self.data, dict):
+            st = self.data.get("state")
+            if isinstance(st, str):
+                return st
+        return self.event if self.event in TERMINAL_STATES else None
+
+    @property
+    def progress(self) -> JobProgress | None:
+        if not isinstance(self.data, dict):
+            return None
+        raw = self.data.get("progress", self.data if self.event == "progress" else None)
+        return JobProgress.model_validate(raw) if isinstance(raw, dict) else None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
