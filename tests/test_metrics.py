@@ -134,7 +134,7 @@ def test_perfect_ranking_scores_one_on_labelled_rows(case: tuple[np.ndarray, sp.
         return
     dense = dense[keep]
     # true labels first, rarest (smallest propensity) first, then the rest
-    top = np.array([sorted(range(dense.shape[1]), key=lambda j, r=r: (-r[j], prop[j])) for r in dense])
+    top = np.array([np.lexsort((prop, -r)) for r in dense])
     Yk = sp.csr_matrix(dense)
     assert ndcg_at_k(top, Yk, k) == pytest.approx(1.0)
     assert psp_at_k(top, Yk, prop, k) == pytest.approx(1.0)

@@ -27,6 +27,7 @@ __all__ = [
     "read_jsonl",
     "read_xc",
     "write_xc",
+    "write_xc_rows",
 ]
 
 # Lines parsed per vectorised chunk: large enough to amortise numpy calls, small enough that the
@@ -294,6 +295,16 @@ def _format_values(values: np.ndarray) -> list[str]:
 def write_xc(path: str | Path, X: sp.spmatrix, Y: sp.spmatrix) -> None:
     """Write features and labels in XC format (values written so they read back bit-exactly)."""
     Xc = sp.csr_matrix(X, dtype=np.float32)
+    if Xc.shape[0] != Y.shape[0]:
+        raise ValueError(f"X has {Xc.shape[0]} rows but Y has {Y.shape[0]}")
+    with open(path, "w", encoding="ascii", newline="\n") as fh:
+        fh.write(f"{Xc.shape[0]} {Xc.shape[1]} {Y.shape[1]}\n")
+        write_xc_rows(fh, Xc, Y)
+
+
+def write_xc_rows(fh: IO[str], X: sp.spmatrix, Y: sp.spmatrix) -> None:
+    """Append rows (no header) to an open text file; lets generators write block by block."""
+    Xc = sp.csr_matrix(X, dtype=np.float32)
     Yc = sp.csr_matrix(Y)
     if Xc.shape[0] != Yc.shape[0]:
         raise ValueError(f"X has {Xc.shape[0]} rows but Y has {Yc.shape[0]}")
@@ -301,23 +312,21 @@ def write_xc(path: str | Path, X: sp.spmatrix, Y: sp.spmatrix) -> None:
     Yc.sort_indices()
     n = Xc.shape[0]
     step = 8192
-    with open(path, "w", encoding="ascii", newline="\n") as fh:
-        fh.write(f"{n} {Xc.shape[1]} {Yc.shape[1]}\n")
-        for start in range(0, n, step):
-            stop = min(n, start + step)
-            xs, ys = Xc[start:stop], Yc[start:stop]
-            fid = xs.indices.astype(str).tolist()
-            val = _format_values(xs.data)
-            toks = [f"{a}:{b}" for a, b in zip(fid, val, strict=True)]
-            labs = ys.indices.astype(str).tolist()
-            xp, yp = xs.indptr, ys.indptr
-            rows = []
-            for i in range(stop - start):
-                lab = ",".join(labs[yp[i]:yp[i + 1]])
-                feats = " ".join(toks[xp[i]:xp[i + 1]])
-                rows.append(f"{lab} {feats}".rstrip() if lab else f" {feats}".rstrip())
-            fh.write("\n".join(rows))
-            fh.write("\n")
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        xs, ys = Xc[start:stop], Yc[start:stop]
+        fid = xs.indices.astype(str).tolist()
+        val = _format_values(xs.data)
+        toks = [f"{a}:{b}" for a, b in zip(fid, val, strict=True)]
+        labs = ys.indices.astype(str).tolist()
+        xp, yp = xs.indptr, ys.indptr
+        rows = []
+        for i in range(stop - start):
+            lab = ",".join(labs[yp[i]:yp[i + 1]])
+            feats = " ".join(toks[xp[i]:xp[i + 1]])
+            rows.append(f"{lab} {feats}".rstrip() if lab else f" {feats}".rstrip())
+        fh.write("\n".join(rows))
+        fh.write("\n")
 
 
 # ---------------------------------------------------------------------------------------------
