@@ -1,0 +1,232 @@
+"""Dataset uploads: stream a multipart file to disk under a size cap, validate it, store it by checksum.
+
+The body is parsed as it arrives (never buffered whole in memory or in a spooled temp file first), so an
+upload over `max_upload_bytes` is refused with 413 as soon as it crosses the limit. A file is stored only
+after the trainer's own reader has accepted it, under its SHA-256, so the same bytes are stored once and a
+job can only ever name a dataset id, never a path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from service.jobs.config import JobsConfig
+from service.jobs.models import DatasetRow
+from service.jobs.runner import dataset_path
+from service.jobs.store import JobStore
+from trainer.errors import DataFormatError
+
+_FIELD_LIMIT = 4096  # bytes of a plain (non-file) form field such as `name`
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._ -]+")
+
+
+class UploadError(Exception):
+    """The request is not an acceptable upload; `status` is the HTTP code to answer with."""
+
+    def __init__(self, status: int, message: str, field: str = "file") -> None:
+        super().__init__(message)
+        self.status, self.message, self.field = status, message, field
+
+
+class DatasetInvalid(Exception):
+    """The uploaded file is not a valid dataset; carries the reader's line-level error."""
+
+    def __init__(self, filename: str, line: int, message: str) -> None:
+        super().__init__(f"{filename}:{line}: {message}")
+        self.filename, self.line, self.message = filename, line, message
+
+
+@dataclass
+class ReceivedFile:
+    path: Path
+    filename: str
+    size: int
+    sha256: str
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+class _MultipartSink:
+    """Callbacks for python-multipart: the `file` part goes to disk, small fields to memory."""
+
+    def __init__(self, out: IO[bytes], max_bytes: int, file_field: str) -> None:
+        self.out, self.max_bytes, self.file_field = out, max_bytes, file_field
+        self.hash = hashlib.sha256()
+        self.size = 0
+        self.fields: dict[str, str] = {}
+        self.filename: str | None = None
+        self.seen_file = False
+        self._header_name = b""
+        self._header_value = b""
+        self._headers: dict[bytes, bytes] = {}
+        self._name: str | None = None
+        self._is_file = False
+        self._buf = bytearray()
+
+    def on_part_begin(self) -> None:
+        self._headers, self._name, self._is_file, self._buf = {}, None, False, bytearray()
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header_name += data[start:end]
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header_value += data[start:end]
+
+    def on_header_end(self) -> None:
+        self._headers[self._header_name.strip().lower()] = self._header_value.strip()
+        self._header_name, self._header_value = b"", b""
+
+    def on_headers_finished(self) -> None:
+        _, opts = parse_options_header(self._headers.get(b"content-disposition", b""))
+        self._name = opts.get(b"name", b"").decode("utf-8", "replace")
+        if self._name == self.file_field:
+            if self.seen_file:
+                raise UploadError(422, f"more than one `{self.file_field}` part in the upload")
+            self.seen_file = self._is_file = True
+            raw = opts.get(b"filename", b"").decode("utf-8", "replace")
+            self.filename = os.path.basename(raw.replace("\\", "/")) or "upload"
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        chunk = data[start:end]
+        if self._is_file:
+            self.size += len(chunk)
+            if self.size > self.max_bytes:
+                raise UploadError(413, f"upload exceeds the limit of {self.max_bytes} bytes")
+            self.hash.update(chunk)
+            self.out.write(chunk)
+        else:
+            self._buf += chunk
+            if len(self._buf) > _FIELD_LIMIT:
+                raise UploadError(
+                    422,
+                    f"form field {self._name!r} is longer than {_FIELD_LIMIT} bytes",
+                    self._name or "body",
+                )
+
+    def on_part_end(self) -> None:
+        if not self._is_file and self._name:
+            self.fields[self._name] = self._buf.decode("utf-8", "replace")
+
+
+async def receive_file(
+    content_type: str | None,
+    content_length: str | None,
+    chunks: AsyncIterator[bytes],
+    dest_dir: Path,
+    max_bytes: int,
+    file_field: str = "file",
+) -> ReceivedFile:
+    """Stream a multipart/form-data body into a temp file in `dest_dir`; raises `UploadError`."""
+    mime, opts = parse_options_header(content_type or "")
+    boundary = opts.get(b"boundary")
+    if mime != b"multipart/form-data" or not boundary:
+        raise UploadError(415, f"send the dataset as multipart/form-data with a `{file_field}` field")
+    envelope = max_bytes + (1 << 20)  # room for part headers and small fields around the file
+    if content_length is not None:
+        try:
+            declared = int(content_length)
+        except ValueError:
+            raise UploadError(400, "invalid Content-Length header", "content-length") from None
+        if declared > envelope:
+            raise UploadError(413, f"upload of {declared} bytes exceeds the limit of {max_bytes} bytes")
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix="upload-", suffix=".part", dir=dest_dir)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            sink = _MultipartSink(out, max_bytes, file_field)
+            parser = MultipartParser(boundary, callbacks=_callbacks(sink))  # type: ignore[arg-type]
+            total = 0
+            async for chunk in chunks:
+                total += len(chunk)
+                if total > envelope:
+                    raise UploadError(413, f"upload exceeds the limit of {max_bytes} bytes")
+                parser.write(chunk)
+            parser.finalize()
+        if not sink.seen_file:
+            raise UploadError(422, f"no `{file_field}` part in the multipart body")
+        return ReceivedFile(tmp, sink.filename or "upload", sink.size, sink.hash.hexdigest(), sink.fields)
+    except MultipartParseError as e:
+        tmp.unlink(missing_ok=True)
+        raise UploadError(400, f"malformed multipart body: {e}", "body") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _callbacks(sink: _MultipartSink) -> dict[str, object]:
+    return {
+        "on_part_begin": sink.on_part_begin,
+        "on_part_data": sink.on_part_data,
+        "on_part_end": sink.on_part_end,
+        "on_header_field": sink.on_header_field,
+        "on_header_value": sink.on_header_value,
+        "on_header_end": sink.on_header_end,
+        "on_headers_finished": sink.on_headers_finished,
+    }
+
+
+def _display_name(received: ReceivedFile) -> str:
+    name = received.fields.get("name") or Path(received.filename).stem or "dataset"
+    name = _SAFE_NAME.sub("_", name).strip() or "dataset"
+    return name[:255]
+
+
+def ingest(cfg: JobsConfig, store: JobStore, received: ReceivedFile) -> tuple[DatasetRow, bool]:
+    """Validate a received file with the trainer's reader and store it; (row, created).
+
+    Runs in a thread (reading a large file takes a while). On any failure the temp file is removed, so
+    nothing is stored.
+    """
+    from trainer.data import read_dataset
+
+    try:
+        existing = store.dataset_by_checksum(received.sha256)
+        if existing is not None:
+            return existing, False
+        try:
+            ds = read_dataset(received.path)
+        except DataFormatError as e:
+            raise DatasetInvalid(received.filename, e.line, e.message) from None
+        if ds.n_rows == 0:
+            raise DatasetInvalid(received.filename, 1, "the dataset has no rows")
+        if ds.n_labels == 0:
+            raise DatasetInvalid(received.filename, 1, "the dataset has no labels")
+        row = DatasetRow(
+            id=f"ds_{received.sha256[:20]}",
+            name=_display_name(received),
+            checksum=received.sha256,
+            format="jsonl" if ds.is_text else "xc",
+            filename=received.filename[:255],
+            size_bytes=received.size,
+            rows=ds.n_rows,
+            features=None if ds.is_text else int(ds.n_features),
+            labels=int(ds.n_labels),
+            created_at=time.time(),
+        )
+        final = dataset_path(cfg, row)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(received.path, final)
+        try:
+            store.add_dataset(row)
+        except Exception:
+            again = store.dataset_by_checksum(received.sha256)  # a concurrent upload of the same bytes
+            if again is not None:
+                return again, False
+            with contextlib.suppress(OSError):
+                final.unlink()
+            raise
+        return row, True
+    finally:
+        received.path.unlink(missing_ok=True)

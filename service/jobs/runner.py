@@ -1,0 +1,260 @@
+"""Runs one job inside a worker: claim, heartbeat, train with checkpoints, publish the artifact.
+
+The lease (a heartbeat written every `heartbeat_s`) is what makes a SIGKILLed worker's job recoverable: a
+reaper re-queues jobs whose heartbeat is older than `lease_s`, and the next worker resumes from the job's
+checkpoint directory. The same heartbeat thread reads the cancel flag, so `should_stop()` — called by
+the trainer every step — is a cheap read of in-memory flags rather than a database query.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import threading
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any
+
+from service.jobs.config import JobsConfig
+from service.jobs.models import CANCELLED, FAILED, SUCCEEDED, DatasetRow
+from service.jobs.store import JobStore
+from trainer.errors import OvexError, TrainingCancelled
+
+log = logging.getLogger("ovex.jobs")
+
+_PROGRESS_EVERY_S = 0.5
+
+
+def dataset_path(cfg: JobsConfig, ds: DatasetRow) -> Path:
+    """Where a stored dataset lives: named by its content checksum, never by a user-given path."""
+    ext = ".jsonl" if ds.format == "jsonl" else ".txt"
+    return cfg.datasets_dir / f"{ds.checksum}{ext}"
+
+
+def next_version(model_dir: Path) -> int:
+    versions = (
+        [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+        if model_dir.exists()
+        else []
+    )
+    return max(versions, default=0) + 1
+
+
+def publish(staging: Path, model_dir: Path) -> str:
+    """Move a finished artifact to models_dir/<model>/<next version>; the rename is the commit point.
+
+    Renaming a directory onto an existing non-empty one fails, so two jobs finishing at once for the same
+    model take different versions instead of overwriting each other.
+    """
+    model_dir.mkdir(parents=True, exist_ok=True)
+    source = staging
+    for _ in range(1000):
+        target = model_dir / str(next_version(model_dir))
+        try:
+            os.rename(source, target)
+            return target.name
+        except OSError as e:
+            if e.errno == errno.EXDEV:  # data and models on different filesystems: copy next to it first
+                tmp = model_dir / f".incoming-{uuid.uuid4().hex}"
+                shutil.copytree(source, tmp)
+                shutil.rmtree(source, ignore_errors=True)
+                source = tmp
+                continue
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                continue
+            raise
+    raise OvexError(f"could not find a free version under {model_dir}")
+
+
+class _Lease:
+    """Background heartbeat: renews the job's lease and mirrors the cancel flag into memory."""
+
+    def __init__(self, store: JobStore, job_id: str, worker: str, every_s: float) -> None:
+        self.store, self.job_id, self.worker, self.every_s = store, job_id, worker, every_s
+        self.cancel = threading.Event()
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{job_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                owned, cancel = self.store.heartbeat(self.job_id, self.worker)
+            except Exception:  # a database blip must not kill the job; the next beat retries
+                log.warning("heartbeat for %s failed", self.job_id, exc_info=True)
+                continue
+            if not owned:
+                self.lost.set()
+                return
+            if cancel:
+                self.cancel.set()
+
+
+class _Hooks:
+    """`TrainHooks` for one job: progress and logs into the job store, stop on cancel/lease loss/shutdown."""
+
+    def __init__(self, store: JobStore, job_id: str, worker: str, lease: _Lease, shutdown: threading.Event):
+        self.store, self.job_id, self.worker, self.lease, self.shutdown = (
+            store,
+            job_id,
+            worker,
+            lease,
+            shutdown,
+        )
+        self._last = 0.0
+        self._last_epoch: int | None = None
+
+    def on_progress(self, progress: Any) -> None:
+        fields: dict[str, Any] = {
+            "epoch": _opt_int(getattr(progress, "epoch", None)),
+            "epochs": _opt_int(getattr(progress, "epochs", None)),
+            "step": _opt_int(getattr(progress, "step", None)),
+            "steps_total": _opt_int(getattr(progress, "steps_total", None)),
+            "examples_per_s": _opt_float(getattr(progress, "examples_per_s", None)),
+            "loss": _opt_float(getattr(progress, "loss", None)),
+        }
+        metrics = getattr(progress, "metrics", None)
+        if metrics:
+            fields["metrics"] = {str(k): float(v) for k, v in dict(metrics).items()}
+        now = time.monotonic()
+        important = (
+            bool(metrics)
+            or fields["epoch"] != self._last_epoch
+            or (fields["step"] is not None and fields["step"] == fields["steps_total"])
+        )
+        if not important and now - self._last < _PROGRESS_EVERY_S:
+            return
+        self._last, self._last_epoch = now, fields["epoch"]
+        if not self.store.update_progress(self.job_id, self.worker, fields, event=True):
+            self.lease.lost.set()
+
+    def on_log(self, message: str) -> None:
+        log.info("[%s] %s", self.job_id, message)
+        self.store.log(self.job_id, message)
+
+    def should_stop(self) -> bool:
+        return self.lease.cancel.is_set() or self.lease.lost.is_set() or self.shutdown.is_set()
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def _opt_float(v: Any) -> float | None:
+    if v is None:
+        return None
+    f = float(v)
+    return f if f == f and f not in (float("inf"), float("-inf")) else None
+
+
+class JobRunner:
+    """Executes job ids handed over by the queue (one at a time per consumer thread)."""
+
+    def __init__(
+        self, cfg: JobsConfig, store: JobStore, worker: str, shutdown: threading.Event, requeue: Any = None
+    ) -> None:
+        self.cfg, self.store, self.worker, self.shutdown = cfg, store, worker, shutdown
+        self.requeue = requeue  # callable(job_id) -> None, to put a released job back on the queue
+
+    def run(self, job_id: str) -> None:
+        job = self.store.claim(job_id, self.worker)
+        if job is None:
+            log.info("job %s not claimable (taken, cancelled or finished); skipping", job_id)
+            return
+        lease = _Lease(self.store, job_id, self.worker, self.cfg.heartbeat_s)
+        hooks = _Hooks(self.store, job_id, self.worker, lease, self.shutdown)
+        job_dir = self.cfg.job_dir(job_id)
+        staging, checkpoints = job_dir / "artifact", job_dir / "checkpoints"
+        lease.start()
+        try:
+            self.store.log(job_id, f"attempt {job.attempts} on worker {self.worker}")
+            result = self._train(job, staging, checkpoints, hooks)
+            resumed = _opt_int(getattr(result, "resumed_from_step", None))
+            if hooks.should_stop():
+                raise TrainingCancelled("stop requested at the end of training")
+            version = publish(staging, self.cfg.models_dir / job.model)
+            metrics = getattr(result, "metrics", None)
+            extra: dict[str, Any] = {"resumed_from_step": resumed}
+            if metrics:
+                extra["metrics"] = {str(k): float(v) for k, v in dict(metrics).items()}
+            if self.store.finish(job_id, self.worker, SUCCEEDED, model_version=version, extra=extra):
+                self.store.log(job_id, f"published {job.model} version {version}")
+                shutil.rmtree(job_dir, ignore_errors=True)
+            else:  # lost the lease at the last moment: the version exists, but the job belongs elsewhere
+                log.warning("job %s finished after losing its lease; version %s kept", job_id, version)
+        except TrainingCancelled:
+            self._stopped(job_id, job_dir)
+        except OvexError as e:
+            self._failed(job_id, job_dir, str(e))
+        except Exception as e:
+            self.store.log(job_id, "".join(traceback.format_exception(e)).rstrip())
+            self._failed(job_id, job_dir, f"internal error: {type(e).__name__}: {e}")
+        finally:
+            lease.stop()
+
+    def _train(self, job: Any, staging: Path, checkpoints: Path, hooks: _Hooks) -> Any:
+        from trainer.data import check_compatible, read_dataset
+        from trainer.params import TrainParams
+        from trainer.train import train
+
+        params = TrainParams.from_json_dict(dict(job.params))
+        train_row = self.store.get_dataset(job.train_dataset)
+        if train_row is None:
+            raise OvexError(f"training dataset {job.train_dataset} no longer exists")
+        train_ds = read_dataset(dataset_path(self.cfg, train_row))
+        test_ds = None
+        if job.test_dataset:
+            test_row = self.store.get_dataset(job.test_dataset)
+            if test_row is None:
+                raise OvexError(f"test dataset {job.test_dataset} no longer exists")
+            test_ds = check_compatible(
+                train_ds, read_dataset(dataset_path(self.cfg, test_row), label_names=train_ds.label_names)
+            )
+        shutil.rmtree(staging, ignore_errors=True)  # a partial artifact from a killed attempt
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        return train(
+            params,
+            train_ds,
+            test_ds,
+            out_dir=staging,
+            hooks=hooks,
+            checkpoint_dir=checkpoints,
+            checkpoint_every=self.cfg.checkpoint_every,
+        )
+
+    def _stopped(self, job_id: str, job_dir: Path) -> None:
+        lease_lost = not self._still_ours(job_id)
+        if lease_lost:
+            log.warning("job %s: lease lost to another worker; leaving its files alone", job_id)
+            return
+        job = self.store.get_job(job_id)
+        if job is not None and job.cancel_requested:
+            if self.store.finish(job_id, self.worker, CANCELLED):
+                shutil.rmtree(job_dir, ignore_errors=True)
+            return
+        if self.shutdown.is_set():
+            reason = "worker shutting down; re-queued to resume from checkpoint"
+            if self.store.release(job_id, self.worker, reason) and self.requeue is not None:
+                self.requeue(job_id)
+            return
+        self._failed(job_id, job_dir, "training stopped unexpectedly")
+
+    def _still_ours(self, job_id: str) -> bool:
+        job = self.store.get_job(job_id)
+        return job is not None and job.worker == self.worker
+
+    def _failed(self, job_id: str, job_dir: Path, message: str) -> None:
+        self.store.log(job_id, f"failed: {message}")
+        if self.store.finish(job_id, self.worker, FAILED, error=message):
+            shutil.rmtree(job_dir, ignore_errors=True)
