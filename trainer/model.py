@@ -177,9 +177,14 @@ class XCModel(nn.Module):
         return self.head[:, self.shape.dim]
 
     def score(self, h: torch.Tensor, label_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """f_k(x) = <w_k, h> + b_k for the given labels (all K when None)."""
+        """f_k(x) = <w_k, h> + b_k for the given labels (all K when None); DropMax models add log ρ_k(x)."""
         rows = self.head if label_ids is None else self.head.index_select(0, label_ids)
-        return h @ rows[:, : self.shape.dim].T + rows[:, self.shape.dim]
+        out = h @ rows[:, : self.shape.dim].T + rows[:, self.shape.dim]
+        if "dropmax" in self.extra:  # DropMax predicts with f_k + log ρ_k(x) (trainer/dropmax.py)
+            g = self.extra["dropmax"]
+            g = g if label_ids is None else g.index_select(0, label_ids)
+            out = out + F.logsigmoid(h @ g[:, : self.shape.dim].T + g[:, self.shape.dim])
+        return out
 
     @torch.no_grad()
     def topk(self, x: sp.csr_matrix, k: int, budget: int = 1 << 23) -> tuple[np.ndarray, np.ndarray]:
