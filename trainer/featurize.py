@@ -1,0 +1,364 @@
+"""Featurizers: turn texts or raw sparse features into the model's input rows.
+
+Fitted on the training split and saved inside the model artifact (JSON + safetensors, never pickle),
+so the service featurizes a request exactly as training did. Text: lowercase word tokens (optionally
+plus bigrams) → vocabulary (min_df, size cap) or signed/unsigned hashing → sublinear tf-idf (idf from
+the training split) → L2. Sparse features: optional idf weighting and optional L2 row normalisation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import scipy.sparse as sp
+from safetensors.numpy import load_file, save_file
+
+from trainer.data import Dataset
+from trainer.errors import ArtifactError, DataFormatError, ParamsError
+
+__all__ = ["FEATURIZER_VERSION", "Featurizer", "FeaturizerConfig", "tokenize"]
+
+FEATURIZER_VERSION = 1
+_JSON_NAME = "featurizer.json"
+_TENSORS_NAME = "featurizer.safetensors"
+_TOKEN_RE = re.compile(r"\w\w+")
+_HASH_CACHE_MAX = 1 << 20
+
+
+@dataclass(frozen=True)
+class FeaturizerConfig:
+    """Featurizer options; JSON round trip via `to_dict` / `from_dict` (unknown keys rejected).
+
+    Text options apply to JSONL data sets, `sparse_*` options to XC feature files.
+    """
+
+    text_mode: Literal["vocab", "hash"] = "vocab"
+    ngrams: int = 1
+    min_df: int = 2
+    max_features: int = 200_000
+    hash_features: int = 1 << 18
+    signed_hash: bool = True
+    sublinear_tf: bool = True
+    text_idf: bool = True
+    text_l2: bool = True
+    sparse_idf: bool = False
+    sparse_l2: bool = True
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.text_mode not in ("vocab", "hash"):
+            problems.append(f"text_mode must be 'vocab' or 'hash', got {self.text_mode!r}")
+        if self.ngrams not in (1, 2):
+            problems.append(f"ngrams must be 1 or 2, got {self.ngrams}")
+        if self.min_df < 1:
+            problems.append(f"min_df must be >= 1, got {self.min_df}")
+        if self.max_features < 1:
+            problems.append(f"max_features must be >= 1, got {self.max_features}")
+        if not 1 <= self.hash_features < 2**31:
+            problems.append(f"hash_features must be in [1, 2^31), got {self.hash_features}")
+        if problems:
+            raise ParamsError("; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FeaturizerConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ParamsError(f"unknown featurizer option(s) {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**d)
+
+
+def tokenize(text: str, ngrams: int = 1) -> list[str]:
+    """Lowercase word tokens of two or more word characters, plus adjacent bigrams if ngrams=2."""
+    toks = _TOKEN_RE.findall(text.lower())
+    if ngrams == 2 and len(toks) > 1:
+        toks = toks + [f"{a} {b}" for a, b in pairwise(toks)]
+    return toks
+
+
+def _hash64(term: str) -> int:
+    return int.from_bytes(hashlib.blake2b(term.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def _l2_rows(X: sp.csr_matrix) -> None:
+    """Scale each row of X (in place) to unit L2 norm; empty rows stay empty."""
+    sq = np.add.reduceat(X.data.astype(np.float64) ** 2, X.indptr[:-1]) if X.nnz else np.zeros(0)
+    counts = np.diff(X.indptr)
+    norms = np.zeros(X.shape[0], np.float64)
+    nonempty = counts > 0
+    norms[nonempty] = np.sqrt(sq[nonempty]) if X.nnz else 0.0
+    scale = np.where(norms > 0, 1.0 / np.where(norms > 0, norms, 1.0), 0.0)
+    X.data = (X.data * np.repeat(scale, counts)).astype(np.float32)
+
+
+class Featurizer:
+    """Fit on a training `Dataset`, then transform any split or request the same way."""
+
+    def __init__(self, config: FeaturizerConfig | None = None) -> None:
+        self.config = config or FeaturizerConfig()
+        self.kind: Literal["text", "sparse"] | None = None
+        self._n_features = 0
+        self.vocab: dict[str, int] | None = None
+        self.idf: np.ndarray | None = None  # float32, one weight per output column
+        self.n_docs = 0
+        self._hash_cache: dict[str, tuple[int, float]] = {}
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def n_features(self) -> int:
+        """Width of the rows this featurizer outputs (the model's input dimension)."""
+        return self._n_features
+
+    @property
+    def fitted(self) -> bool:
+        return self.kind is not None
+
+    # ------------------------------------------------------------------ fitting
+
+    def fit(self, ds: Dataset) -> Featurizer:
+        """Learn the vocabulary / idf from the training split; returns self."""
+        self._hash_cache.clear()
+        if ds.is_text:
+            assert ds.texts is not None
+            self._fit_texts(ds.texts)
+        else:
+            if ds.X is None:
+                raise ParamsError("dataset has neither texts nor features")
+            self._fit_sparse(sp.csr_matrix(ds.X), ds.n_features)
+        return self
+
+    def _fit_texts(self, texts: Sequence[str]) -> None:
+        cfg = self.config
+        self.kind = "text"
+        self.n_docs = len(texts)
+        if cfg.text_mode == "vocab":
+            df: Counter[str] = Counter()
+            for t in texts:
+                df.update(set(tokenize(t, cfg.ngrams)))
+            kept = [(c, term) for term, c in df.items() if c >= cfg.min_df]
+            kept.sort(key=lambda ct: (-ct[0], ct[1]))
+            kept = kept[: cfg.max_features]
+            if not kept:
+                raise ParamsError(f"empty vocabulary: no token occurs in >= min_df={cfg.min_df} of the "
+                                  f"{len(texts)} training texts; lower min_df or use text_mode='hash'")
+            self.vocab = {term: i for i, (_, term) in enumerate(kept)}
+            self._n_features = len(self.vocab)
+            dfa = np.array([c for c, _ in kept], dtype=np.float64)
+        else:
+            self.vocab = None
+            self._n_features = cfg.hash_features
+            counts = self._raw_texts(texts)
+            dfa = np.bincount(counts.indices, minlength=self._n_features).astype(np.float64)
+        self.idf = self._idf(dfa, self.n_docs) if cfg.text_idf else None
+
+    def _fit_sparse(self, X: sp.csr_matrix, n_features: int) -> None:
+        self.kind = "sparse"
+        self.vocab = None
+        self._n_features = int(n_features)
+        self.n_docs = int(X.shape[0])
+        if self.config.sparse_idf:
+            Xc = sp.csr_matrix(X)
+            Xc.eliminate_zeros()
+            dfa = np.bincount(Xc.indices, minlength=self._n_features).astype(np.float64)
+            self.idf = self._idf(dfa, self.n_docs)
+        else:
+            self.idf = None
+
+    @staticmethod
+    def _idf(df: np.ndarray, n_docs: int) -> np.ndarray:
+        """Smoothed idf: ln((1 + N) / (1 + df)) + 1, so unseen columns get the largest weight."""
+        return (np.log((1.0 + n_docs) / (1.0 + df)) + 1.0).astype(np.float32)
+
+    # ------------------------------------------------------------------ transforming
+
+    def transform(self, ds: Dataset) -> sp.csr_matrix:
+        """Featurize a whole split (texts or sparse features, whichever the featurizer was fit on)."""
+        self._require_fitted()
+        if ds.is_text:
+            assert ds.texts is not None
+            return self.transform_texts(ds.texts, source=ds.path or "<texts>")
+        if ds.X is None:
+            raise ParamsError("dataset has neither texts nor features")
+        return self.transform_sparse(ds.X, source=ds.path or "<features>")
+
+    def transform_texts(self, texts: Sequence[str], source: str = "<input>") -> sp.csr_matrix:
+        """Texts → float32 CSR (n × n_features). Errors name the 1-based row in `source`."""
+        self._require_fitted()
+        if self.kind != "text":
+            raise DataFormatError(source, 1, "this model takes sparse feature vectors, not texts")
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise DataFormatError(source, i + 1, f"text must be a string, got {type(t).__name__}")
+        X = self._raw_texts(texts)
+        return self._weight(X, self.config.text_l2)
+
+    def transform_sparse(self, X: sp.spmatrix, source: str = "<input>") -> sp.csr_matrix:
+        """Sparse rows → float32 CSR (n × n_features) with the fitted weighting; validates ids/values."""
+        self._require_fitted()
+        if self.kind != "sparse":
+            raise DataFormatError(source, 1, "this model takes texts, not sparse feature vectors")
+        Xc = sp.csr_matrix(X, dtype=np.float32, copy=True)
+        if Xc.nnz:
+            bad_val = ~np.isfinite(Xc.data)
+            if bad_val.any():
+                row = int(np.searchsorted(Xc.indptr, int(np.argmax(bad_val)), side="right")) - 1
+                raise DataFormatError(source, row + 1, "non-finite feature value")
+            if Xc.indices.size and (int(Xc.indices.max()) >= self._n_features or int(Xc.indices.min()) < 0):
+                bad = (Xc.indices >= self._n_features) | (Xc.indices < 0)
+                pos = int(np.argmax(bad))
+                row = int(np.searchsorted(Xc.indptr, pos, side="right")) - 1
+                raise DataFormatError(source, row + 1, f"feature id {int(Xc.indices[pos])} out of range: "
+                                      f"the model has n_features={self._n_features}")
+        if Xc.shape[1] != self._n_features:
+            Xc = sp.csr_matrix((Xc.data, Xc.indices, Xc.indptr), shape=(Xc.shape[0], self._n_features))
+        if not Xc.has_canonical_format:
+            Xc.sum_duplicates()
+        return self._weight(Xc, self.config.sparse_l2)
+
+    def _raw_texts(self, texts: Sequence[str]) -> sp.csr_matrix:
+        """Term weights before idf: (sublinear) tf per vocabulary column or signed hash bucket."""
+        cfg = self.config
+        indptr = [0]
+        indices: list[int] = []
+        data: list[float] = []
+        vocab = self.vocab
+        sublinear = cfg.sublinear_tf
+        for text in texts:
+            tf = Counter(tokenize(text, cfg.ngrams))
+            row: dict[int, float] = {}
+            for term, c in tf.items():
+                w = 1.0 + math.log(c) if sublinear else float(c)
+                if vocab is not None:
+                    j = vocab.get(term)
+                    if j is None:
+                        continue
+                    row[j] = w
+                else:
+                    j, sign = self._hashed(term)
+                    row[j] = row.get(j, 0.0) + sign * w
+            for j in sorted(row):
+                v = row[j]
+                if v != 0.0:
+                    indices.append(j)
+                    data.append(v)
+            indptr.append(len(indices))
+        X = sp.csr_matrix((np.asarray(data, np.float32), np.asarray(indices, np.int32),
+                           np.asarray(indptr, np.int64)), shape=(len(texts), self._n_features))
+        X.has_sorted_indices = True
+        return X
+
+    def _hashed(self, term: str) -> tuple[int, float]:
+        hit = self._hash_cache.get(term)
+        if hit is None:
+            h = _hash64(term)
+            n = self.config.hash_features
+            sign = -1.0 if (self.config.signed_hash and (h >> 63) & 1) else 1.0
+            hit = (h % n, sign)
+            if len(self._hash_cache) >= _HASH_CACHE_MAX:
+                self._hash_cache.clear()
+            self._hash_cache[term] = hit
+        return hit
+
+    def _weight(self, X: sp.csr_matrix, l2: bool) -> sp.csr_matrix:
+        if self.idf is not None and X.nnz:
+            X.data = (X.data * self.idf[X.indices]).astype(np.float32)
+        if l2:
+            _l2_rows(X)
+        X.data = X.data.astype(np.float32, copy=False)
+        return X
+
+    def _require_fitted(self) -> None:
+        if not self.fitted:
+            raise ParamsError("featurizer is not fitted: call fit() on the training data first")
+
+    # ------------------------------------------------------------------ persistence
+
+    def save(self, directory: str | Path) -> None:
+        """Write featurizer.json (+ featurizer.safetensors when there is an idf) into `directory`."""
+        self._require_fitted()
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        vocab_list: list[str] | None = None
+        if self.vocab is not None:
+            vocab_list = [""] * len(self.vocab)
+            for term, i in self.vocab.items():
+                vocab_list[i] = term
+        meta = {
+            "format": "ovex-featurizer",
+            "version": FEATURIZER_VERSION,
+            "kind": self.kind,
+            "config": self.config.to_dict(),
+            "n_features": self._n_features,
+            "n_docs": self.n_docs,
+            "has_idf": self.idf is not None,
+            "vocab": vocab_list,
+        }
+        (d / _JSON_NAME).write_text(json.dumps(meta, ensure_ascii=False))
+        if self.idf is not None:
+            save_file({"idf": np.ascontiguousarray(self.idf)}, str(d / _TENSORS_NAME))
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Featurizer:
+        """Read a saved featurizer, checking format, version and shapes (ArtifactError otherwise)."""
+        d = Path(directory)
+        path = d / _JSON_NAME
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ArtifactError(str(path), "missing featurizer.json") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ArtifactError(str(path), f"unreadable featurizer.json: {e}") from None
+        if not isinstance(meta, dict) or meta.get("format") != "ovex-featurizer":
+            raise ArtifactError(str(path), "not an ovex featurizer (format field missing or wrong)")
+        if meta.get("version") != FEATURIZER_VERSION:
+            raise ArtifactError(str(path), f"featurizer version {meta.get('version')!r} is not supported "
+                                f"(this ovex reads version {FEATURIZER_VERSION})")
+        try:
+            cfg = FeaturizerConfig.from_dict(meta["config"])
+            kind = meta["kind"]
+            n_features = int(meta["n_features"])
+            n_docs = int(meta["n_docs"])
+            has_idf = bool(meta["has_idf"])
+            vocab_list = meta["vocab"]
+        except (KeyError, TypeError, ValueError, ParamsError) as e:
+            raise ArtifactError(str(path), f"invalid featurizer.json: {e}") from None
+        if kind not in ("text", "sparse"):
+            raise ArtifactError(str(path), f"unknown featurizer kind {kind!r}")
+        f = cls(cfg)
+        f.kind = kind
+        f._n_features = n_features
+        f.n_docs = n_docs
+        if vocab_list is not None:
+            if not isinstance(vocab_list, list) or len(vocab_list) != n_features:
+                raise ArtifactError(str(path), f"vocabulary has {len(vocab_list)} entries, expected "
+                                    f"n_features={n_features}")
+            f.vocab = {term: i for i, term in enumerate(vocab_list)}
+        elif kind == "text" and cfg.text_mode == "vocab":
+            raise ArtifactError(str(path), "text featurizer in vocab mode has no vocabulary")
+        if has_idf:
+            tpath = d / _TENSORS_NAME
+            try:
+                idf = load_file(str(tpath))["idf"]
+            except FileNotFoundError:
+                raise ArtifactError(str(tpath), "missing featurizer.safetensors (idf weights)") from None
+            except Exception as e:  # safetensors raises its own error types for corrupt files
+                raise ArtifactError(str(tpath), f"unreadable idf weights: {e}") from None
+            if idf.shape != (n_features,) or idf.dtype != np.float32:
+                raise ArtifactError(str(tpath), f"idf has shape {idf.shape} dtype {idf.dtype}, expected "
+                                    f"({n_features},) float32")
+            f.idf = idf
+        return f
