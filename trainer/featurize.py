@@ -13,7 +13,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from itertools import pairwise
 from pathlib import Path
@@ -26,7 +26,7 @@ from safetensors.numpy import load_file, save_file
 from trainer.data import Dataset
 from trainer.errors import ArtifactError, DataFormatError, ParamsError
 
-__all__ = ["FEATURIZER_VERSION", "Featurizer", "FeaturizerConfig", "tokenize"]
+__all__ = ["FEATURIZER_VERSION", "Featurizer", "FeaturizerConfig", "options_to_config", "tokenize"]
 
 FEATURIZER_VERSION = 1
 _JSON_NAME = "featurizer.json"
@@ -104,6 +104,39 @@ def _l2_rows(X: sp.csr_matrix) -> None:
     X.data = (X.data * np.repeat(scale, counts)).astype(np.float32)
 
 
+def options_to_config(tfidf: bool | None = None, l2: bool | None = None, hash_size: int | None = None,
+                      max_vocab: int | None = None, **fields_: Any) -> FeaturizerConfig:
+    """Build a config from the trainer's flat options (`tfidf`, `l2` apply to text and sparse data;
+    `hash_size` > 0 selects hashing with that many buckets; `max_vocab` caps the vocabulary), plus
+    any `FeaturizerConfig` field by name."""
+    opts: dict[str, Any] = dict(fields_)
+    if tfidf is not None:
+        opts.setdefault("text_idf", tfidf)
+        opts.setdefault("sparse_idf", tfidf)
+    if l2 is not None:
+        opts.setdefault("text_l2", l2)
+        opts.setdefault("sparse_l2", l2)
+    if hash_size:
+        opts.setdefault("text_mode", "hash")
+        opts.setdefault("hash_features", hash_size)
+    if max_vocab is not None:
+        opts.setdefault("max_features", max_vocab)
+    return FeaturizerConfig.from_dict(opts)
+
+
+class _FitMethod:
+    """`fit` as an instance method, or on the class as a factory: `Featurizer.fit(ds, **options)`."""
+
+    def __get__(self, obj: Featurizer | None, cls: type[Featurizer]) -> Callable[..., Featurizer]:
+        if obj is not None:
+            return obj._fit
+
+        def factory(ds: Dataset, config: FeaturizerConfig | None = None, **options: Any) -> Featurizer:
+            cfg = config if config is not None else options_to_config(**options)
+            return cls(cfg)._fit(ds)
+        return factory
+
+
 class Featurizer:
     """Fit on a training `Dataset`, then transform any split or request the same way."""
 
@@ -129,8 +162,14 @@ class Featurizer:
 
     # ------------------------------------------------------------------ fitting
 
-    def fit(self, ds: Dataset) -> Featurizer:
-        """Learn the vocabulary / idf from the training split; returns self."""
+    fit = _FitMethod()
+
+    def _fit(self, ds: Dataset) -> Featurizer:
+        """Learn the vocabulary / idf from the training split; returns self.
+
+        Reached as `featurizer.fit(ds)`, or on the class with options,
+        `Featurizer.fit(ds, tfidf=True, l2=True, ...)` (see `options_to_config`).
+        """
         self._hash_cache.clear()
         if ds.is_text:
             assert ds.texts is not None
