@@ -95,11 +95,9 @@ def _hash64(term: str) -> int:
 
 def _l2_rows(X: sp.csr_matrix) -> None:
     """Scale each row of X (in place) to unit L2 norm; empty rows stay empty."""
-    sq = np.add.reduceat(X.data.astype(np.float64) ** 2, X.indptr[:-1]) if X.nnz else np.zeros(0)
     counts = np.diff(X.indptr)
-    norms = np.zeros(X.shape[0], np.float64)
-    nonempty = counts > 0
-    norms[nonempty] = np.sqrt(sq[nonempty]) if X.nnz else 0.0
+    rows = np.repeat(np.arange(X.shape[0]), counts)
+    norms = np.sqrt(np.bincount(rows, weights=X.data.astype(np.float64) ** 2, minlength=X.shape[0]))
     scale = np.where(norms > 0, 1.0 / np.where(norms > 0, norms, 1.0), 0.0)
     X.data = (X.data * np.repeat(scale, counts)).astype(np.float32)
 

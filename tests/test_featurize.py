@@ -1,0 +1,204 @@
+"""Featurizers: the weighting formulas, input validation, and exact save/load round trips."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainer.data import Dataset
+from trainer.errors import ArtifactError, DataFormatError, ParamsError
+from trainer.featurize import Featurizer, FeaturizerConfig, options_to_config, tokenize
+
+
+def _texts(texts: list[str]) -> Dataset:
+    return Dataset(Y=sp.csr_matrix((len(texts), 1), dtype=np.float32), n_features=0, n_labels=1, texts=texts)
+
+
+def _sparse(X: sp.csr_matrix) -> Dataset:
+    return Dataset(Y=sp.csr_matrix((X.shape[0], 1), dtype=np.float32), n_features=X.shape[1], n_labels=1,
+                   X=sp.csr_matrix(X, dtype=np.float32))
+
+
+DOCS = ["The cat sat on the mat", "the dog sat", "A cat and a dog", "zebra"]
+
+
+def test_tokenize_lowercases_and_adds_bigrams() -> None:
+    assert tokenize("Hello, WORLD! a b x9") == ["hello", "world", "x9"]
+    assert tokenize("New York city", ngrams=2) == ["new", "york", "city", "new york", "york city"]
+
+
+def test_vocab_tfidf_l2_by_hand() -> None:
+    f = Featurizer(FeaturizerConfig(min_df=1)).fit(_texts(DOCS))
+    assert f.vocab is not None
+    # vocabulary ordered by document frequency, then alphabetically
+    assert list(f.vocab)[:5] == ["cat", "dog", "sat", "the", "and"]  # df 2,2,2,2 then 1
+    X = f.transform_texts(["the the cat unknownword"]).toarray()[0]
+    n = len(DOCS)
+    idf_the = math.log((1 + n) / (1 + 2)) + 1  # "the" occurs in 2 docs (counted once per doc)
+    idf_cat = math.log((1 + n) / (1 + 2)) + 1
+    w_the = (1 + math.log(2)) * idf_the  # sublinear tf for 2 occurrences
+    w_cat = 1.0 * idf_cat
+    norm = math.hypot(w_the, w_cat)
+    assert X[f.vocab["the"]] == pytest.approx(w_the / norm, rel=1e-6)
+    assert X[f.vocab["cat"]] == pytest.approx(w_cat / norm, rel=1e-6)
+    assert np.count_nonzero(X) == 2
+
+
+def test_min_df_and_max_features_shape_the_vocabulary() -> None:
+    f = Featurizer(FeaturizerConfig(min_df=2)).fit(_texts(DOCS))
+    assert f.vocab is not None and set(f.vocab) == {"the", "cat", "sat", "dog"}
+    g = Featurizer(FeaturizerConfig(min_df=1, max_features=2)).fit(_texts(DOCS))
+    assert g.n_features == 2
+    with pytest.raises(ParamsError, match="empty vocabulary"):
+        Featurizer(FeaturizerConfig(min_df=5)).fit(_texts(DOCS))
+
+
+def test_hashing_signed_and_unsigned() -> None:
+    cfg = FeaturizerConfig(text_mode="hash", hash_features=16, text_idf=False, text_l2=False,
+                           sublinear_tf=False)
+    f = Featurizer(cfg).fit(_texts(DOCS))
+    assert f.n_features == 16
+    row = f.transform_texts(["cat cat cat"])
+    assert row.nnz == 1 and abs(float(row.data[0])) == 3.0
+    u = Featurizer(FeaturizerConfig(text_mode="hash", hash_features=16, signed_hash=False, text_idf=False,
+                                    text_l2=False)).fit(_texts(DOCS))
+    many = u.transform_texts([" ".join(f"w{i}" for i in range(200))])
+    assert many.data.min() > 0  # unsigned: collisions only add up
+    signed = Featurizer(FeaturizerConfig(text_mode="hash", hash_features=1 << 12, text_idf=False,
+                                         text_l2=False)).fit(_texts(DOCS))
+    assert (signed.transform_texts([" ".join(f"w{i}" for i in range(200))]).data < 0).any()
+
+
+def test_hashing_is_stable_across_instances() -> None:
+    cfg = FeaturizerConfig(text_mode="hash", hash_features=1 << 10)
+    a = Featurizer(cfg).fit(_texts(DOCS)).transform_texts(["a stable hash please"])
+    b = Featurizer(cfg).fit(_texts(DOCS)).transform_texts(["a stable hash please"])
+    assert (a != b).nnz == 0
+
+
+def test_sparse_idf_and_l2_by_hand() -> None:
+    X = sp.csr_matrix(np.array([[1, 0, 2], [1, 1, 0], [0, 0, 3]], dtype=np.float32))
+    f = Featurizer(FeaturizerConfig(sparse_idf=True, sparse_l2=True)).fit(_sparse(X))
+    idf = [math.log(4 / 3) + 1, math.log(4 / 2) + 1, math.log(4 / 3) + 1]
+    out = f.transform_sparse(sp.csr_matrix(np.array([[2, 1, 0]], dtype=np.float32))).toarray()[0]
+    raw = np.array([2 * idf[0], 1 * idf[1], 0.0])
+    assert out == pytest.approx(raw / np.linalg.norm(raw), rel=1e-6)
+    plain = Featurizer(FeaturizerConfig(sparse_idf=False, sparse_l2=False)).fit(_sparse(X))
+    assert (plain.transform_sparse(X) != X).nnz == 0
+
+
+def test_transform_sparse_validates_rows() -> None:
+    X = sp.csr_matrix(np.eye(3, dtype=np.float32))
+    f = Featurizer().fit(_sparse(X))
+    wide = sp.csr_matrix(([1.0, 1.0], ([0, 1], [1, 5])), shape=(2, 6))
+    with pytest.raises(DataFormatError) as ei:
+        f.transform_sparse(wide, source="request")
+    assert ei.value.line == 2 and "feature id 5 out of range" in ei.value.message
+    assert str(ei.value).startswith("request:2:")
+    bad = sp.csr_matrix(([1.0, np.nan], ([0, 0], [0, 1])), shape=(1, 3))
+    with pytest.raises(DataFormatError, match="non-finite"):
+        f.transform_sparse(bad)
+    with pytest.raises(DataFormatError, match="takes sparse feature vectors, not texts"):
+        f.transform_texts(["hello"])
+    # narrower input is widened to n_features
+    assert f.transform_sparse(sp.csr_matrix(([2.0], ([0], [1])), shape=(1, 2))).shape == (1, 3)
+
+
+def test_transform_texts_validates_rows() -> None:
+    f = Featurizer(FeaturizerConfig(min_df=1)).fit(_texts(DOCS))
+    with pytest.raises(DataFormatError) as ei:
+        f.transform_texts(["ok", 3])  # type: ignore[list-item]
+    assert ei.value.line == 2 and "text must be a string" in ei.value.message
+    with pytest.raises(DataFormatError, match="takes texts"):
+        f.transform_sparse(sp.csr_matrix((1, f.n_features)))
+    assert f.transform_texts([""]).nnz == 0
+
+
+def test_unfitted_featurizer_refuses() -> None:
+    with pytest.raises(ParamsError, match="not fitted"):
+        Featurizer().transform_texts(["x"])
+
+
+def test_config_round_trip_and_validation() -> None:
+    cfg = FeaturizerConfig(text_mode="hash", ngrams=2, hash_features=99, signed_hash=False)
+    assert FeaturizerConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(ParamsError, match="unknown featurizer option"):
+        FeaturizerConfig.from_dict({"ngram": 2})
+    with pytest.raises(ParamsError, match="ngrams must be 1 or 2"):
+        FeaturizerConfig(ngrams=3)
+    with pytest.raises(ParamsError, match="text_mode"):
+        FeaturizerConfig(text_mode="bpe")  # type: ignore[arg-type]
+
+
+def test_class_level_fit_with_trainer_options() -> None:
+    f = Featurizer.fit(_texts(DOCS), tfidf=False, l2=True, hash_size=64, max_vocab=10, min_df=1)
+    assert f.config.text_mode == "hash" and f.n_features == 64 and f.idf is None
+    cfg = options_to_config(tfidf=True, l2=False, hash_size=None, max_vocab=5)
+    assert (cfg.text_idf, cfg.sparse_idf, cfg.text_l2, cfg.sparse_l2, cfg.text_mode, cfg.max_features) == (
+        True, True, False, False, "vocab", 5)
+
+
+# ----------------------------------------------------------------------------- persistence
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    docs=st.lists(st.text(alphabet="abcde fgh", min_size=1, max_size=30), min_size=1, max_size=8),
+    mode=st.sampled_from(["vocab", "hash"]),
+    ngrams=st.sampled_from([1, 2]),
+    idf=st.booleans(),
+)
+def test_text_save_load_gives_identical_transforms(tmp_path: Path, docs: list[str], mode: str, ngrams: int,
+                                                   idf: bool) -> None:
+    cfg = FeaturizerConfig(text_mode=mode, ngrams=ngrams, min_df=1, hash_features=32,  # type: ignore[arg-type]
+                           text_idf=idf)
+    try:
+        f = Featurizer(cfg).fit(_texts(docs))
+    except ParamsError:
+        return  # no token of 2+ characters at all
+    f.save(tmp_path / "fz")
+    g = Featurizer.load(tmp_path / "fz")
+    probe = [*docs, "ab cd ef unseen"]
+    a, b = f.transform_texts(probe), g.transform_texts(probe)
+    assert a.shape == b.shape and np.array_equal(a.indices, b.indices) and np.array_equal(a.data, b.data)
+    assert g.config == f.config and g.n_features == f.n_features
+
+
+def test_sparse_save_load_gives_identical_transforms(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    X = sp.random(50, 40, density=0.2, format="csr", dtype=np.float32, random_state=rng)
+    for cfg in (FeaturizerConfig(sparse_idf=True), FeaturizerConfig(sparse_idf=False, sparse_l2=False)):
+        f = Featurizer(cfg).fit(_sparse(X))
+        f.save(tmp_path / "s")
+        g = Featurizer.load(tmp_path / "s")
+        a, b = f.transform_sparse(X), g.transform_sparse(X)
+        assert np.array_equal(a.toarray(), b.toarray())
+
+
+def test_load_rejects_broken_directories(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match=r"missing featurizer\.json"):
+        Featurizer.load(tmp_path)
+    f = Featurizer(FeaturizerConfig(min_df=1)).fit(_texts(DOCS))
+    f.save(tmp_path)
+    meta = json.loads((tmp_path / "featurizer.json").read_text())
+    (tmp_path / "featurizer.json").write_text(json.dumps({**meta, "version": 99}))
+    with pytest.raises(ArtifactError, match="version 99 is not supported"):
+        Featurizer.load(tmp_path)
+    (tmp_path / "featurizer.json").write_text(json.dumps({**meta, "n_features": 3}))
+    with pytest.raises(ArtifactError, match="vocabulary has"):
+        Featurizer.load(tmp_path)
+    (tmp_path / "featurizer.json").write_text(json.dumps(meta))
+    (tmp_path / "featurizer.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ArtifactError, match="unreadable idf"):
+        Featurizer.load(tmp_path)
+    (tmp_path / "featurizer.json").write_text("{not json")
+    with pytest.raises(ArtifactError, match=r"unreadable featurizer\.json"):
+        Featurizer.load(tmp_path)
+    assert not list(tmp_path.glob("*.pkl"))
