@@ -113,7 +113,6 @@ class _Hooks:
             shutdown,
         )
         self._last = 0.0
-        self._last_epoch: int | None = None
 
     def on_progress(self, progress: Any) -> None:
         fields: dict[str, Any] = {
@@ -128,14 +127,10 @@ class _Hooks:
         if metrics:
             fields["metrics"] = {str(k): float(v) for k, v in dict(metrics).items()}
         now = time.monotonic()
-        important = (
-            bool(metrics)
-            or fields["epoch"] != self._last_epoch
-            or (fields["step"] is not None and fields["step"] == fields["steps_total"])
-        )
-        if not important and now - self._last < _PROGRESS_EVERY_S:
+        final = fields["step"] is not None and fields["step"] == fields["steps_total"]
+        if not final and now - self._last < _PROGRESS_EVERY_S:
             return
-        self._last, self._last_epoch = now, fields["epoch"]
+        self._last = now
         if not self.store.update_progress(self.job_id, self.worker, fields, event=True):
             self.lease.lost.set()
 
@@ -188,8 +183,8 @@ class JobRunner:
             extra: dict[str, Any] = {"resumed_from_step": resumed}
             if metrics:
                 extra["metrics"] = {str(k): float(v) for k, v in dict(metrics).items()}
+            self.store.log(job_id, f"artifact published as {job.model} version {version}")
             if self.store.finish(job_id, self.worker, SUCCEEDED, model_version=version, extra=extra):
-                self.store.log(job_id, f"published {job.model} version {version}")
                 shutil.rmtree(job_dir, ignore_errors=True)
             else:  # lost the lease at the last moment: the version exists, but the job belongs elsewhere
                 log.warning("job %s finished after losing its lease; version %s kept", job_id, version)

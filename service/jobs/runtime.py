@@ -181,3 +181,18 @@ def settings_env(settings: Any) -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return env
+
+
+def runtime_for_app(settings: Any, registry: Any) -> JobsRuntime:
+    """The runtime `create_app`'s lifespan starts: new versions go to `registry.load_version`.
+
+    A version is loaded in this process only when the job asked for activation or the model has none
+    serving yet; otherwise it just sits on disk (listed by the registry's scan) until activated.
+    """
+    cfg = JobsConfig.from_settings(settings)
+
+    def publish(model: str, version: str, activate: bool) -> None:
+        if activate or model not in registry.active():
+            registry.load_version(model, version, activate=activate)
+
+    return JobsRuntime(cfg, publish=publish, worker_env=settings_env(settings))

@@ -1,0 +1,134 @@
+"""`/v1/datasets`: upload (streamed, size-capped, validated, stored by checksum), list, get."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from service.api.auth import require_api_key
+from service.jobs.datasets import DatasetInvalid, UploadError, ingest, receive_file
+from service.jobs.models import DatasetRow
+from service.jobs.runtime import JobsRuntime
+
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
+
+
+class DatasetOut(BaseModel):
+    id: str
+    name: str
+    rows: int
+    features: int | None  # None for JSONL text: the featurizer fixes the width at training time
+    labels: int
+    format: str
+    size_bytes: int
+    checksum: str
+    filename: str
+    created_at: float
+
+
+class DatasetList(BaseModel):
+    datasets: list[DatasetOut]
+
+
+def dataset_out(row: DatasetRow) -> DatasetOut:
+    return DatasetOut(
+        id=row.id,
+        name=row.name,
+        rows=row.rows,
+        features=row.features,
+        labels=row.labels,
+        format=row.format,
+        size_bytes=row.size_bytes,
+        checksum=row.checksum,
+        filename=row.filename,
+        created_at=row.created_at,
+    )
+
+
+def jobs_runtime(request: Request) -> JobsRuntime:
+    rt = getattr(request.app.state, "jobs", None)
+    if rt is None:
+        raise HTTPException(503, "the job system is not running in this process")
+    return rt
+
+
+Runtime = Annotated[JobsRuntime, Depends(jobs_runtime)]
+
+
+def _error(status: int, loc: list[str | int], msg: str, kind: str, **extra: Any) -> HTTPException:
+    return HTTPException(status, [{"loc": loc, "msg": msg, "type": kind, **extra}])
+
+
+_UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "XC-format (header `N D L`) or JSONL (`{text, labels}`) file",
+                        },
+                        "name": {"type": "string", "description": "display name (default: the file name)"},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "",
+    dependencies=[Depends(require_api_key)],
+    status_code=201,
+    response_model=DatasetOut,
+    openapi_extra=_UPLOAD_BODY,
+    responses={
+        413: {"description": "upload over the size limit"},
+        415: {"description": "not multipart/form-data"},
+        422: {"description": "not a valid dataset (file and line named)"},
+    },
+)
+async def upload_dataset(request: Request, response: Response, rt: Runtime) -> DatasetOut:
+    """Stream the `file` part to disk (413 over the limit), validate it with the trainer's reader (422 with
+    the line at fault), and store it under its SHA-256. Uploading the same bytes again returns the record."""
+    try:
+        received = await receive_file(
+            request.headers.get("content-type"),
+            request.headers.get("content-length"),
+            request.stream(),
+            rt.cfg.uploads_dir,
+            rt.cfg.max_upload_bytes,
+        )
+    except UploadError as e:
+        raise _error(e.status, ["body", e.field], e.message, "upload_error") from None
+    try:
+        row, created = await run_in_threadpool(ingest, rt.cfg, rt.store, received)
+    except DatasetInvalid as e:
+        raise _error(
+            422, ["body", "file"], f"{e.filename}:{e.line}: {e.message}", "dataset_invalid", line=e.line
+        ) from None
+    if not created:
+        response.status_code = 200
+    return dataset_out(row)
+
+
+@router.get("", response_model=DatasetList)
+def list_datasets(rt: Runtime) -> DatasetList:
+    return DatasetList(datasets=[dataset_out(r) for r in rt.store.list_datasets()])
+
+
+@router.get("/{dataset_id}", response_model=DatasetOut, responses={404: {"description": "unknown dataset"}})
+def get_dataset(dataset_id: str, rt: Runtime) -> DatasetOut:
+    row = rt.store.get_dataset(dataset_id)
+    if row is None:
+        raise _error(404, ["path", "dataset_id"], f"dataset {dataset_id!r} not found", "not_found")
+    return dataset_out(row)
