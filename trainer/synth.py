@@ -24,6 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from trainer.data import Dataset, write_xc_rows
+from trainer.errors import ParamsError
 
 __all__ = ["SynthConfig", "planted_prototypes", "synth", "synth_dataset", "write_synth"]
 
@@ -57,7 +58,7 @@ class SynthConfig:
         ]
         for ok, msg in checks:
             if not ok:
-                raise ValueError(msg)
+                raise ParamsError(msg)
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -140,8 +141,8 @@ def _block(struct: _Structure, labels: int, features: int, n: int, seed: int, pa
     return X, Y
 
 
-def _blocks(labels: int, features: int, rows: int, seed: int, part: int, cfg: SynthConfig
-            ) -> list[tuple[int, int]]:
+def _blocks(rows: int) -> list[tuple[int, int]]:
+    """(block index, rows in block): fixed-size blocks, each with its own random stream."""
     return [(b, min(_BLOCK, rows - b * _BLOCK)) for b in range((rows + _BLOCK - 1) // _BLOCK)]
 
 
@@ -156,7 +157,7 @@ def synth(labels: int, features: int, rows: int, seed: int = 0, *, part: int = 0
     cfg.validate(labels, features, rows)
     struct = _Structure(labels, features, seed, cfg)
     xs, ys = [], []
-    for b, n in _blocks(labels, features, rows, seed, part, cfg):
+    for b, n in _blocks(rows):
         X, Y = _block(struct, labels, features, n, seed, part, b, cfg)
         xs.append(X)
         ys.append(Y)
@@ -191,6 +192,6 @@ def write_synth(path: str | Path, labels: int, features: int, rows: int, seed: i
     for out, n_rows, p in targets:
         with open(out, "w", encoding="ascii", newline="\n") as fh:
             fh.write(f"{n_rows} {features} {labels}\n")
-            for b, n in _blocks(labels, features, n_rows, seed, p, cfg):
+            for b, n in _blocks(n_rows):
                 X, Y = _block(struct, labels, features, n, seed, p, b, cfg)
                 write_xc_rows(fh, X, Y)
