@@ -6,11 +6,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint install test-docker bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet -e ./clients/python
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,3 +28,7 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+## test-docker: lint, build and run the docker compose stack end to end (needs a Docker engine)
+test-docker:
+	scripts/test-docker.sh

