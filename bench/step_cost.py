@@ -1,0 +1,166 @@
+"""Must-show 1: a training step's cost is flat in K for OVE and linear in K for exact softmax.
+
+Synthetic data (trainer.synth), d=128, ~50 non-zeros per row, the same batch size and number of negatives
+at every K. Reports examples/s of OVE and of exact softmax at K = 1e3 … 1e6 from one run and writes
+bench/results/step_cost.json and .md.
+
+    .venv/bin/python bench/step_cost.py [--ks 1000,10000,100000,1000000] [--seconds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trainer.data import label_counts  # noqa: E402
+from trainer.losses import get_loss  # noqa: E402
+from trainer.model import ModelShape, XCModel  # noqa: E402
+from trainer.negatives import NegativeSampler  # noqa: E402
+from trainer.params import TrainParams  # noqa: E402
+from trainer.synth import synth  # noqa: E402
+from trainer.train import EpochData, Stepper  # noqa: E402
+
+
+def l2_rows(x: sp.csr_matrix) -> sp.csr_matrix:
+    x = sp.csr_matrix(x, dtype=np.float32)
+    norms = np.sqrt(np.asarray(x.multiply(x).sum(axis=1)).ravel())
+    norms[norms == 0] = 1.0
+    out: sp.csr_matrix = sp.csr_matrix(sp.diags(1.0 / norms) @ x, dtype=np.float32)
+    out.sort_indices()
+    return out
+
+
+def measure(
+    loss: str,
+    x: sp.csr_matrix,
+    y: sp.csr_matrix,
+    k: int,
+    params: TrainParams,
+    seconds: float,
+    max_steps: int,
+    warmup: int,
+) -> dict[str, Any]:
+    """Examples/s of the training step alone (sampling, scoring, backward, row updates)."""
+    spec = get_loss(loss)
+    shape = ModelShape(n_features=x.shape[1], n_labels=k, dim=params.dim, extra_heads=spec.extra_heads)
+    model = XCModel(shape, seed=params.seed)
+    sampler = NegativeSampler(k, params.sampler, params.alpha, label_counts(y), seed=1)
+    stepper = Stepper(model, spec, params.model_copy(update={"loss": loss}), sampler)
+    n = x.shape[0]
+    ep = EpochData(x, y, np.random.default_rng(0).permutation(n), torch.device("cpu"))
+    bs = params.batch_size
+    n_batches = n // bs
+
+    def run(count: int, start: int) -> tuple[int, float]:
+        t0 = time.perf_counter()
+        done = 0
+        for s in range(count):
+            pos = (start + s) % n_batches
+            stepper.step(ep, pos * bs, (pos + 1) * bs, params.lr)
+            done += 1
+            if time.perf_counter() - t0 > seconds:
+                break
+        return done, time.perf_counter() - t0
+
+    run(warmup, 0)
+    steps, dt = run(max_steps, warmup)
+    rate = steps * bs / dt
+    print(f"  {loss:8s} K={k:>9,d}: {steps:5d} steps in {dt:6.2f}s -> {rate:12,.0f} examples/s", flush=True)
+    return {"loss": loss, "k": k, "steps": steps, "seconds": dt, "examples_per_s": rate}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ks", default="1000,10000,100000,1000000")
+    ap.add_argument("--rows", type=int, default=40_000)
+    ap.add_argument("--features", type=int, default=100_000)
+    ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--negatives", type=int, default=1024)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--softmax-seconds", type=float, default=6.0)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "step_cost"))
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    ks = [int(v) for v in args.ks.split(",")]
+    params = TrainParams(dim=args.dim, batch_size=args.batch_size, negatives=args.negatives, lr=0.01)
+    results: list[dict[str, Any]] = []
+    nnz = 0.0
+    for k in ks:
+        t0 = time.perf_counter()
+        x, y = synth(k, args.features, args.rows, seed=0)
+        x = l2_rows(x)
+        y = sp.csr_matrix(y, dtype=np.float32)
+        nnz = x.nnz / x.shape[0]
+        print(f"K={k:,}: data {time.perf_counter() - t0:.1f}s, {nnz:.1f} nnz/row, "
+              f"{y.nnz / y.shape[0]:.2f} labels/row", flush=True)
+        results.append(measure("ove", x, y, k, params, args.seconds, 100_000, warmup=5))
+        results.append(measure("softmax", x, y, k, params, args.softmax_seconds, 100_000, warmup=1))
+        del x, y
+
+    rate = {(r["loss"], r["k"]): r["examples_per_s"] for r in results}
+    kmin, kmax = min(ks), max(ks)
+    summary = {
+        "ove_flatness": rate[("ove", kmax)] / rate[("ove", kmin)],
+        "ove_vs_softmax_at_kmax": rate[("ove", kmax)] / rate[("softmax", kmax)],
+        "ove_examples_per_s_at_kmax": rate[("ove", kmax)],
+        "targets": {
+            "ove_flatness": ">= 0.8",
+            "ove_vs_softmax_at_kmax": ">= 100",
+            "ove_examples_per_s": ">= 20000",
+        },
+    }
+    report = {
+        "setup": {
+            "dim": args.dim,
+            "batch_size": args.batch_size,
+            "negatives": args.negatives,
+            "rows": args.rows,
+            "features": args.features,
+            "nnz_per_row": nnz,
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "machine": platform.machine(),
+        },
+        "results": results,
+        "summary": summary,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    lines = [
+        "# Step cost vs number of labels K",
+        "",
+        f"d={args.dim}, batch {args.batch_size}, {args.negatives} negatives (OVE), ~{nnz:.0f} nnz/row, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}.",
+        "",
+        "| K | OVE examples/s | exact softmax examples/s | OVE / softmax |",
+        "|---:|---:|---:|---:|",
+    ]
+    for k in ks:
+        o, s = rate[("ove", k)], rate[("softmax", k)]
+        lines.append(f"| {k:,} | {o:,.0f} | {s:,.0f} | {o / s:,.1f}x |")
+    lines += [
+        "",
+        f"OVE throughput at K={kmax:,} is {summary['ove_flatness']:.2f}x its K={kmin:,} throughput "
+        f"(target >= 0.8); {summary['ove_vs_softmax_at_kmax']:,.0f}x exact softmax at K={kmax:,} "
+        "(target >= 100).",
+    ]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""The `ovex` command: trainer subcommands (train, evaluate, predict, synth) plus service ones.
+
+Errors users can act on (`OvexError`: bad data, bad artifact, bad params) print `error: ...` on stderr
+and exit with status 2 — never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from service.jobs import worker as jobs_worker
+from trainer import cli as trainer_cli
+from trainer.errors import OvexError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ovex", description="extreme classification with OVE-SGD")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    trainer_cli.add_commands(sub)
+    jobs_worker.add_command(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except OvexError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""The model artifact: the contract between trainer and service.
+
+Layout of a model directory:
+  config.json          schema_version, format, params, n_features, n_labels, dim, shape, n_train_rows, tensors
+  weights.safetensors  input.weight [D,d], input.bias [d], head.weight [K,d], head.bias [K],
+                       hidden.* (dense layers), extra.<name> [K,d+1] (loss-owned heads)
+  labels.txt           one label name per line, each a JSON string (names may hold any character)
+  featurizer/          the fitted featurizer (trainer.featurize)
+  metrics.json         evaluation and training figures
+It is written to a temp dir beside the target and renamed into place, so readers never see half a model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from trainer.errors import ArtifactError, OvexError
+from trainer.model import ModelShape, XCModel
+from trainer.params import TrainParams
+
+SCHEMA_VERSION = 1
+FORMAT = "ovex-model"
+COUNTS = "stats.label_counts"  # optional [K] float32: training rows per label (for PSP@k)
+REQUIRED_FILES = ("config.json", "weights.safetensors", "labels.txt", "metrics.json")
+
+
+def _model_tensors(model: XCModel) -> dict[str, torch.Tensor]:
+    d = model.shape.dim
+    out = {
+        "input.weight": model.input_weight.detach(),
+        "input.bias": model.input_bias.detach(),
+        "head.weight": model.head.detach()[:, :d],
+        "head.bias": model.head.detach()[:, d],
+    }
+    for name, t in model.hidden.state_dict().items():
+        out[f"hidden.{name}"] = t.detach()
+    for name, t in model.extra.items():
+        out[f"extra.{name}"] = t.detach()
+    return {k: v.cpu().contiguous().clone() for k, v in out.items()}
+
+
+def _expected_shapes(model: XCModel) -> dict[str, list[int]]:
+    return {k: list(v.shape) for k, v in _model_tensors(model).items()}
+
+
+def save_artifact(
+    out_dir: str | Path,
+    model: XCModel,
+    featurizer: Any,
+    label_names: list[str],
+    params: TrainParams,
+    metrics: dict[str, Any],
+    *,
+    label_counts: np.ndarray | None = None,
+    n_train_rows: int = 0,
+) -> Path:
+    """Write the model directory atomically; an existing model at `out_dir` is replaced.
+
+    `label_counts`/`n_train_rows` (training label frequencies) let evaluation compute PSP@k later.
+    """
+    out = Path(out_dir)
+    if len(label_names) != model.shape.n_labels:
+        raise ArtifactError(str(out), f"{len(label_names)} label names for {model.shape.n_labels} labels")
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "config.json").exists())):
+        raise ArtifactError(str(out), "exists and is not an ovex model directory; refusing to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        tensors = _model_tensors(model)
+        if label_counts is not None:
+            counts = np.asarray(label_counts, dtype=np.float32)
+            if counts.shape != (model.shape.n_labels,):
+                raise ArtifactError(str(out), f"label_counts has shape {counts.shape}")
+            tensors[COUNTS] = torch.from_numpy(counts.copy())
+        save_file(tensors, str(tmp / "weights.safetensors"))
+        config = {
+            "schema_version": SCHEMA_VERSION,
+            "format": FORMAT,
+            "params": params.to_json_dict(),
+            "n_features": model.shape.n_features,
+            "n_labels": model.shape.n_labels,
+            "dim": model.shape.dim,
+            "shape": model.shape.to_json(),
+            "n_train_rows": int(n_train_rows),
+            "tensors": {k: list(v.shape) for k, v in tensors.items()},
+        }
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        with open(tmp / "labels.txt", "w", encoding="utf-8") as fh:
+            for name in label_names:
+                fh.write(json.dumps(name, ensure_ascii=False) + "\n")
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        featurizer.save(tmp / "featurizer")
+        old = None
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / "model")
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to serve: numpy views of the head plus a torch encoder in eval mode."""
+
+    path: Path
+    config: dict[str, Any]
+    params: TrainParams
+    label_names: list[str]
+    metrics: dict[str, Any]
+    featurizer: Any
+    model: XCModel
+    label_counts: np.ndarray | None = None
+
+    def propensities(self, a: float = 0.55, b: float = 1.5) -> np.ndarray | None:
+        """Jain et al. (2016) propensities from the training label counts (None if not recorded)."""
+        n = int(self.config.get("n_train_rows", 0))
+        if self.label_counts is None or n <= 0:
+            return None
+        c = (np.log(n) - 1.0) * (b + 1.0) ** a
+        out: np.ndarray = 1.0 / (1.0 + c * np.power(self.label_counts.astype(np.float64) + b, -a))
+        return out
+
+    @property
+    def n_features(self) -> int:
+        return self.model.shape.n_features
+
+    @property
+    def n_labels(self) -> int:
+        return self.model.shape.n_labels
+
+    @property
+    def dim(self) -> int:
+        return self.model.shape.dim
+
+    @property
+    def head_weight(self) -> np.ndarray:
+        return self.model.head_weight.detach().cpu().numpy()
+
+    @property
+    def head_bias(self) -> np.ndarray:
+        return self.model.head_bias.detach().cpu().numpy()
+
+    def encode(self, x: sp.spmatrix) -> np.ndarray:
+        """h(x) for already-featurized rows (float32 [n, d])."""
+        csr = sp.csr_matrix(x, dtype=np.float32)
+        if csr.shape[1] != self.n_features:
+            raise ValueError(f"input has {csr.shape[1]} features, the model expects {self.n_features}")
+        with torch.no_grad():
+            return self.model.encode(csr).cpu().numpy().astype(np.float32, copy=False)
+
+    def scores(self, x: sp.spmatrix) -> np.ndarray:
+        """Exact scores f_k(x) for all K labels (float32 [n, K])."""
+        h = torch.from_numpy(self.encode(x))
+        with torch.no_grad():
+            return self.model.score(h).numpy()
+
+    def topk(self, x: sp.spmatrix, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k (ids, scores) per row, best first, by blocked products."""
+        return self.model.topk(sp.csr_matrix(x, dtype=np.float32), k)
+
+
+def _read_json(path: Path, root: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(str(root), f"{path.name} is not valid JSON: {exc}") from None
+
+
+def load_artifact(path: str | Path) -> LoadedModel:
+    """Load and validate a model directory; every problem is an `ArtifactError` naming what is wrong."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ArtifactError(str(root), "not a model directory (does not exist or is not a directory)")
+    for name in REQUIRED_FILES:
+        if not (root / name).is_file():
+            raise ArtifactError(str(root), f"missing {name}")
+    if not (root / "featurizer").is_dir():
+        raise ArtifactError(str(root), "missing featurizer/")
+    config = _read_json(root / "config.json", root)
+    if not isinstance(config, dict):
+        raise ArtifactError(str(root), "config.json must hold a JSON object")
+    version = config.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ArtifactError(
+            str(root), f"unsupported schema_version {version!r} (this ovex reads version {SCHEMA_VERSION})"
+        )
+    for key in ("params", "n_features", "n_labels", "dim", "shape"):
+        if key not in config:
+            raise ArtifactError(str(root), f"config.json lacks {key!r}")
+    try:
+        params = TrainParams.from_json_dict(config["params"])
+        shape = ModelShape.from_json(config["shape"])
+    except (OvexError, KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(str(root), f"config.json has invalid params/shape: {exc}") from None
+    dims = (config["n_features"], config["n_labels"], config["dim"])
+    if (shape.n_features, shape.n_labels, shape.dim) != dims:
+        raise ArtifactError(str(root), "config.json: shape disagrees with n_features/n_labels/dim")
+
+    try:
+        tensors = load_file(str(root / "weights.safetensors"))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise ArtifactError(str(root), f"weights.safetensors is unreadable: {exc}") from None
+    try:
+        model = XCModel(shape)
+    except OvexError as exc:
+        raise ArtifactError(str(root), f"cannot build the model: {exc}") from None
+    expected = _expected_shapes(model)
+    for name, want in expected.items():
+        if name not in tensors:
+            raise ArtifactError(str(root), f"weights.safetensors lacks tensor {name!r}")
+        got = list(tensors[name].shape)
+        if got != want:
+            raise ArtifactError(str(root), f"tensor {name!r} has shape {got}, expected {want}")
+    counts = tensors.pop(COUNTS, None)
+    if counts is not None and list(counts.shape) != [shape.n_labels]:
+        raise ArtifactError(
+            str(root), f"tensor {COUNTS!r} has shape {list(counts.shape)}, expected [{shape.n_labels}]"
+        )
+    unknown = sorted(set(tensors) - set(expected))
+    if unknown:
+        raise ArtifactError(str(root), f"weights.safetensors has unexpected tensors {unknown[:5]}")
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ArtifactError(str(root), f"tensor {name!r} holds non-finite values")
+    _load_weights(model, tensors)
+    model.eval()
+
+    label_names = _read_labels(root, shape.n_labels)
+    metrics = _read_json(root / "metrics.json", root)
+    if not isinstance(metrics, dict):
+        raise ArtifactError(str(root), "metrics.json must hold a JSON object")
+    featurizer = _load_featurizer(root, shape.n_features)
+    counts_np = None if counts is None else counts.numpy().astype(np.float64)
+    return LoadedModel(root, config, params, label_names, metrics, featurizer, model, counts_np)
+
+
+def _load_weights(model: XCModel, tensors: dict[str, torch.Tensor]) -> None:
+    d = model.shape.dim
+    with torch.no_grad():
+        model.input_weight.copy_(tensors["input.weight"])
+        model.input_bias.copy_(tensors["input.bias"])
+        model.head[:, :d].copy_(tensors["head.weight"])
+        model.head[:, d].copy_(tensors["head.bias"])
+        hidden = {k[len("hidden.") :]: v for k, v in tensors.items() if k.startswith("hidden.")}
+        model.hidden.load_state_dict(hidden)
+        for name, p in model.extra.items():
+            p.copy_(tensors[f"extra.{name}"])
+
+
+def _read_labels(root: Path, n_labels: int) -> list[str]:
+    names: list[str] = []
+    try:
+        with open(root / "labels.txt", encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                try:
+                    name = json.loads(line)
+                except json.JSONDecodeError:
+                    raise ArtifactError(str(root), f"labels.txt:{lineno}: not a JSON string") from None
+                if not isinstance(name, str):
+                    raise ArtifactError(str(root), f"labels.txt:{lineno}: not a JSON string")
+                names.append(name)
+    except UnicodeDecodeError:
+        raise ArtifactError(str(root), "labels.txt is not UTF-8") from None
+    if len(names) != n_labels:
+        raise ArtifactError(str(root), f"labels.txt has {len(names)} names, expected {n_labels}")
+    return names
+
+
+def _load_featurizer(root: Path, n_features: int) -> Any:
+    from trainer.featurize import Featurizer
+
+    try:
+        featurizer = Featurizer.load(root / "featurizer")
+    except OvexError as exc:
+        raise ArtifactError(str(root), f"featurizer/ cannot be loaded: {exc}") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ArtifactError(str(root), f"featurizer/ cannot be loaded: {exc}") from None
+    if int(featurizer.n_features) != n_features:
+        raise ArtifactError(
+            str(root), f"featurizer produces {featurizer.n_features} features, the model expects {n_features}"
+        )
+    return featurizer

@@ -1,0 +1,193 @@
+"""`ovex train | evaluate | predict | synth`: thin argparse wrappers over trainer functions.
+
+Training flags are generated from `TrainParams`, so the CLI, API jobs and artifacts share one set of
+names and defaults. Each command returns an exit code; `service.cli.main` turns `OvexError` into
+`error: ...` on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from trainer.errors import DataFormatError, ParamsError
+from trainer.params import TrainParams
+
+
+def _field_type(annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return str, list(typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _field_type(args[0])
+    return annotation, None
+
+
+def add_train_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per TrainParams field (default None = keep the TrainParams default)."""
+    group = parser.add_argument_group("training parameters (defaults from TrainParams)")
+    for name, info in TrainParams.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        typ, choices = _field_type(info.annotation)
+        helptext = f"{info.description or name} (default: {info.default})"
+        if typ is bool:
+            group.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=helptext
+            )
+        else:
+            group.add_argument(flag, dest=name, type=typ, choices=choices, default=None, help=helptext)
+
+
+def params_from_args(args: argparse.Namespace) -> TrainParams:
+    given = {n: getattr(args, n) for n in TrainParams.model_fields if getattr(args, n, None) is not None}
+    try:
+        return TrainParams(**given)
+    except Exception as exc:  # pydantic ValidationError: name the flag
+        raise ParamsError(f"invalid flags: {exc}") from None
+
+
+class _CliHooks:
+    """Training messages to stderr (the progress bar, when there is one, is drawn by train())."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def on_progress(self, progress: Any) -> None:
+        pass
+
+    def on_log(self, message: str) -> None:
+        if not self.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    def should_stop(self) -> bool:
+        return False
+
+
+# ------------------------------------------------------------------------------------ commands
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from trainer.data import read_dataset
+    from trainer.train import train
+
+    params = params_from_args(args)
+    train_ds = read_dataset(args.train)
+    test_ds = read_dataset(args.test, label_names=train_ds.label_names) if args.test else None
+    result = train(
+        params,
+        train_ds,
+        test_ds,
+        out_dir=args.out,
+        hooks=_CliHooks(args.quiet),
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+    )
+    if result.metrics:
+        print(json.dumps(result.metrics))
+    return 0
+
+
+def _features_for(model: Any, path: str) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    """Read a data file and featurize it the way the model was trained (labels in the model's ids)."""
+    from trainer.data import read_dataset
+
+    ds = read_dataset(path, label_names=model.label_names)
+    if not ds.is_text and ds.n_labels > model.n_labels:
+        raise DataFormatError(path, 1, f"L={ds.n_labels} labels but the model has {model.n_labels}")
+    y = sp.csr_matrix(ds.Y, dtype=np.float32)
+    if y.shape[1] != model.n_labels:
+        y = sp.csr_matrix((y.data, y.indices, y.indptr), shape=(y.shape[0], model.n_labels))
+    x = model.featurizer.transform(ds)
+    return sp.csr_matrix(x, dtype=np.float32), y
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from trainer.artifact import load_artifact
+    from trainer.metrics import evaluate_topk
+
+    model = load_artifact(args.model_dir)
+    x, y = _features_for(model, args.data)
+    top, _ = model.topk(x, 5)
+    print(json.dumps(evaluate_topk(top, y, model.propensities())))
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from trainer.artifact import load_artifact
+
+    if args.top_k < 1:
+        raise ParamsError("--top-k must be >= 1")
+    model = load_artifact(args.model_dir)
+    x, _ = _features_for(model, args.data)
+    out = Path(args.out)
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        chunk = 4096
+        for start in range(0, x.shape[0], chunk):
+            ids, scores = model.topk(x[start : start + chunk], args.top_k)
+            for row_ids, row_scores in zip(ids.tolist(), scores.tolist(), strict=True):
+                fh.write(json.dumps({"labels": row_ids, "scores": row_scores}) + "\n")
+    tmp.replace(out)
+    return 0
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from trainer.synth import write_synth
+
+    try:
+        write_synth(
+            args.out,
+            args.labels,
+            args.features,
+            args.rows,
+            seed=args.seed,
+            test_path=args.test_out,
+            test_rows=args.test_rows if args.test_out else 0,
+        )
+    except ValueError as exc:
+        raise ParamsError(str(exc)) from None
+    return 0
+
+
+def add_commands(subparsers: Any) -> None:
+    """Register train, evaluate, predict and synth on an argparse subparsers object."""
+    p = subparsers.add_parser("train", help="train a model and write its artifact directory")
+    p.add_argument("--train", required=True, help="training data (XC format or JSONL)")
+    p.add_argument("--test", help="test data, evaluated every epoch")
+    p.add_argument("--out", required=True, help="model directory to write")
+    p.add_argument("--checkpoint-dir", help="save checkpoints here and resume from the latest one")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0 = never)")
+    p.add_argument("--quiet", action="store_true", help="no log messages on stderr")
+    add_train_flags(p)
+    p.set_defaults(func=cmd_train)
+
+    p = subparsers.add_parser("evaluate", help="print P@k, nDCG@k, PSP@k of a model on a data file as JSON")
+    p.add_argument("model_dir")
+    p.add_argument("data")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = subparsers.add_parser("predict", help="write the top-k labels of each row as JSON lines")
+    p.add_argument("model_dir")
+    p.add_argument("data")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--out", required=True, help="output .jsonl file")
+    p.set_defaults(func=cmd_predict)
+
+    p = subparsers.add_parser("synth", help="generate XC-format data with planted structure")
+    p.add_argument("--labels", type=int, required=True)
+    p.add_argument("--features", type=int, required=True)
+    p.add_argument("--rows", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--test-out", help="also write a test split from the same planted structure")
+    p.add_argument("--test-rows", type=int, default=1000)
+    p.set_defaults(func=cmd_synth)

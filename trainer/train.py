@@ -1,0 +1,450 @@
+"""The training loop: featurize, sample, score candidates, update touched rows, evaluate, checkpoint.
+
+`train(...)` is the one entry point for the CLI, the job worker and the benchmarks; callers observe and
+stop it through `TrainHooks`. Checkpoints (safetensors + JSON, never pickle) hold model, optimizer and RNG
+state plus the position in the epoch, so a resumed run continues the same step sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from safetensors.torch import load_file, save_file
+
+from trainer import metrics as xc_metrics
+from trainer.data import Dataset, check_compatible, label_counts
+from trainer.errors import ParamsError, TrainingCancelled
+from trainer.losses import CandidateBatch, LossSpec, exhaustive_candidates, get_loss, sampled_candidates
+from trainer.model import ModelShape, XCModel
+from trainer.negatives import NegativeSampler
+from trainer.optim import RowAdam
+from trainer.params import TrainParams
+
+log = logging.getLogger("ovex.train")
+
+EVAL_K = 5
+PROGRESS_EVERY_S = 0.5
+
+
+@dataclass
+class Progress:
+    epoch: int  # 1-based epoch in progress (or just finished)
+    epochs: int
+    step: int  # global steps done
+    steps_total: int
+    examples_per_s: float
+    loss: float
+    metrics: dict[str, float] | None = None  # set after an evaluation
+
+
+class TrainHooks(Protocol):
+    def on_progress(self, progress: Progress) -> None: ...
+
+    def on_log(self, message: str) -> None: ...
+
+    def should_stop(self) -> bool: ...
+
+
+class LoggingHooks:
+    """Default hooks: messages to the `ovex.train` logger, never stop."""
+
+    def on_progress(self, progress: Progress) -> None:
+        pass
+
+    def on_log(self, message: str) -> None:
+        log.info(message)
+
+    def should_stop(self) -> bool:
+        return False
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path | None
+    metrics: dict[str, float]
+    steps: int
+    epochs: int
+    seconds: float
+    examples_per_s: float
+    final_loss: float
+    resumed_from_step: int | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ParamsError("--device cuda requested but no CUDA device is available")
+    return torch.device(name)
+
+
+def lr_at(params: TrainParams, step: int, total: int) -> float:
+    """Linear warmup, then cosine / linear decay to 0 (or constant)."""
+    warm = int(params.warmup * total)
+    if step < warm:
+        return params.lr * (step + 1) / warm
+    if params.schedule == "constant":
+        return params.lr
+    frac = (step - warm) / max(total - warm, 1)
+    if params.schedule == "linear":
+        return params.lr * max(0.0, 1.0 - frac)
+    return params.lr * 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
+
+
+# ------------------------------------------------------------------------------------ featurizing
+
+
+def fit_featurizer(params: TrainParams, ds: Dataset) -> Any:
+    """Fit the featurizer the params ask for on the training set (saved with the model)."""
+    from trainer.featurize import Featurizer
+
+    return Featurizer.fit(
+        ds,
+        tfidf=params.tfidf,
+        l2=params.l2,
+        hash_size=params.hash_size or None,
+        max_vocab=params.max_vocab,
+        min_df=params.min_df,
+    )
+
+
+def _as_csr32(x: sp.spmatrix) -> sp.csr_matrix:
+    out = sp.csr_matrix(x, dtype=np.float32)
+    out.sort_indices()
+    return out
+
+
+# ------------------------------------------------------------------------------------ the step
+
+
+class EpochData:
+    """One epoch's shuffled CSR, as device tensors sliced by row ranges (no per-row Python)."""
+
+    def __init__(self, x: sp.csr_matrix, y: sp.csr_matrix, perm: np.ndarray, device: torch.device) -> None:
+        xp, yp = x[perm], y[perm]
+        self.x_ptr_np = np.asarray(xp.indptr, dtype=np.int64)
+        self.y_ptr_np = np.asarray(yp.indptr, dtype=np.int64)
+        self.x_ptr = torch.from_numpy(self.x_ptr_np).to(device)
+        self.x_ind = torch.from_numpy(np.asarray(xp.indices, dtype=np.int64)).to(device)
+        self.x_val = torch.from_numpy(np.asarray(xp.data, dtype=np.float32)).to(device)
+        self.y_ptr = torch.from_numpy(self.y_ptr_np).to(device)
+        self.y_ind = torch.from_numpy(np.asarray(yp.indices, dtype=np.int64)).to(device)
+
+
+class Stepper:
+    """Holds model, optimizer, sampler and loss; `step(epoch, i, j, lr)` trains on rows [i, j)."""
+
+    def __init__(self, model: XCModel, spec: LossSpec, params: TrainParams, sampler: NegativeSampler) -> None:
+        self.model = model
+        self.spec = spec
+        self.params = params
+        self.sampler = sampler
+        self.optim = RowAdam()
+        self.exhaustive = spec.needs_all_labels
+        self.dense = model.dense_parameters()
+
+    def step(self, ep: EpochData, i: int, j: int, lr: float) -> float:
+        model, params = self.model, self.params
+        a, b = int(ep.x_ptr_np[i]), int(ep.x_ptr_np[j])
+        ind, val = ep.x_ind[a:b], ep.x_val[a:b]
+        off = ep.x_ptr[i:j] - a
+        uf, inv = torch.unique(ind, return_inverse=True)
+        e_rows = model.input_weight.index_select(0, uf).requires_grad_()
+        h = model.encode_tensors(inv, off, val, table=e_rows)
+
+        ya, yb = int(ep.y_ptr_np[i]), int(ep.y_ptr_np[j])
+        y_ind = ep.y_ind[ya:yb]
+        y_ptr = ep.y_ptr[i : j + 1] - ya
+        if self.exhaustive:
+            cand = exhaustive_candidates(y_ptr, y_ind, model.shape.n_labels)
+            head_rows = model.head.detach().requires_grad_()
+            rows: torch.Tensor | None = None
+        else:
+            cand = sampled_candidates(y_ptr, y_ind, self.sampler, params.negatives)
+            rows = cand.label_ids
+            head_rows = model.head.index_select(0, rows).requires_grad_()
+        h_aug = torch.cat([h, h.new_ones(h.shape[0], 1)], dim=1)
+        scores = h_aug @ head_rows.T
+        extra: dict[str, torch.Tensor] = {}
+        for name, table in model.extra.items():
+            picked = table.detach() if rows is None else table.index_select(0, rows)
+            extra[name] = picked.requires_grad_()
+        loss = self.spec.fn(CandidateBatch(cand=cand, scores=scores, h=h, extra=extra))
+        for p in self.dense.values():
+            p.grad = None
+        loss.backward()
+
+        wd = params.weight_decay
+        opt = self.optim
+        assert e_rows.grad is not None and head_rows.grad is not None
+        opt.step("input", model.input_weight, e_rows.grad, lr, rows=uf, weight_decay=wd)
+        opt.step("head", model.head, head_rows.grad, lr, rows=rows, weight_decay=wd)
+        for name, t in extra.items():
+            if t.grad is not None:
+                opt.step(f"extra.{name}", model.extra[name], t.grad, lr, rows=rows, weight_decay=wd)
+        for name, p in self.dense.items():
+            if p.grad is not None:
+                opt.step(name, p, p.grad, lr)
+        return float(loss.detach())
+
+
+# ------------------------------------------------------------------------------------ checkpoints
+
+CKPT_LATEST = "latest.json"
+
+
+def _rng_tensor(state: torch.Tensor) -> torch.Tensor:
+    return state.clone().to(torch.uint8)
+
+
+def save_checkpoint(
+    ckpt_dir: Path, stepper: Stepper, step: int, epoch: int, pos: int, extra: dict[str, Any]
+) -> Path:
+    """Write `step-NNN/` via a temp dir + rename, then point `latest.json` at it (os.replace)."""
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t in stepper.model.state_dict().items():
+        tensors[f"model.{name}"] = t.detach().cpu().contiguous()
+    for name, t in stepper.optim.state_tensors().items():
+        tensors[f"optim.{name}"] = t.detach().cpu().contiguous()
+    tensors["rng.torch"] = _rng_tensor(torch.get_rng_state())
+    tensors["rng.sampler"] = _rng_tensor(stepper.sampler.get_state())
+    if torch.cuda.is_available():
+        tensors["rng.cuda"] = _rng_tensor(torch.cuda.get_rng_state())
+    meta = {"step": step, "epoch": epoch, "pos": pos, "shape": stepper.model.shape.to_json(), **extra}
+    name = f"step-{step:09d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=ckpt_dir))
+    try:
+        save_file(tensors, str(tmp / "state.safetensors"))
+        (tmp / "meta.json").write_text(json.dumps(meta))
+        final = ckpt_dir / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    latest_tmp = ckpt_dir / f".{CKPT_LATEST}.tmp"
+    latest_tmp.write_text(json.dumps({"checkpoint": name, "step": step}))
+    os.replace(latest_tmp, ckpt_dir / CKPT_LATEST)
+    for old in ckpt_dir.glob("step-*"):
+        if old.name != name and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(ckpt_dir: Path, stepper: Stepper) -> dict[str, Any] | None:
+    """Restore the latest checkpoint into `stepper`; None when there is none."""
+    latest = ckpt_dir / CKPT_LATEST
+    if not latest.exists():
+        return None
+    name = json.loads(latest.read_text())["checkpoint"]
+    meta: dict[str, Any] = json.loads((ckpt_dir / name / "meta.json").read_text())
+    if meta["shape"] != stepper.model.shape.to_json():
+        raise ParamsError(
+            f"checkpoint {ckpt_dir / name} was made for model shape {meta['shape']}, "
+            f"not {stepper.model.shape.to_json()}"
+        )
+    tensors = load_file(str(ckpt_dir / name / "state.safetensors"))
+    device = stepper.model.head.device
+    model_state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+    stepper.model.load_state_dict(model_state)
+    stepper.optim.load_state_tensors(
+        {k[len("optim.") :]: v.to(device) for k, v in tensors.items() if k.startswith("optim.")}
+    )
+    torch.set_rng_state(tensors["rng.torch"])
+    stepper.sampler.set_state(tensors["rng.sampler"])
+    if "rng.cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng.cuda"])
+    return meta
+
+
+# ------------------------------------------------------------------------------------ evaluation
+
+
+def evaluate_model(
+    model: XCModel, x: sp.csr_matrix, y: sp.csr_matrix, prop: np.ndarray | None
+) -> dict[str, float]:
+    top, _ = model.topk(x, EVAL_K)
+    return xc_metrics.evaluate_topk(top, y, prop)
+
+
+# ------------------------------------------------------------------------------------ train
+
+
+def train(
+    params: TrainParams,
+    train_ds: Dataset,
+    test_ds: Dataset | None = None,
+    *,
+    out_dir: str | Path | None,
+    hooks: TrainHooks | None = None,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 0,
+) -> TrainResult:
+    """Train on `train_ds`, evaluate on `test_ds` every `params.eval_every` epochs, write the artifact."""
+    hooks = hooks or LoggingHooks()
+    t_start = time.perf_counter()
+    device = resolve_device(params.device)
+    torch.manual_seed(params.seed)
+    spec = get_loss(params.loss)
+
+    featurizer = fit_featurizer(params, train_ds)
+    x = _as_csr32(featurizer.transform(train_ds))
+    y = _as_csr32(train_ds.Y)
+    n, k = x.shape[0], train_ds.n_labels
+    if n == 0:
+        raise ParamsError("the training set has no rows")
+    xt = yt = None
+    if test_ds is not None:
+        test_ds = check_compatible(train_ds, test_ds)
+        xt, yt = _as_csr32(featurizer.transform(test_ds)), _as_csr32(test_ds.Y)
+    prop = xc_metrics.propensities(y)
+    label_names = train_ds.label_names or [str(i) for i in range(k)]
+
+    shape = ModelShape(
+        n_features=int(featurizer.n_features),
+        n_labels=k,
+        dim=params.dim,
+        encoder=params.encoder,
+        hidden=params.hidden,
+        pieces=params.pieces,
+        dropout=params.dropout,
+        extra_heads=spec.extra_heads,
+    )
+    model = XCModel(shape, init_scale=params.init_scale, seed=params.seed).to(device)
+    model.train()
+    sampler = NegativeSampler(k, params.sampler, params.alpha, label_counts(y), seed=params.seed + 1)
+    stepper = Stepper(model, spec, params, sampler)
+
+    bs = params.batch_size
+    steps_per_epoch = math.ceil(n / bs)
+    total = steps_per_epoch * params.epochs
+    step, start_epoch, start_pos = 0, 0, 0
+    resumed: int | None = None
+    ckpt_path = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    if ckpt_path is not None:
+        meta = load_checkpoint(ckpt_path, stepper)
+        if meta is not None:
+            step, start_epoch, start_pos = int(meta["step"]), int(meta["epoch"]), int(meta["pos"])
+            resumed = step
+            hooks.on_log(f"resumed from step {step}")
+    hooks.on_log(
+        f"training {params.loss} on {n} rows, {shape.n_features} features, {k} labels; "
+        f"d={params.dim}, {total} steps on {device}"
+    )
+
+    bar = _progress_bar(total, step)
+    history: list[dict[str, Any]] = []
+    last_metrics: dict[str, float] = {}
+    loss_ema = float("nan")
+    train_time = 0.0
+    examples = 0
+    last_report = 0.0
+    try:
+        for epoch in range(start_epoch, params.epochs):
+            perm = np.random.default_rng([params.seed, epoch]).permutation(n)
+            ep = EpochData(x, y, perm, device)
+            t_epoch = time.perf_counter()
+            epoch_examples = 0
+            epoch_loss = 0.0
+            pos0 = start_pos if epoch == start_epoch else 0
+            for pos in range(pos0, steps_per_epoch):
+                if hooks.should_stop():
+                    raise TrainingCancelled(f"training stopped at step {step}")
+                i, j = pos * bs, min(n, (pos + 1) * bs)
+                value = stepper.step(ep, i, j, lr_at(params, step, total))
+                if not math.isfinite(value):
+                    raise ParamsError(f"loss became {value} at step {step}; lower --lr")
+                step += 1
+                epoch_examples += j - i
+                epoch_loss += value * (j - i)
+                loss_ema = value if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * value
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss_ema:.4f}", epoch=epoch + 1)
+                now = time.perf_counter()
+                if now - last_report > PROGRESS_EVERY_S:
+                    last_report = now
+                    rate = epoch_examples / max(now - t_epoch, 1e-9)
+                    hooks.on_progress(Progress(epoch + 1, params.epochs, step, total, rate, loss_ema))
+                if ckpt_path is not None and checkpoint_every > 0 and step % checkpoint_every == 0:
+                    save_checkpoint(ckpt_path, stepper, step, epoch, pos + 1, {"loss": loss_ema})
+            dt = time.perf_counter() - t_epoch
+            train_time += dt
+            examples += epoch_examples
+            rate = epoch_examples / max(dt, 1e-9)
+            mean_loss = epoch_loss / max(epoch_examples, 1)
+            record: dict[str, Any] = {"epoch": epoch + 1, "loss": mean_loss, "examples_per_s": rate}
+            evaluated = None
+            is_last = epoch + 1 == params.epochs
+            due = params.eval_every > 0 and (epoch + 1) % params.eval_every == 0
+            if xt is not None and yt is not None and (due or is_last):
+                evaluated = evaluate_model(model, xt, yt, prop)
+                last_metrics = evaluated
+                record["metrics"] = evaluated
+            history.append(record)
+            msg = f"epoch {epoch + 1}/{params.epochs} loss {mean_loss:.4f} {rate:,.0f} examples/s"
+            if evaluated:
+                msg += " " + " ".join(f"{key} {evaluated[key]:.4f}" for key in ("p@1", "p@3", "p@5"))
+            hooks.on_log(msg)
+            hooks.on_progress(Progress(epoch + 1, params.epochs, step, total, rate, mean_loss, evaluated))
+    finally:
+        if bar is not None:
+            bar.close()
+
+    seconds = time.perf_counter() - t_start
+    overall_rate = examples / max(train_time, 1e-9)
+    final_loss = history[-1]["loss"] if history else loss_ema
+    summary = dict(last_metrics)
+    summary.update(
+        {
+            "train_loss": float(final_loss),
+            "examples_per_s": float(overall_rate),
+            "train_seconds": float(seconds),
+            "steps": float(step),
+        }
+    )
+    out_path: Path | None = None
+    if out_dir is not None:
+        from trainer.artifact import save_artifact
+
+        out_path = save_artifact(
+            out_dir, model, featurizer, label_names, params, summary,
+            label_counts=label_counts(y), n_train_rows=n,
+        )
+        hooks.on_log(f"model written to {out_path}")
+    return TrainResult(
+        out_dir=out_path,
+        metrics=last_metrics,
+        steps=step,
+        epochs=params.epochs,
+        seconds=seconds,
+        examples_per_s=overall_rate,
+        final_loss=float(final_loss),
+        resumed_from_step=resumed,
+        history=history,
+    )
+
+
+def _progress_bar(total: int, initial: int) -> Any:
+    """A tqdm bar on stderr only when it is a terminal (logs stay clean in jobs and CI)."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", file=sys.stderr, dynamic_ncols=True)
