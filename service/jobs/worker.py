@@ -161,6 +161,25 @@ def run_worker(settings: Any) -> None:
     Worker(cfg).run_forever()
 
 
+def add_command(sub: Any) -> None:
+    """Register `ovex worker` on the `ovex` command's subparsers."""
+    parser = sub.add_parser("worker", help="run training jobs from the queue (standalone worker)",
+                            description="run training jobs from the queue until SIGTERM/SIGINT")
+    add_worker_arguments(parser)
+
+    def _run(args: argparse.Namespace) -> int:
+        _configure_logging()
+        run_worker(settings_from_args(args))
+        return 0
+
+    parser.set_defaults(func=_run)
+
+
+def _configure_logging() -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="ovex worker", description="run training jobs from the queue")
     add_worker_arguments(parser)
@@ -190,5 +209,5 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    _configure_logging()
     main()
