@@ -133,6 +133,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
     with open(tmp, "w", encoding="utf-8") as fh:
         chunk = 4096
         for start in range(0, x.shape[0], chunk):
+            if args.normalization:  # probs over the k returned labels + exactness flag (trainer.normalize)
+                from trainer.normalize import predict_topk
+
+                xs = x[start : start + chunk]
+                ids, scores, dist = predict_topk(model, xs, args.top_k, args.normalization)
+                for i, (row_ids, row_scores) in enumerate(zip(ids.tolist(), scores.tolist(), strict=True)):
+                    rec = {"labels": row_ids, "scores": row_scores, "probs": dist.probs[i].tolist()}
+                    fh.write(json.dumps({**rec, "exact": bool(dist.exact[i])}) + "\n")
+                continue
             ids, scores = model.topk(x[start : start + chunk], args.top_k)
             for row_ids, row_scores in zip(ids.tolist(), scores.tolist(), strict=True):
                 fh.write(json.dumps({"labels": row_ids, "scores": row_scores}) + "\n")
@@ -179,6 +188,11 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("model_dir")
     p.add_argument("data")
     p.add_argument("--top-k", type=int, default=5)
+    p.add_argument(
+        "--normalization",
+        choices=["sparsemax", "evsoftmax", "softmax"],
+        help='add "probs" (distribution over the k returned labels) and "exact" (equals the map over all K)',
+    )
     p.add_argument("--out", required=True, help="output .jsonl file")
     p.set_defaults(func=cmd_predict)
 

@@ -255,8 +255,12 @@ def evsoftmax_topk(
     threshold: npt.ArrayLike,
     bound: npt.ArrayLike | None,
     n_labels: int,
+    score_tol: float | npt.ArrayLike = 0.0,
 ) -> TopKDistribution:
     """ev-softmax of the returned labels, given the threshold over *all* K labels (O(d) for a linear head).
+
+    ``score_tol`` widens the rounding margin when the threshold and the scores come from different
+    computations (e.g. float32 scores, float64 O(d) threshold): scores within it of t read as ambiguous.
 
     Exact when every label left out is below the threshold (bound < t, with a rounding margin) and no
     returned score sits within rounding of t. Otherwise ``rest_mass_bound`` bounds the mass of the
@@ -274,7 +278,7 @@ def evsoftmax_topk(
     b = _as_bound(bound, (n,))
     fin = np.where(np.isfinite(a), np.abs(a), 0.0)
     scale = np.maximum(fin.max(axis=1) if k else 0.0, np.where(np.isfinite(t), np.abs(t), 0.0))
-    tol = 16.0 * _EPS64 * (1.0 + scale) * max(k, 1)
+    tol = 16.0 * _EPS64 * (1.0 + scale) * max(k, 1) + np.broadcast_to(np.asarray(score_tol, np.float64), (n,))
     present = np.isfinite(a)
     any_reach = (present & (a >= t[:, None])).any(axis=1) if k else np.zeros(n, dtype=bool)
     top = np.where(present, a, -np.inf).max(axis=1) if k else np.full(n, -np.inf)
@@ -342,11 +346,13 @@ def normalize_topk(
     bound: npt.ArrayLike | None,
     n_labels: int,
     threshold: npt.ArrayLike | None = None,
+    score_tol: float | npt.ArrayLike = 0.0,
 ) -> TopKDistribution:
     """One entry point for serving and ``ovex predict``: the named map over retrieved top-k scores.
 
     ``threshold`` (ev-softmax only) is the mean of all K scores, e.g. from
-    ``evsoftmax_threshold_linear``; it is required for ``evsoftmax``.
+    ``evsoftmax_threshold_linear``; it is required for ``evsoftmax``, as is ``score_tol`` when it
+    was computed apart from the scores (see `evsoftmax_topk`).
     """
     if name == "sparsemax":
         return sparsemax_topk_report(top_scores, bound, n_labels)
@@ -355,7 +361,7 @@ def normalize_topk(
     if name == "evsoftmax":
         if threshold is None:
             raise ValueError("evsoftmax needs the threshold (mean of all K scores)")
-        return evsoftmax_topk(top_scores, threshold, bound, n_labels)
+        return evsoftmax_topk(top_scores, threshold, bound, n_labels, score_tol)
     raise ValueError(f"normalization: unknown {name!r}; expected one of {', '.join(NORMALIZATIONS)}")
 
 

@@ -1,0 +1,57 @@
+"""Top-k answers of a loaded model with a sparse distribution and an exactness flag per row.
+
+Glue between `trainer.artifact.LoadedModel` (exact top-k by blocked products) and the pure maps in
+`trainer.sparse_maps`, used by `ovex predict --normalization`. Retrieval here is exact, so the bound on
+the labels not returned is the (k+1)-th score; ev-softmax's threshold is the O(d) mean for linear heads
+and the mean of the exact scores for DropMax models (whose scores are not linear in h).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from trainer.sparse_maps import (
+    NORMALIZATIONS,
+    TopKDistribution,
+    evsoftmax_threshold_linear,
+    linear_head_means,
+    normalize_topk,
+)
+
+F32_SCORE_RTOL = 1e-5  # float32 scores vs a float64 threshold: margin relative to the score scale
+
+
+def evsoftmax_threshold_for(model: Any, x: sp.csr_matrix) -> np.ndarray:
+    """Mean of all K scores per row: O(d) for a linear head, exact scoring for DropMax models."""
+    if "dropmax" in model.model.extra:
+        return np.asarray(model.scores(x), dtype=np.float64).mean(axis=1)
+    w_mean, b_mean = linear_head_means(model.head_weight, model.head_bias)
+    return evsoftmax_threshold_linear(model.encode(x), w_mean, b_mean)
+
+
+def predict_topk(
+    model: Any, x: sp.csr_matrix, k: int, normalization: str
+) -> tuple[np.ndarray, np.ndarray, TopKDistribution]:
+    """(ids [n,k'], scores [n,k'], distribution) with k' = min(k, K), best first."""
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization: unknown {normalization!r}; expected one of {NORMALIZATIONS}")
+    n_labels = int(model.n_labels)
+    kk = min(k, n_labels)
+    fetch = min(kk + 1, n_labels)
+    ids, scores = model.topk(x, fetch)
+    if fetch > kk:
+        bound = np.asarray(scores[:, kk], dtype=np.float64)
+        ids, scores = ids[:, :kk], scores[:, :kk]
+    else:
+        bound = np.full(x.shape[0], -np.inf)
+    threshold = None
+    tol: float | np.ndarray = 0.0
+    if normalization == "evsoftmax":
+        threshold = evsoftmax_threshold_for(model, x)
+        scale = np.abs(np.asarray(scores, dtype=np.float64)).max(axis=1, initial=0.0)
+        tol = F32_SCORE_RTOL * (1.0 + np.maximum(scale, np.abs(threshold)))
+    dist = normalize_topk(normalization, scores, bound, n_labels, threshold=threshold, score_tol=tol)
+    return ids, scores, dist
