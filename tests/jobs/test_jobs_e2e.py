@@ -1,0 +1,175 @@
+"""End to end against a real `ovex serve` on 127.0.0.1: train over the API, cancel, survive a SIGKILLed
+worker and an API restart. Runs on SQLite + the embedded queue and (marked `services`) on PostgreSQL + Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.jobs.conftest import Backend, Server
+
+TINY = {"dim": 16, "batch_size": 32, "negatives": 8, "lr": 0.05}
+# many epochs on tiny data: long enough to interrupt, each step still milliseconds
+LONG = {**TINY, "epochs": 3000, "eval_every": 0}
+
+
+def _first_test_row(path: Path) -> dict[str, Any]:
+    line = path.read_text().splitlines()[1]
+    pairs = [p.split(":") for p in line.split()[1:] if ":" in p]
+    return {"indices": [int(i) for i, _ in pairs], "values": [float(v) for _, v in pairs]}
+
+
+def _predict_version(srv: Server, model: str, features: dict[str, Any]) -> str:
+    r = srv.client.post(f"/v1/models/{model}/predict", json={"inputs": [{"features": features}], "top_k": 5})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == model
+    assert body["predictions"][0]["labels"], body
+    return str(body["version"])
+
+
+def test_train_follow_events_then_predict(
+    backend: Backend, make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    srv = make_server(backend)
+    train = srv.upload(synth_files["train"])
+    test = srv.upload(synth_files["test"], name="held-out")
+    assert (train["rows"], train["features"], train["labels"]) == (600, 300, 40)
+    assert test["name"] == "held-out" and test["id"] != train["id"]
+    listed = srv.client.get("/v1/datasets").json()["datasets"]
+    assert {d["id"] for d in listed} == {train["id"], test["id"]}
+    assert srv.client.get(f"/v1/datasets/{train['id']}").json()["rows"] == 600
+
+    body = {
+        "model": "demo",
+        "train_dataset": train["id"],
+        "test_dataset": test["id"],
+        "params": {**TINY, "epochs": 4},
+        "activate": True,
+    }
+    job_id = srv.submit(body)
+    events = srv.events(job_id)
+    states = [d["state"] for kind, d in events if kind == "state"]
+    assert states[0] == "queued" and "running" in states and states[-1] == "succeeded", events
+    progress = [d for kind, d in events if kind == "progress"]
+    assert progress, events
+    assert progress[-1]["step"] == progress[-1]["steps_total"] > 0
+    assert progress[-1]["epochs"] == 4
+
+    job = srv.job(job_id)
+    assert job["state"] == "succeeded" and job["model_version"] == "1" and job["error"] is None
+    assert job["started_at"] and job["finished_at"] and job["finished_at"] >= job["started_at"]
+    # planted structure: well above chance (40 labels, ~2-3 per row)
+    assert job["progress"]["metrics"]["p@1"] > 0.3, job["progress"]
+    assert (srv.models_dir / "demo" / "1" / "config.json").exists()
+    assert not (srv.data_dir / "jobs" / job_id).exists()  # checkpoints and staging removed
+    row = _first_test_row(synth_files["test"])
+    assert _predict_version(srv, "demo", row) == "1"
+
+    # a second job activates version 2 in the running server, no restart
+    job2 = srv.submit({**body, "params": {**TINY, "epochs": 2}})
+    assert srv.events(job2)[-1][1]["state"] == "succeeded"
+    assert srv.job(job2)["model_version"] == "2"
+    assert _predict_version(srv, "demo", row) == "2"
+    assert "artifact published as demo version 2" in srv.logs(job2)
+
+    # listing and filtering
+    jobs = srv.client.get("/v1/jobs", params={"state": "succeeded"}).json()["jobs"]
+    assert {j["id"] for j in jobs} == {job_id, job2}
+    assert srv.client.get("/v1/jobs", params={"state": "running"}).json()["jobs"] == []
+    # a finished job cannot be cancelled
+    r = srv.client.post(f"/v1/jobs/{job_id}/cancel")
+    assert r.status_code == 409, r.text
+
+
+def test_cancel_running_job_stops_fast_and_cleans_up(
+    backend: Backend, make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    srv = make_server(backend)
+    train = srv.upload(synth_files["train"])
+    job_id = srv.submit({"model": "long", "train_dataset": train["id"], "params": LONG})
+    srv.wait(
+        job_id,
+        lambda j: j["state"] == "running" and (j["progress"]["step"] or 0) >= 60,
+        60,
+        "the job to run past a few checkpoints",
+    )
+    ckpt = srv.data_dir / "jobs" / job_id / "checkpoints"
+    assert ckpt.is_dir() and any(ckpt.iterdir()), "expected partial files before cancelling"
+
+    t0 = time.monotonic()
+    r = srv.client.post(f"/v1/jobs/{job_id}/cancel")
+    assert r.status_code == 202, r.text
+    job = srv.wait(job_id, lambda j: j["state"] != "running", 5, "the job to stop within 5 s")
+    elapsed = time.monotonic() - t0
+    assert job["state"] == "cancelled" and elapsed < 5.0, (job, elapsed)
+    assert job["progress"]["step"] < job["progress"]["steps_total"]
+    assert srv.events(job_id)[-1] == ("state", {"state": "cancelled"})
+    assert not (srv.data_dir / "jobs" / job_id).exists()
+    assert not (srv.models_dir / "long").exists() or not any((srv.models_dir / "long").iterdir())
+    assert "cancel requested" in srv.logs(job_id)
+    # idempotent
+    again = srv.client.post(f"/v1/jobs/{job_id}/cancel")
+    assert again.status_code == 202 and again.json()["state"] == "cancelled"
+
+    # a queued job (no free worker: the first is busy) is cancelled at once
+    busy = srv.submit({"model": "long", "train_dataset": train["id"], "params": LONG})
+    queued = srv.submit({"model": "long", "train_dataset": train["id"], "params": LONG})
+    srv.wait(busy, lambda j: j["state"] == "running", 60, "the blocking job to start")
+    r = srv.client.post(f"/v1/jobs/{queued}/cancel")
+    assert r.status_code == 202 and r.json()["state"] == "cancelled", r.text
+    assert srv.client.post(f"/v1/jobs/{busy}/cancel").status_code == 202
+    srv.wait(busy, lambda j: j["state"] == "cancelled", 5, "the running job to stop")
+    time.sleep(1.0)
+    assert srv.job(queued)["state"] == "cancelled" and srv.job(queued)["started_at"] is None
+
+
+def test_sigkilled_worker_job_resumes_from_checkpoint(
+    backend: Backend, make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    """SIGKILL the worker mid-training and restart the API too: a new worker finishes the job from its
+    last checkpoint (the lease expires, the reaper re-queues it), and nothing submitted is lost."""
+    srv = make_server(backend, embedded_worker=False)
+    first = srv.start_worker()
+    train = srv.upload(synth_files["train"])
+    params = {**TINY, "epochs": 40, "eval_every": 0}  # 760 steps
+    job_id = srv.submit({"model": "crash", "train_dataset": train["id"], "params": params, "activate": True})
+    before = srv.wait(job_id, lambda j: (j["progress"]["step"] or 0) >= 100, 60, "training past step 100")
+    assert before["worker"] and f":{first.pid}:" in before["worker"]
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(10)
+    assert srv.job(job_id)["state"] == "running"  # nobody knows yet: the lease has not expired
+    # a job queued behind it, then an API restart: both survive in the database and the queue
+    queued = srv.submit({"model": "crash", "train_dataset": train["id"], "params": {**TINY, "epochs": 1}})
+    assert srv.proc is not None
+    srv.proc.send_signal(signal.SIGTERM)
+    srv.proc.wait(30)
+    srv.start()  # same dirs, same database, same queue
+    assert srv.job(job_id)["state"] in ("running", "queued")
+    assert srv.job(queued)["state"] == "queued"
+
+    srv.start_worker()
+    job = srv.wait(
+        job_id,
+        lambda j: j["state"] in ("succeeded", "failed", "cancelled"),
+        120,
+        "the job to finish on the second worker",
+    )
+    assert job["state"] == "succeeded", job
+    assert job["attempts"] == 2
+    logs = srv.logs(job_id)
+    m = re.search(r"resumed from step (\d+)", logs)
+    assert m, logs
+    resumed = int(m.group(1))
+    assert resumed > 0 and resumed % 20 == 0  # a checkpoint step (OVEX_CHECKPOINT_EVERY=20), not zero
+    assert job["resumed_from_step"] == resumed
+    assert "re-queued to resume from its checkpoint" in logs
+    assert job["progress"]["step"] == job["progress"]["steps_total"]
+    assert _predict_version(srv, "crash", _first_test_row(synth_files["test"])) == job["model_version"]
+    later = srv.wait(queued, lambda j: j["state"] == "succeeded", 60, "the job queued before the restart")
+    assert later["model_version"] != job["model_version"]
