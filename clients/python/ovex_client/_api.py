@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from .errors import error_from_response
 from .models import (
+    ActivateResult,
     DatasetInfo,
     Job,
     ModelInfo,
@@ -173,7 +174,7 @@ def activate(name: str, version: str | int) -> Request:
 
 
 def upload_file(
-    file: str | os.PathLike[str] | bytes | IO[bytes], filename: str | None
+    file: str | os.PathLike[str] | bytes | IO[bytes], filename: str | None, name: str | None = None
 ) -> tuple[Request, IO[bytes] | None]:
     """The multipart upload; returns the file object it opened (the caller closes it)."""
     opened: IO[bytes] | None = None
@@ -188,7 +189,8 @@ def upload_file(
         content, name = file, filename or Path(getattr(file, "name", "dataset.txt")).name
     files = {"file": (name, content, "application/octet-stream")}
     # Uploading creates a dataset: never retried.
-    return Request("POST", "/v1/datasets", idempotent=False, files=files), opened
+    data = {"name": name} if name else None
+    return Request("POST", "/v1/datasets", idempotent=False, files=files, data=data), opened
 
 
 def list_datasets() -> Request:
@@ -222,8 +224,9 @@ def get_job(job_id: str | int) -> Request:
     return Request("GET", f"/v1/jobs/{seg(job_id)}", idempotent=True)
 
 
-def list_jobs(state: str | None) -> Request:
-    return Request("GET", "/v1/jobs", idempotent=True, params={"state": state} if state else None)
+def list_jobs(state: str | None, model: str | None = None, limit: int | None = None) -> Request:
+    params = {k: v for k, v in (("state", state), ("model", model), ("limit", limit)) if v is not None}
+    return Request("GET", "/v1/jobs", idempotent=True, params=params or None)
 
 
 def cancel_job(job_id: str | int) -> Request:
@@ -242,6 +245,15 @@ def events_path(job_id: str | int) -> str:
 PARSE_PREDICT = as_model(PredictResponse)
 PARSE_MODELS = as_list(ModelInfo, "models")
 PARSE_MODEL = as_model(ModelInfo)
+
+
+def PARSE_DEFAULT(r: httpx.Response) -> str | None:
+    body = r.json()
+    value = body.get("default") if isinstance(body, dict) else None
+    return value if isinstance(value, str) else None
+
+
+PARSE_ACTIVATE = as_model(ActivateResult)
 PARSE_DATASET = as_model(DatasetInfo)
 PARSE_DATASETS = as_list(DatasetInfo, "datasets")
 PARSE_JOB = as_model(Job)

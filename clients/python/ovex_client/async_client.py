@@ -13,6 +13,7 @@ import httpx
 from . import _api
 from .errors import RequestTimeout, TransportError
 from .models import (
+    ActivateResult,
     DatasetInfo,
     Job,
     JobEvent,
@@ -127,27 +128,36 @@ class AsyncClient:
     async def list_models(self) -> list[ModelInfo]:
         return await self._call(_api.list_models(), _api.PARSE_MODELS)
 
+    async def default_model(self) -> str | None:
+        """Name of the model that answers `predict` calls made without a model name."""
+        return await self._call(_api.list_models(), _api.PARSE_DEFAULT)
+
     async def get_model(self, name: str) -> ModelInfo:
         return await self._call(_api.get_model(name), _api.PARSE_MODEL)
 
-    async def activate(self, name: str, version: str | int) -> Any:
-        return await self._call(_api.activate(name, version), _api.as_json)
+    async def activate(self, name: str, version: str | int) -> ActivateResult:
+        return await self._call(_api.activate(name, version), _api.PARSE_ACTIVATE)
 
     # -- datasets ---------------------------------------------------------------------------------
 
     async def upload_dataset(
-        self, file: str | os.PathLike[str] | bytes | IO[bytes], *, filename: str | None = None
+        self,
+        file: str | os.PathLike[str] | bytes | IO[bytes],
+        *,
+        filename: str | None = None,
+        name: str | None = None,
     ) -> DatasetInfo:
         if isinstance(file, str | os.PathLike):
             # httpx's async multipart wants bytes, not a blocking file object.
             path = os.fspath(file)
             with open(path, "rb") as fh:
                 content = fh.read()
-            req, _ = _api.upload_file(content, filename or os.path.basename(path))
+            req, _ = _api.upload_file(content, filename or os.path.basename(path), name)
         elif isinstance(file, bytes):
-            req, _ = _api.upload_file(file, filename)
+            req, _ = _api.upload_file(file, filename, name)
         else:
-            req, _ = _api.upload_file(file.read(), filename or os.path.basename(getattr(file, "name", "")))
+            fname = filename or os.path.basename(getattr(file, "name", "")) or None
+            req, _ = _api.upload_file(file.read(), fname, name)
         return await self._call(req, _api.PARSE_DATASET)
 
     async def list_datasets(self) -> list[DatasetInfo]:
@@ -175,8 +185,10 @@ class AsyncClient:
     async def get_job(self, job_id: str | int) -> Job:
         return await self._call(_api.get_job(job_id), _api.PARSE_JOB)
 
-    async def list_jobs(self, state: str | None = None) -> list[Job]:
-        return await self._call(_api.list_jobs(state), _api.PARSE_JOBS)
+    async def list_jobs(
+        self, state: str | None = None, *, model: str | None = None, limit: int | None = None
+    ) -> list[Job]:
+        return await self._call(_api.list_jobs(state, model, limit), _api.PARSE_JOBS)
 
     async def cancel_job(self, job_id: str | int) -> Job:
         return await self._call(_api.cancel_job(job_id), _api.PARSE_JOB)

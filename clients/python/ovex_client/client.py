@@ -12,6 +12,7 @@ import httpx
 from . import _api
 from .errors import RequestTimeout, TransportError
 from .models import (
+    ActivateResult,
     DatasetInfo,
     Job,
     JobEvent,
@@ -141,20 +142,28 @@ class Client:
     def list_models(self) -> list[ModelInfo]:
         return self._call(_api.list_models(), _api.PARSE_MODELS)
 
+    def default_model(self) -> str | None:
+        """Name of the model that answers `predict` calls made without a model name."""
+        return self._call(_api.list_models(), _api.PARSE_DEFAULT)
+
     def get_model(self, name: str) -> ModelInfo:
         return self._call(_api.get_model(name), _api.PARSE_MODEL)
 
-    def activate(self, name: str, version: str | int) -> Any:
+    def activate(self, name: str, version: str | int) -> ActivateResult:
         """Make `version` of `name` the one that answers (hot swap, no restart)."""
-        return self._call(_api.activate(name, version), _api.as_json)
+        return self._call(_api.activate(name, version), _api.PARSE_ACTIVATE)
 
     # -- datasets ---------------------------------------------------------------------------------
 
     def upload_dataset(
-        self, file: str | os.PathLike[str] | bytes | IO[bytes], *, filename: str | None = None
+        self,
+        file: str | os.PathLike[str] | bytes | IO[bytes],
+        *,
+        filename: str | None = None,
+        name: str | None = None,
     ) -> DatasetInfo:
         """Upload an XC-format or JSONL file; the server validates it before accepting it."""
-        req, opened = _api.upload_file(file, filename)
+        req, opened = _api.upload_file(file, filename, name)
         try:
             return self._call(req, _api.PARSE_DATASET)
         finally:
@@ -187,8 +196,10 @@ class Client:
     def get_job(self, job_id: str | int) -> Job:
         return self._call(_api.get_job(job_id), _api.PARSE_JOB)
 
-    def list_jobs(self, state: str | None = None) -> list[Job]:
-        return self._call(_api.list_jobs(state), _api.PARSE_JOBS)
+    def list_jobs(
+        self, state: str | None = None, *, model: str | None = None, limit: int | None = None
+    ) -> list[Job]:
+        return self._call(_api.list_jobs(state, model, limit), _api.PARSE_JOBS)
 
     def cancel_job(self, job_id: str | int) -> Job:
         return self._call(_api.cancel_job(job_id), _api.PARSE_JOB)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -104,11 +105,22 @@ class PredictResponse(_Answer):
 class ModelVersion(_Answer):
     version: Id
     active: bool | None = None
+    loaded: bool | None = None
+    n_labels: int | None = None
+    n_features: int | None = None
+    dim: int | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
 
 
 class ModelInfo(_Answer):
     name: str
     active_version: Id | None = None
+    n_labels: int | None = None
+    n_features: int | None = None
+    dim: int | None = None
+    retrieval: str | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
     versions: list[ModelVersion] = Field(default_factory=list)
 
     @field_validator("versions", mode="before")
@@ -120,12 +132,22 @@ class ModelInfo(_Answer):
         return value
 
 
+class ActivateResult(_Answer):
+    name: str
+    active_version: Id
+    previous_version: Id | None = None
+
+
 class DatasetInfo(_Answer):
     id: Id
     name: str | None = None
     rows: int | None = None
     features: int | None = None
     labels: int | None = None
+    format: str | None = None
+    size_bytes: int | None = None
+    checksum: str | None = None
+    filename: str | None = None
 
 
 class JobProgress(_Answer):
@@ -151,9 +173,20 @@ class Job(_Answer):
     id: Id
     state: str
     model: str | None = None
+    train_dataset: Id | None = None
+    test_dataset: Id | None = None
+    params: dict[str, Any] | None = None
+    activate: bool | None = None
     progress: JobProgress | None = None
     error: str | None = None
     model_version: Id | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    attempts: int | None = None
+    worker: str | None = None
+    resumed_from_step: int | None = None
+    cancel_requested: bool | None = None
 
     @property
     def done(self) -> bool:
