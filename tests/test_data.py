@@ -61,7 +61,7 @@ def test_blank_line_inside_is_an_empty_row_and_trailing_blanks_are_ignored(tmp_p
 
 
 def test_many_chunks_keep_row_order_and_line_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(data, "_CHUNK_LINES", 7)
+    monkeypatch.setattr(data, "_BLOCK_BYTES", 23)
     rows = [f"{i % 3} {i}:{i + 1}" for i in range(50)]
     ds = read_xc(_write(tmp_path, "50 60 3\n" + "\n".join(rows) + "\n"))
     assert ds.X is not None
@@ -289,7 +289,8 @@ def test_real_files_match_their_headers(name: str) -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(rows=st.lists(st.text(alphabet="0123456789:,. \t-einfa²+_", max_size=14), min_size=1, max_size=6))
+@given(rows=st.lists(st.text(alphabet="0123456789:,. \t\r\x0b-einfa²+_", max_size=14),
+                     min_size=1, max_size=6))
 def test_fuzzed_rows_either_parse_like_the_reference_or_raise_data_errors(
         tmp_path: Path, rows: list[str]) -> None:
     """The vectorised fast path must agree with the line-by-line reference parser on any input."""
@@ -303,6 +304,36 @@ def test_fuzzed_rows_either_parse_like_the_reference_or_raise_data_errors(
     assert ds.X is not None
     for i, row in enumerate(rows):
         labels, ids, vals = data._check_row(row.encode(), i + 2, str(p), 12, 6)
+        assert sorted(labels) == ds.Y[i].indices.tolist()
+        order = np.argsort(ids)
+        assert np.asarray(ids)[order].tolist() == ds.X[i].indices.tolist()
+        assert np.array_equal(np.asarray(vals, np.float32)[order], ds.X[i].data)
+
+
+FRAGMENTS = ["0", "3", "0,2", "5,1,4", "1,1", "0,", "2:1", "5:0.25", "7:1e-3", "3:-2", "1:.5", "4:1.",
+             "11:3", ":1", "2:", "-1:3", "x", "9:nan", "8:+7", "6:0.000001", "10:123456789.125",
+             "12:1", "3:2.5.1", "0:1:1", "4:1,5"]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.lists(st.sampled_from(FRAGMENTS), max_size=6).map(" ".join), min_size=1, max_size=8),
+       lead=st.sampled_from(["", " ", "\t"]))
+def test_fuzzed_token_rows_agree_with_the_reference(tmp_path: Path, rows: list[str], lead: str) -> None:
+    """Mostly well-formed rows: exercises the vectorised path on valid input, not just on garbage."""
+    p = tmp_path / "fz2.txt"
+    p.write_text(f"{len(rows)} 12 6\n" + "\n".join(lead + r for r in rows) + "\n")
+    try:
+        ds = read_xc(p)
+    except DataFormatError as e:
+        assert "no single fault" not in e.message
+        with pytest.raises(DataFormatError) as ref:
+            for i, row in enumerate(rows):
+                data._check_row((lead + row).encode(), i + 2, str(p), 12, 6)
+        assert ref.value.line == e.line and ref.value.message == e.message
+        return
+    assert ds.X is not None
+    for i, row in enumerate(rows):
+        labels, ids, vals = data._check_row((lead + row).encode(), i + 2, str(p), 12, 6)
         assert sorted(labels) == ds.Y[i].indices.tolist()
         order = np.argsort(ids)
         assert np.asarray(ids)[order].tolist() == ds.X[i].indices.tolist()

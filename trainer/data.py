@@ -30,17 +30,14 @@ __all__ = [
     "write_xc_rows",
 ]
 
-# Lines parsed per vectorised chunk: large enough to amortise numpy calls, small enough that the
-# transient per-chunk Python objects stay a few MB.
-_CHUNK_LINES = 16384
+# Bytes parsed per vectorised block: large enough to amortise numpy calls, small enough that the
+# per-block temporaries (a few arrays of the block's size) stay small next to the CSR result.
+_BLOCK_BYTES = 1 << 22
 # Smallest magnitude that rounds to inf in float32 (max float32 plus half an ulp).
 _F32_OVERFLOW = 2.0**128 - 2.0**103
 
-# One well-formed XC row: optional comma-separated label ids, then `id:value` pairs. A row with no
-# labels may start with whitespace or directly with a pair. Values are checked by float() later.
-_ROW_RE = re.compile(rb"[ \t]*(?:([0-9]+(?:,[0-9]+)*)(?:[ \t]+|$))?((?:[0-9]+:[^\s:,]+(?:[ \t]+|$))*)\s*")
 _INT_RE = re.compile(rb"[0-9]+")
-_SIGNED_INT_RE = re.compile(r"-?[0-9]+")
+_SIGNED_INT_RE = re.compile(rb"-?[0-9]+")
 
 
 @dataclass
@@ -120,19 +117,25 @@ def _parse_header(raw: bytes, path: str) -> tuple[int, int, int]:
     return n, d, labels
 
 
+def _show(b: bytes) -> str:
+    """A token as the user wrote it (for messages), undecodable bytes escaped."""
+    return repr(b.decode("utf-8", "backslashreplace"))
+
+
 def _check_row(line: bytes, lineno: int, path: str, n_features: int, n_labels: int
                ) -> tuple[list[int], list[int], list[float]]:
-    """Slow, exact parse of one row; used to find and describe the first fault in a chunk."""
-    text = line.decode("utf-8", "replace").strip()
-    tokens = text.split()
+    """Slow, exact parse of one row; the reference the fast path must agree with, and the source of
+    the message for the first fault in a chunk. Works on bytes so both paths see the same tokens."""
+    tokens = line.split()
     labels: list[int] = []
-    if tokens and ":" not in tokens[0]:
+    if tokens and b":" not in tokens[0]:
         lab_tok = tokens.pop(0)
-        for part in lab_tok.split(","):
-            if part == "":
-                raise DataFormatError(path, lineno, f"empty label id in label list {lab_tok!r}")
+        for part in lab_tok.split(b","):
+            if part == b"":
+                raise DataFormatError(path, lineno, f"empty label id in label list {_show(lab_tok)}")
             if not _SIGNED_INT_RE.fullmatch(part):
-                raise DataFormatError(path, lineno, f"unparsable label id {part!r} (expected an integer)")
+                raise DataFormatError(path, lineno,
+                                      f"unparsable label id {_show(part)} (expected an integer)")
             lab = int(part)
             if lab < 0:
                 raise DataFormatError(path, lineno, f"negative label id {lab}")
@@ -145,11 +148,11 @@ def _check_row(line: bytes, lineno: int, path: str, n_features: int, n_labels: i
     ids: list[int] = []
     vals: list[float] = []
     for tok in tokens:
-        if tok.count(":") != 1:
-            raise DataFormatError(path, lineno, f"unparsable token {tok!r}: expected feature:value")
-        fid_s, val_s = tok.split(":")
+        if tok.count(b":") != 1:
+            raise DataFormatError(path, lineno, f"unparsable token {_show(tok)}: expected feature:value")
+        fid_s, val_s = tok.split(b":")
         if not _SIGNED_INT_RE.fullmatch(fid_s):
-            raise DataFormatError(path, lineno, f"unparsable feature id {fid_s!r} in {tok!r}")
+            raise DataFormatError(path, lineno, f"unparsable feature id {_show(fid_s)} in {_show(tok)}")
         fid = int(fid_s)
         if fid < 0:
             raise DataFormatError(path, lineno, f"negative feature id {fid}")
@@ -158,11 +161,11 @@ def _check_row(line: bytes, lineno: int, path: str, n_features: int, n_labels: i
         try:
             val = float(val_s)
         except ValueError:
-            raise DataFormatError(path, lineno, f"unparsable value {val_s!r} in {tok!r}") from None
+            raise DataFormatError(path, lineno, f"unparsable value {_show(val_s)} in {_show(tok)}") from None
         if not math.isfinite(val):
-            raise DataFormatError(path, lineno, f"non-finite value {val_s!r} for feature {fid}")
+            raise DataFormatError(path, lineno, f"non-finite value {_show(val_s)} for feature {fid}")
         if abs(val) >= _F32_OVERFLOW:
-            raise DataFormatError(path, lineno, f"value {val_s!r} for feature {fid} overflows float32")
+            raise DataFormatError(path, lineno, f"value {_show(val_s)} for feature {fid} overflows float32")
         ids.append(fid)
         vals.append(val)
     if len(set(ids)) != len(ids):
@@ -172,46 +175,159 @@ def _check_row(line: bytes, lineno: int, path: str, n_features: int, n_labels: i
 
 
 def _sorted_rows(counts: np.ndarray, ids: np.ndarray, n_cols: int) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Sort ids within each row; report whether any row holds a duplicate id."""
+    """Sort ids within each row; report whether any row holds a duplicate id.
+
+    Returns (sorted ids, the permutation applied — empty when the ids were already in order, dup).
+    """
     if ids.size == 0:
         return ids, np.zeros(0, np.int64), False
     rows = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
     key = rows * np.int64(n_cols) + ids
+    step = np.diff(key)
+    if step.size == 0 or int(step.min()) > 0:  # the usual case: already sorted, no duplicates
+        return ids, np.zeros(0, np.int64), False
     order = np.argsort(key, kind="stable")
     skey = key[order]
     dup = bool(np.any(skey[1:] == skey[:-1]))
     return ids[order], order, dup
 
 
-def _parse_chunk(lines: list[bytes], first_lineno: int, path: str, n_features: int, n_labels: int,
+# Byte classes for the vectorised tokenizer (bytes.split() whitespace: \t \n \v \f \r and space).
+_WS = np.zeros(256, dtype=bool)
+_WS[[9, 10, 11, 12, 13, 32]] = True
+# bytes that are neither whitespace, digits, ':', ',' nor '.' (rare in clean files: signs, exponents)
+_OTHER = ~_WS.copy()
+_OTHER[[44, 46, 58]] = False
+_OTHER[48:58] = False
+_POW10 = 10 ** np.arange(19, dtype=np.int64)
+_POW10F = 10.0 ** np.arange(23, dtype=np.float64)
+_MAX_INT_DIGITS = 18  # longer ids go to the slow path (which reports them as out of range)
+_MAX_FAST_DIGITS = 15  # decimal values with more digits are parsed by float()
+
+
+def _parse_uint(a: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Integer spelled by each all-digit segment [start, start+len) of `a` (empty segment: 0).
+
+    Segments are right-aligned into an (n, width) digit matrix, so one matrix-vector product with
+    powers of ten does the positional sum for all of them at once.
+    """
+    if starts.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    width = max(int(lens.max()), 1)
+    cols = np.arange(width)
+    ends = starts + lens
+    idx = ends[:, None] - width + cols[None, :]
+    inside = cols[None, :] >= (width - lens)[:, None]
+    d = (a[np.maximum(idx, 0)].astype(np.int64) - 48) * inside
+    return d @ _POW10[width - 1 - cols]
+
+
+def _fast_chunk(buf: bytes, n_lines: int) -> tuple[np.ndarray, ...] | None:
+    """Tokenize and parse a block of well-formed rows with numpy alone (no per-token Python).
+
+    Returns (label counts, label ids, feature counts, feature ids, values as float64) in file order,
+    or None whenever anything is unusual, so that the exact line-by-line parser takes over.
+    Range, finiteness and duplicate checks are left to the caller.
+    """
+    a = np.frombuffer(buf, dtype=np.uint8)
+    ws = _WS[a]
+    is_nl = a == 10
+    if int(np.count_nonzero(is_nl)) != n_lines:
+        return None
+    edge = np.empty(a.size + 1, dtype=bool)  # edge[i]: whitespace status changes between i-1 and i
+    edge[0] = not ws[0]
+    edge[-1] = not ws[-1]
+    np.not_equal(ws[1:], ws[:-1], out=edge[1:-1])
+    bounds = np.flatnonzero(edge)
+    tstart, tend = bounds[0::2], bounds[1::2]
+    n_tok = tstart.size
+    # token index of every byte (meaningful inside tokens) and line index of every token
+    tok_of = np.cumsum(edge[:-1] & ~ws, dtype=np.int32) - 1
+    tline = np.cumsum(is_nl, dtype=np.int32)[tstart]
+
+    def per_token(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pos = np.flatnonzero(mask)
+        return pos, np.bincount(tok_of[pos], minlength=n_tok)
+
+    cpos, colons = per_token(a == 58)
+    comma_pos, commas = per_token(a == 44)
+    dot_pos, dots = per_token(a == 46)
+    other_pos, others = per_token(_OTHER[a])
+    if n_tok and int(colons.max()) > 1:
+        return None
+    first = np.ones(n_tok, dtype=bool)
+    first[1:] = tline[1:] != tline[:-1]
+    is_feat = colons == 1
+    is_lab = ~is_feat & first
+    if not np.all(is_feat | is_lab) or np.any(commas[is_feat]):
+        return None
+    # dots and other bytes are only allowed after the colon of a feature token (in the value)
+    colon_at = np.full(n_tok, np.iinfo(np.int64).max, dtype=np.int64)
+    colon_at[tok_of[cpos]] = cpos
+    for pos in (dot_pos, other_pos):
+        if pos.size and np.any(pos <= colon_at[tok_of[pos]]):
+            return None
+
+    # labels: at most one token per line, first on it; digits and single commas only
+    ls, le = tstart[is_lab], tend[is_lab]
+    if comma_pos.size and np.any(np.diff(comma_pos) == 1):
+        return None
+    if ls.size and (np.any(a[ls] == 44) or np.any(a[le - 1] == 44)):
+        return None
+    run_s = np.sort(np.concatenate([ls, comma_pos + 1]))
+    run_e = np.sort(np.concatenate([le, comma_pos]))
+    run_len = run_e - run_s
+    if run_s.size and int(run_len.max()) > _MAX_INT_DIGITS:
+        return None
+    lab_ids = _parse_uint(a, run_s, run_len)
+    lab_counts = np.bincount(tline[is_lab], weights=commas[is_lab] + 1, minlength=n_lines).astype(np.int64)
+
+    # features: digits ':' value
+    fs, fe = tstart[is_feat], tend[is_feat]
+    id_len = cpos - fs
+    if fs.size and (int(id_len.min()) < 1 or int(id_len.max()) > _MAX_INT_DIGITS
+                    or int((fe - cpos).min()) < 2):
+        return None
+    feat_ids = _parse_uint(a, fs, id_len)
+    feat_counts = np.bincount(tline[is_feat], minlength=n_lines).astype(np.int64)
+    vals = np.empty(fs.size, dtype=np.float64)
+    if fs.size:
+        vs, ve = cpos + 1, fe
+        vlen = ve - vs
+        vdot = dots[is_feat]
+        plain = (vdot <= 1) & (vlen - vdot >= 1) & (vlen - vdot <= _MAX_FAST_DIGITS) & (others[is_feat] == 0)
+        if np.any(plain):
+            ps, pe = vs[plain], ve[plain]
+            dot_at = pe.copy()  # no dot: the integer part is the whole value
+            if dot_pos.size:
+                feat_tok = np.flatnonzero(is_feat)[plain]
+                dot_of_tok = np.full(n_tok, -1, dtype=np.int64)
+                dot_of_tok[tok_of[dot_pos]] = dot_pos
+                has = vdot[plain] == 1
+                dot_at[has] = dot_of_tok[feat_tok[has]]
+            frac_len = np.maximum(pe - dot_at - 1, 0)
+            mant = _parse_uint(a, ps, dot_at - ps) * _POW10[frac_len] + _parse_uint(a, dot_at + 1, frac_len)
+            # both operands are exact in float64, so the quotient is correctly rounded, as float() is
+            vals[plain] = mant / _POW10F[frac_len]
+        other = np.flatnonzero(~plain)
+        if other.size:
+            try:
+                vals[other] = [float(buf[i:j]) for i, j in zip(vs[other].tolist(), ve[other].tolist(),
+                                                                strict=True)]
+            except ValueError:
+                return None
+    return lab_counts, lab_ids, feat_counts, feat_ids, vals
+
+
+def _parse_chunk(buf: bytes, n_lines: int, first_lineno: int, path: str, n_features: int, n_labels: int,
                  xb: _CsrBuilder, yb: _CsrBuilder) -> None:
-    """Vectorised parse of a chunk; on any anomaly re-parse line by line to report the exact fault."""
-    n = len(lines)
-    lab_parts: list[bytes] = []
-    feat_parts: list[bytes] = []
-    lab_counts = np.zeros(n, np.int64)
-    feat_counts = np.zeros(n, np.int64)
-    bad = False
-    for i, line in enumerate(lines):
-        m = _ROW_RE.fullmatch(line)
-        if m is None:
-            bad = True
-            break
-        labs, feats = m.group(1), m.group(2)
-        if labs:
-            lab_parts.append(labs)
-            lab_counts[i] = labs.count(b",") + 1
-        if feats:
-            feat_parts.append(feats)
-            feat_counts[i] = feats.count(b":")
+    """Vectorised parse of whole lines (`buf` ends with a newline); on any anomaly re-parse line by
+    line to report the exact fault."""
+    parsed = _fast_chunk(buf, n_lines)
     try:
-        if bad:
+        if parsed is None:
             raise ValueError
-        lab_ids = (np.array(b",".join(lab_parts).split(b","), dtype=np.int64) if lab_parts
-                   else np.zeros(0, np.int64))
-        pieces = b" ".join(feat_parts).replace(b":", b" ").split()
-        feat_ids = np.array(pieces[0::2], dtype=np.int64) if pieces else np.zeros(0, np.int64)
-        vals = np.array(list(map(float, pieces[1::2])), dtype=np.float64)
+        lab_counts, lab_ids, feat_counts, feat_ids, vals = parsed
         if lab_ids.size and int(lab_ids.max()) >= n_labels:
             raise ValueError
         if feat_ids.size and int(feat_ids.max()) >= n_features:
@@ -224,7 +340,7 @@ def _parse_chunk(lines: list[bytes], first_lineno: int, path: str, n_features: i
             raise ValueError
         vals = vals[order] if order.size else vals
     except (ValueError, OverflowError):
-        for j, line in enumerate(lines):
+        for j, line in enumerate(buf.split(b"\n")[:n_lines]):
             _check_row(line, first_lineno + j, path, n_features, n_labels)
         raise DataFormatError(path, first_lineno, "malformed rows in this region (no single fault found)"
                               ) from None
@@ -232,21 +348,35 @@ def _parse_chunk(lines: list[bytes], first_lineno: int, path: str, n_features: i
     yb.add(lab_counts, lab_ids, None)
 
 
-def _lines(fh: IO[bytes]) -> Iterator[list[bytes]]:
-    buf: list[bytes] = []
-    for line in fh:
-        buf.append(line)
-        if len(buf) >= _CHUNK_LINES:
-            yield buf
-            buf = []
-    if buf:
-        yield buf
+def _blocks(fh: IO[bytes]) -> Iterator[bytes]:
+    """Blocks of whole lines, each ending with a newline (one is added after a final unterminated
+    line), read `_BLOCK_BYTES` at a time so memory stays a few blocks whatever the file size."""
+    tail = b""
+    while True:
+        data = fh.read(_BLOCK_BYTES)
+        if not data:
+            if tail:
+                yield tail + b"\n"
+            return
+        data = tail + data if tail else data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            tail = data
+            continue
+        tail = data[cut + 1:]
+        yield data[: cut + 1]
+
+
+def _nth_newline_end(buf: bytes, n: int) -> int:
+    """Offset just past the n-th newline of buf (n >= 1)."""
+    nl = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == 10)
+    return int(nl[n - 1]) + 1
 
 
 def read_xc(path: str | Path) -> Dataset:
     """Read an Extreme Classification Repository file (`N D L` header, `l1,l2 f:v ...` rows).
 
-    Rows are parsed in vectorised chunks; ids are sorted within each row. Blank lines after the
+    Rows are parsed in vectorised blocks; ids are sorted within each row. Blank lines after the
     N-th row are ignored; a blank line among the rows is a row with no labels and no features.
     """
     spath = str(path)
@@ -261,18 +391,23 @@ def read_xc(path: str | Path) -> Dataset:
         n_rows, n_features, n_labels = _parse_header(header, spath)
         xb, yb = _CsrBuilder(), _CsrBuilder()
         seen = 0
-        lineno = 2  # line number of the next line read
-        for chunk in _lines(fh):
-            take = chunk[: max(0, n_rows - seen)]
-            rest = chunk[len(take):]
+        lineno = 2  # line number of the first line of the next block
+        for block in _blocks(fh):
+            n_lines = block.count(b"\n")
+            take = min(n_lines, n_rows - seen)
+            rest = b""
+            if take < n_lines:
+                cut = _nth_newline_end(block, take) if take > 0 else 0
+                block, rest = block[:cut], block[cut:]
             if take:
-                _parse_chunk(take, lineno, spath, n_features, n_labels, xb, yb)
-                seen += len(take)
-            for j, extra in enumerate(rest):
-                if extra.strip():
-                    raise DataFormatError(spath, lineno + len(take) + j,
-                                          f"more rows than N={n_rows} declared in the header")
-            lineno += len(chunk)
+                _parse_chunk(block, take, lineno, spath, n_features, n_labels, xb, yb)
+                seen += take
+            if rest.strip():
+                for j, extra in enumerate(rest.split(b"\n")):
+                    if extra.strip():
+                        raise DataFormatError(spath, lineno + take + j,
+                                              f"more rows than N={n_rows} declared in the header")
+            lineno += n_lines
         if seen < n_rows:
             raise DataFormatError(spath, lineno, f"file ends after {seen} rows but the header declares "
                                   f"N={n_rows}")
