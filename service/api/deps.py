@@ -1,0 +1,31 @@
+"""Typed dependencies: routers get the registry, batcher and settings injected, never as globals."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from service.batching import MicroBatcher
+from service.registry import ModelRegistry
+from service.settings import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    s: Settings = request.app.state.settings
+    return s
+
+
+def get_registry(request: Request) -> ModelRegistry:
+    r: ModelRegistry = request.app.state.registry
+    return r
+
+
+def get_batcher(request: Request) -> MicroBatcher:
+    b: MicroBatcher = request.app.state.batcher
+    return b
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
+BatcherDep = Annotated[MicroBatcher, Depends(get_batcher)]

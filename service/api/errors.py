@@ -1,0 +1,133 @@
+"""Every error → HTTP status, in one place. Bodies are FastAPI's shape: `{"detail": str | [field errors]}`.
+
+Field errors are `{"loc": [...], "msg": str, "type": str}` with `loc` naming the field and list index
+(`["body", "inputs", 2, "features", "indices", 5]`), so a client can point at what to fix.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.predictor import InputRowError
+from trainer.errors import ArtifactError, DataFormatError, OvexError, ParamsError
+
+log = logging.getLogger("ovex.api")
+
+Loc = Sequence[str | int]
+
+
+class ApiError(OvexError):
+    """An error with its HTTP status; subclasses fix the status, the message says what to do."""
+
+    status_code = 400
+
+    def __init__(
+        self, message: str, *, status_code: int | None = None, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if status_code is not None:
+            self.status_code = status_code
+        self.headers = headers
+
+    def detail(self) -> Any:
+        return self.message
+
+
+class NotFound(ApiError):
+    status_code = 404
+
+
+class Conflict(ApiError):
+    """The request is valid but the current state refuses it (e.g. a version that fails to load)."""
+
+    status_code = 409
+
+
+class Unavailable(ApiError):
+    """Not ready yet (no model loaded) or the request could not be served in time; retry later."""
+
+    status_code = 503
+
+
+class Unauthorized(ApiError):
+    status_code = 401
+
+
+class Forbidden(ApiError):
+    status_code = 403
+
+
+class InputError(ApiError):
+    """A request field is invalid in a way only the model can tell (e.g. a feature index ≥ its dim)."""
+
+    status_code = 422
+
+    def __init__(self, errors: list[tuple[Loc, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in errors))
+
+    def detail(self) -> Any:
+        return [{"loc": list(loc), "msg": msg, "type": "value_error"} for loc, msg in self.errors]
+
+
+# Errors raised by the trainer package (no HTTP there): their status here.
+TRAINER_STATUS: dict[type[OvexError], int] = {
+    DataFormatError: 422,
+    ParamsError: 422,
+    ArtifactError: 409,
+}
+
+
+def status_for(exc: OvexError) -> int:
+    if isinstance(exc, ApiError):
+        return exc.status_code
+    for cls, code in TRAINER_STATUS.items():
+        if isinstance(exc, cls):
+            return code
+    return 400
+
+
+def _clean_validation_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    """Keep loc/msg/type only: pydantic's `input`/`ctx` may hold NaN or bytes that are not JSON."""
+    out = []
+    for e in errors:
+        loc = [p if isinstance(p, int | str) else str(p) for p in e.get("loc", ())]
+        msg, typ = str(e.get("msg", "invalid")), str(e.get("type", "value_error"))
+        out.append({"loc": loc, "msg": msg, "type": typ})
+    return out
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """The one mapping from exceptions to responses; never a 500 for a user's mistake."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _clean_validation_errors(exc.errors())}, status_code=422)
+
+    @app.exception_handler(OvexError)
+    async def _ovex(request: Request, exc: OvexError) -> JSONResponse:
+        if isinstance(exc, InputRowError):
+            loc: list[str | int] = ["body", "inputs", exc.row, exc.field]
+            return JSONResponse({"detail": [{"loc": loc, "msg": exc.message, "type": "value_error"}]},
+                                status_code=422)
+        code = status_for(exc)
+        detail = exc.detail() if isinstance(exc, ApiError) else str(exc)
+        headers = exc.headers if isinstance(exc, ApiError) else None
+        return JSONResponse({"detail": detail}, status_code=code, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", extra={"path": request.url.path})
+        return JSONResponse({"detail": "internal error (logged on the server)"}, status_code=500)

@@ -1,0 +1,92 @@
+"""Prometheus metrics (prefix `ovex_`): requests by route and status, latency, batch sizes, models.
+
+Each app owns its own `CollectorRegistry`, so several apps in one process (tests) never collide.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+
+
+class Metrics:
+    """The service's instruments; the registry, batcher and middleware write, `/metrics` reads."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("ovex_requests_total", "HTTP requests", ["route", "method", "status"],
+                                registry=self.registry)
+        self.latency = Histogram("ovex_request_duration_seconds", "HTTP request latency",
+                                 ["route", "method", "status"], buckets=LATENCY_BUCKETS,
+                                 registry=self.registry)
+        self.batch_rows = Histogram("ovex_batch_rows", "input rows per predictor call",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=self.registry)
+        self.batch_requests = Histogram("ovex_batch_requests", "requests merged into one predictor call",
+                                        buckets=(1, 2, 4, 8, 16, 32, 64), registry=self.registry)
+        self.models_loaded = Gauge("ovex_models_loaded", "1 for each model version that serves requests",
+                                   ["model", "version"], registry=self.registry)
+        self.load_failures = Counter("ovex_model_load_failures_total", "model versions refused at load",
+                                     ["model"], registry=self.registry)
+        self.predicted_rows = Counter("ovex_predicted_rows_total", "inputs answered", ["model", "version"],
+                                      registry=self.registry)
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        s = str(status)
+        self.requests.labels(route, method, s).inc()
+        self.latency.labels(route, method, s).observe(seconds)
+
+    def set_active(self, model: str, version: str, previous: str | None) -> None:
+        if previous is not None and previous != version:
+            self.models_loaded.remove(model, previous)
+        self.models_loaded.labels(model, version).set(1)
+
+
+class MetricsMiddleware:
+    """Pure ASGI (no per-request task): times every HTTP request, labelled by its route template."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def _send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, _send)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            self.metrics.observe_request(route, scope.get("method", ""), status, time.perf_counter() - start)
+
+
+router = APIRouter(tags=["ops"])
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+def metrics(request: Request) -> Response:
+    """Prometheus text exposition of this process's metrics."""
+    m: Metrics = request.app.state.metrics
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,94 @@
+"""POST /v1/models/{name}/predict and POST /v1/predict (the default model)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from fastapi import APIRouter, Response
+
+from service.api.deps import BatcherDep, RegistryDep, SettingsDep
+from service.api.errors import InputError, Loc, Unavailable
+from service.api.schemas import ErrorBody, PredictRequest, PredictResponse
+from service.batching import MicroBatcher
+from service.predictor import InputRow, Job, Options
+from service.registry import ServedModel
+from service.settings import Settings
+
+router = APIRouter(tags=["predict"])
+
+ERRORS: dict[int | str, dict[str, object]] = {
+    404: {"model": ErrorBody, "description": "unknown model"},
+    413: {"model": ErrorBody, "description": "body over the size limit"},
+    422: {"model": ErrorBody, "description": "invalid input; `loc` names the field and index"},
+    503: {"model": ErrorBody, "description": "no model loaded yet, or the request timed out"},
+}
+
+
+def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job:
+    """Check what only the limits and the model can tell, then build plain predictor inputs."""
+    errors: list[tuple[Loc, str]] = []
+    if len(req.inputs) > settings.max_batch:
+        errors.append((("body", "inputs"),
+                       f"at most {settings.max_batch} inputs per request, got {len(req.inputs)}"))
+    if req.top_k > settings.max_top_k:
+        errors.append((("body", "top_k"), f"top_k must be at most {settings.max_top_k}, got {req.top_k}"))
+    rows: list[InputRow] = []
+    nf = served.n_features
+    for i, inp in enumerate(req.inputs):
+        if inp.features is None:
+            rows.append(InputRow(text=inp.text))
+            continue
+        over = [j for j, v in enumerate(inp.features.indices) if v >= nf]
+        for j in over[:5]:
+            errors.append((("body", "inputs", i, "features", "indices", j),
+                           f"index {inp.features.indices[j]} is out of range: model "
+                           f"{served.name!r} has {nf} features (0..{nf - 1})"))
+        if over:
+            continue
+        vals = np.asarray(inp.features.values, dtype=np.float64)
+        rows.append(InputRow(indices=np.asarray(inp.features.indices, dtype=np.int64),
+                             values=vals.astype(np.float32)))
+        if len(errors) > 20:
+            break
+    if errors:
+        raise InputError(errors)
+    return Job(rows, Options(top_k=req.top_k, normalization=req.normalization, exact=req.exact))
+
+
+async def _predict(
+    served: ServedModel, req: PredictRequest, batcher: MicroBatcher, settings: Settings
+) -> Response:
+    job = _to_job(req, served, settings)
+    try:
+        preds = await batcher.submit(served.predictor, job, settings.request_timeout_s)
+    except TimeoutError:
+        raise Unavailable(f"prediction took over {settings.request_timeout_s}s; retry later",
+                          headers={"Retry-After": "1"}) from None
+    body = {
+        "model": served.name,
+        "version": served.version,
+        "predictions": [
+            {"labels": [{"id": b.id, "name": b.name, "score": b.score, "prob": b.prob} for b in p.labels],
+             "exact": p.exact}
+            for p in preds
+        ],
+    }
+    # Built by hand: skips re-validating our own output, which costs more than the prediction itself.
+    return Response(json.dumps(body, allow_nan=False, ensure_ascii=False), media_type="application/json")
+
+
+@router.post("/v1/models/{name}/predict", response_model=PredictResponse, responses=ERRORS)
+async def predict_model(
+    name: str, req: PredictRequest, registry: RegistryDep, batcher: BatcherDep, settings: SettingsDep
+) -> Response:
+    """Top labels with sparse probabilities from the active version of `name`."""
+    return await _predict(registry.get(name), req, batcher, settings)
+
+
+@router.post("/v1/predict", response_model=PredictResponse, responses=ERRORS)
+async def predict_default(
+    req: PredictRequest, registry: RegistryDep, batcher: BatcherDep, settings: SettingsDep
+) -> Response:
+    """Same as `/v1/models/{name}/predict` for the default model."""
+    return await _predict(registry.default(), req, batcher, settings)

@@ -1,0 +1,77 @@
+"""`create_app(settings)`: the FastAPI application, assembled from routers, middleware and the registry.
+
+Models load in a background thread started by the lifespan, inside the serving process (never in a
+parent that forks: faiss hangs in forked children), so `/healthz` answers at once and `/readyz` turns
+ready when a model is warmed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service.api import datasets, health, jobs, models, predict
+from service.api import metrics as metrics_api
+from service.api.errors import install_error_handlers
+from service.api.limits import BodyLimitMiddleware
+from service.api.metrics import Metrics, MetricsMiddleware
+from service.batching import MicroBatcher
+from service.jobs.runtime import runtime_for_app
+from service.registry import ModelRegistry
+from service.retrieval import configure_threads
+from service.settings import Settings
+
+log = logging.getLogger("ovex.app")
+
+API_VERSION = "1"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; nothing heavy happens until the lifespan starts (in the serving process)."""
+    settings = settings or Settings()
+    metrics = Metrics()
+    registry = ModelRegistry(settings, metrics)
+
+    def on_batch(rows: int, requests: int) -> None:
+        metrics.batch_rows.observe(rows)
+        metrics.batch_requests.observe(requests)
+
+    batcher = MicroBatcher(settings.batch_window_ms / 1000.0, settings.batch_max_rows, on_batch)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        configure_threads(settings.threads)
+        await batcher.start()
+        loader = threading.Thread(target=registry.start, name="ovex-model-loader", daemon=True)
+        loader.start()
+        jobs_runtime = runtime_for_app(settings, registry)  # job DB migrations; embedded worker
+        app.state.jobs = jobs_runtime
+        jobs_runtime.start()
+        log.info("serving", extra={"models_dir": str(settings.models_dir), "threads": settings.threads})
+        try:
+            yield
+        finally:
+            jobs_runtime.stop()
+            await batcher.stop()
+
+    app = FastAPI(
+        title="ovex",
+        version=API_VERSION,
+        description="Extreme classification: the few labels that matter, with sparse probabilities.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.registry = registry
+    app.state.batcher = batcher
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, default_limit=settings.max_body_bytes,
+                       prefix_limits={"/v1/datasets": settings.max_upload_bytes})
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    for r in (predict.router, models.router, health.router, metrics_api.router, datasets.router, jobs.router):
+        app.include_router(r)
+    return app

@@ -1,0 +1,125 @@
+"""Micro-batching between the HTTP layer and the predictor.
+
+Requests wait in an asyncio queue; one loop takes the first, gathers more for at most `window` seconds
+(or until `max_rows` input rows), and runs them in one predictor call on a single compute thread. While
+that call runs, new requests queue up and form the next batch, so under load batches grow by themselves
+and at concurrency 1 a request waits at most the window. Each queued item carries the predictor it
+pinned when it arrived, so a hot swap never mixes versions within a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from service.predictor import Job, Predictor, RowPrediction
+
+log = logging.getLogger("ovex.batching")
+
+JobResult = list[RowPrediction] | Exception
+
+
+@dataclass
+class _Item:
+    predictor: Predictor
+    job: Job
+    future: asyncio.Future[JobResult]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class MicroBatcher:
+    """One queue, one compute thread. `submit` never hangs: it times out with `TimeoutError`."""
+
+    def __init__(
+        self,
+        window_s: float,
+        max_rows: int,
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.window_s = window_s
+        self.max_rows = max_rows
+        self.on_batch = on_batch
+        self._queue: asyncio.Queue[_Item] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ovex-predict")
+
+    async def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._task = asyncio.create_task(self._run(), name="ovex-batcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def submit(self, predictor: Predictor, job: Job, timeout_s: float) -> list[RowPrediction]:
+        """Queue one request's rows; returns its predictions or raises what the predictor raised for it."""
+        if self._queue is None:
+            raise RuntimeError("batcher not started")
+        fut: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Item(predictor, job, fut))
+        res = await asyncio.wait_for(fut, timeout_s)
+        if isinstance(res, Exception):
+            raise res
+        return res
+
+    async def _gather(self, first: _Item) -> list[_Item]:
+        assert self._queue is not None
+        batch = [first]
+        rows = len(first.job.rows)
+        deadline = time.perf_counter() + self.window_s
+        while rows < self.max_rows:
+            try:
+                item = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                try:
+                    item = await asyncio.wait_for(self._queue.get(), remaining)
+                except TimeoutError:
+                    break
+            batch.append(item)
+            rows += len(item.job.rows)
+        return batch
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await self._queue.get()
+            batch = await self._gather(first)
+            live = [it for it in batch if not it.future.done()]  # timed-out callers are gone
+            if not live:
+                continue
+            try:
+                results = await loop.run_in_executor(self._executor, self._compute, live)
+            except Exception as exc:  # the executor itself failed: fail this batch, keep serving
+                log.exception("batch failed")
+                results = [exc] * len(live)
+            for it, res in zip(live, results, strict=True):
+                if not it.future.done():
+                    it.future.set_result(res)
+
+    def _compute(self, items: list[_Item]) -> list[JobResult]:
+        """Runs on the compute thread: one predictor call per distinct pinned model in the batch."""
+        groups: dict[int, list[int]] = {}
+        for i, it in enumerate(items):
+            groups.setdefault(id(it.predictor), []).append(i)
+        out: list[JobResult] = [RuntimeError("not computed")] * len(items)
+        for idx in groups.values():
+            pred = items[idx[0]].predictor
+            jobs = [items[i].job for i in idx]
+            n_rows = sum(len(j.rows) for j in jobs)
+            if self.on_batch is not None:
+                self.on_batch(n_rows, len(jobs))
+            for i, res in zip(idx, pred.predict_jobs_safe(jobs), strict=True):
+                out[i] = res
+        return out

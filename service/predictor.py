@@ -1,0 +1,320 @@
+"""Inputs → featurize → encode → top-k retrieval → sparse map → labels with probabilities.
+
+Knows nothing about HTTP: it takes plain dataclasses and returns plain dataclasses, so the micro-batcher
+can hand it many requests at once and tests can call it directly. One `Predictor` wraps one loaded model
+version and never changes; hot swap replaces the whole object.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import scipy.sparse as sp
+
+from service.retrieval import ExactScorer, Retriever, TopK
+from trainer.errors import OvexError
+from trainer.sparse_maps import linear_head_means, normalize_topk
+
+log = logging.getLogger("ovex.predictor")
+
+Normalization = Literal["sparsemax", "evsoftmax", "softmax", "none"]
+
+# Sparse maps look at more labels than they list: the threshold needs the scores around it, and a wider
+# look certifies more answers. Retrieval fetches at least this many.
+MIN_FETCH = 32
+
+
+class Featurizer(Protocol):
+    n_features: int
+
+    def transform_texts(self, texts: list[str]) -> sp.csr_matrix: ...
+
+    def transform_sparse(self, x: sp.csr_matrix) -> sp.csr_matrix: ...
+
+
+class ServableModel(Protocol):
+    """What the predictor needs from `trainer.artifact.LoadedModel`."""
+
+    label_names: list[str]
+    featurizer: Any
+
+    @property
+    def n_features(self) -> int: ...
+
+    @property
+    def n_labels(self) -> int: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def head_weight(self) -> npt.NDArray[np.float32]: ...
+
+    @property
+    def head_bias(self) -> npt.NDArray[np.float32]: ...
+
+    def encode(self, x: sp.csr_matrix) -> npt.NDArray[np.float32]: ...
+
+
+@dataclass(frozen=True)
+class InputRow:
+    """One input: text, or a sparse vector in the model's raw feature space (validated upstream)."""
+
+    text: str | None = None
+    indices: npt.NDArray[np.int64] | None = None
+    values: npt.NDArray[np.float32] | None = None
+
+
+@dataclass(frozen=True)
+class Options:
+    top_k: int = 10
+    normalization: Normalization = "sparsemax"
+    exact: bool = False
+
+
+@dataclass(frozen=True)
+class LabelScore:
+    id: int
+    name: str
+    score: float
+    prob: float | None
+
+
+@dataclass(frozen=True)
+class RowPrediction:
+    labels: list[LabelScore]
+    exact: bool
+
+
+class InputRowError(OvexError):
+    """One input of a request cannot be answered (e.g. its values overflow float32 in the encoder)."""
+
+    def __init__(self, row: int, field: str, message: str) -> None:
+        self.row = row
+        self.field = field
+        self.message = message
+        super().__init__(f"inputs[{row}].{field}: {message}")
+
+
+@dataclass(frozen=True)
+class Job:
+    """A request's inputs with its options; the batcher concatenates jobs for one predictor call."""
+
+    rows: Sequence[InputRow]
+    options: Options
+
+
+class Predictor:
+    """Serves one model version. Thread-compatible: the batcher calls it from one compute thread."""
+
+    def __init__(self, model: ServableModel, retriever: Retriever, exact: ExactScorer) -> None:
+        self.model = model
+        self.retriever = retriever
+        self.exact_scorer = exact
+        self.n_labels = int(model.n_labels)
+        self.n_features = int(model.n_features)
+        self.label_names = list(model.label_names)
+        self.w_mean, self.b_mean = linear_head_means(model.head_weight, model.head_bias)
+
+    # -- featurize + encode -------------------------------------------------------------------------
+    def featurize(self, rows: Sequence[InputRow]) -> sp.csr_matrix:
+        """Rows in order; text and sparse rows go through the model's own featurizer."""
+        text_pos = [i for i, r in enumerate(rows) if r.text is not None]
+        sparse_pos = [i for i, r in enumerate(rows) if r.text is None]
+        parts: list[tuple[list[int], sp.csr_matrix]] = []
+        fz = self.model.featurizer
+        if text_pos:
+            texts = [rows[i].text or "" for i in text_pos]
+            parts.append((text_pos, sp.csr_matrix(fz.transform_texts(texts))))
+        if sparse_pos:
+            indptr = [0]
+            idx: list[npt.NDArray[np.int64]] = []
+            val: list[npt.NDArray[np.float32]] = []
+            for i in sparse_pos:
+                r = rows[i]
+                assert r.indices is not None and r.values is not None
+                idx.append(r.indices)
+                val.append(r.values)
+                indptr.append(indptr[-1] + len(r.indices))
+            raw = sp.csr_matrix(
+                (np.concatenate(val) if val else np.zeros(0, np.float32),
+                 np.concatenate(idx) if idx else np.zeros(0, np.int64), np.asarray(indptr)),
+                shape=(len(sparse_pos), self.n_features), dtype=np.float32,
+            )
+            raw.sum_duplicates()
+            parts.append((sparse_pos, sp.csr_matrix(fz.transform_sparse(raw))))
+        if len(parts) == 1:
+            return parts[0][1]
+        order = np.argsort(np.concatenate([np.asarray(p, dtype=np.int64) for p, _ in parts]), kind="stable")
+        stacked = sp.vstack([m for _, m in parts], format="csr")
+        return sp.csr_matrix(stacked[order])
+
+    def encode(self, rows: Sequence[InputRow]) -> npt.NDArray[np.float32]:
+        h = self.model.encode(self.featurize(rows))
+        return np.ascontiguousarray(h, dtype=np.float32)
+
+    # -- the whole pipeline ---------------------------------------------------------------------------
+    def predict_jobs(self, jobs: Sequence[Job]) -> list[list[RowPrediction]]:
+        """Every job's rows in one encode; retrieval grouped by (path, fetch size)."""
+        rows = [r for j in jobs for r in j.rows]
+        opts = [j.options for j in jobs for _ in j.rows]
+        h = self.encode(rows)
+        preds = self.predict_encoded(h, opts)
+        out: list[list[RowPrediction]] = []
+        pos = 0
+        for j in jobs:
+            out.append(preds[pos : pos + len(j.rows)])
+            pos += len(j.rows)
+        return out
+
+    def predict_jobs_safe(self, jobs: Sequence[Job]) -> list[list[RowPrediction] | Exception]:
+        """Like `predict_jobs`, but one bad request gets its own error instead of failing the batch:
+        inputs whose encoding is not finite are refused, and a failing batch is retried job by job."""
+        try:
+            rows = [r for j in jobs for r in j.rows]
+            h = self.encode(rows)
+        except Exception as exc:
+            if len(jobs) == 1:
+                return [exc]
+            return [res for j in jobs for res in self.predict_jobs_safe([j])]
+        out: list[list[RowPrediction] | Exception] = [[] for _ in jobs]
+        keep: list[int] = []
+        pos = 0
+        finite = np.isfinite(h).all(axis=1) & (np.abs(h).max(axis=1, initial=0.0) < 1e18)
+        for ji, j in enumerate(jobs):
+            bad = [r for r in range(len(j.rows)) if not finite[pos + r]]
+            if bad:
+                out[ji] = InputRowError(bad[0], "features" if j.rows[bad[0]].text is None else "text",
+                                        "the input overflows the model's float32 range")
+            else:
+                keep.append(ji)
+            pos += len(j.rows)
+        if keep:
+            starts = np.cumsum([0] + [len(j.rows) for j in jobs])
+            sel = np.concatenate([np.arange(starts[ji], starts[ji + 1]) for ji in keep])
+            opts = [jobs[ji].options for ji in keep for _ in jobs[ji].rows]
+            try:
+                preds = self.predict_encoded(h[sel], opts)
+            except Exception as exc:
+                for ji in keep:
+                    out[ji] = exc
+                return out
+            p = 0
+            for ji in keep:
+                n = len(jobs[ji].rows)
+                out[ji] = preds[p : p + n]
+                p += n
+        return out
+
+    def predict(self, rows: Sequence[InputRow], options: Options) -> list[RowPrediction]:
+        return self.predict_jobs([Job(rows, options)])[0]
+
+    def fetch_size(self, o: Options) -> int:
+        want = o.top_k if o.normalization in ("none", "softmax") else max(o.top_k, MIN_FETCH)
+        return min(want, self.n_labels)
+
+    def predict_encoded(self, h: npt.NDArray[np.float32], opts: Sequence[Options]) -> list[RowPrediction]:
+        result: list[RowPrediction | None] = [None] * len(opts)
+        groups: dict[tuple[bool, Normalization], list[int]] = {}
+        for i, o in enumerate(opts):
+            groups.setdefault((o.exact or self.retriever is self.exact_scorer, o.normalization), []).append(i)
+        for (use_exact, norm), idx in groups.items():
+            sub = h[idx]
+            k = max(self.fetch_size(opts[i]) for i in idx)
+            preds = self._exact_rows(sub, k, norm) if use_exact else self._index_rows(sub, k, norm)
+            for i, p in zip(idx, preds, strict=True):
+                result[i] = self._truncate(p, opts[i].top_k)
+        return [r for r in result if r is not None]
+
+    # -- paths ----------------------------------------------------------------------------------------
+    def _threshold(self, h: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+        """ev-softmax threshold: mean of all K scores = ⟨mean w, h⟩ + mean b, in O(d)."""
+        return h.astype(np.float64) @ self.w_mean + self.b_mean
+
+    def _index_rows(self, h: npt.NDArray[np.float32], k: int, norm: Normalization) -> list[RowPrediction]:
+        top = self.retriever.search(h, k)
+        return self._finish(top, norm, self._threshold(h) if norm == "evsoftmax" else None)
+
+    def _exact_rows(self, h: npt.NDArray[np.float32], k: int, norm: Normalization) -> list[RowPrediction]:
+        """Exact scoring: widen k until sparsemax's support fits (so the answer is always exact); for
+        ev-softmax and softmax sum exp(score) over every label in the support in the same pass, so the
+        listed probabilities are those of the full distribution."""
+        if norm in ("evsoftmax", "softmax"):
+            t = self._threshold(h) if norm == "evsoftmax" else np.full(h.shape[0], -np.inf)
+            top, log_z = self.exact_scorer.search_with_mass(h, k, t)
+            assert log_z is not None
+            return self._from_log_z(top, t, log_z)
+        top = self.exact_scorer.search(h, k)
+        if norm == "sparsemax":
+            kk = k
+            while True:
+                dist = normalize_topk("sparsemax", top.scores, top.bound, self.n_labels)
+                if bool(dist.exact.all()) or kk >= self.n_labels:
+                    break
+                kk = min(self.n_labels, kk * 4)
+                top = self.exact_scorer.search(h, kk)
+        preds = self._finish(top, norm, None)
+        # Every label was scored: for "none" the top-k is the answer itself.
+        if norm == "none":
+            preds = [RowPrediction(p.labels, True) for p in preds]
+        return preds
+
+    def _finish(
+        self, top: TopK, norm: Normalization, thr: npt.NDArray[np.float64] | None
+    ) -> list[RowPrediction]:
+        n, k = top.ids.shape
+        if norm == "none":
+            kth = top.scores[:, -1].astype(np.float64) if k else np.full(n, np.inf)
+            exact = (top.bound < kth) | np.isneginf(top.bound)
+            probs: npt.NDArray[np.float64] | None = None
+        else:
+            dist = normalize_topk(norm, top.scores.astype(np.float64), top.bound, self.n_labels, thr)
+            probs, exact = dist.probs, dist.exact
+        out = []
+        for r in range(n):
+            labels = []
+            for c in range(k):
+                lid = int(top.ids[r, c])
+                if lid < 0:
+                    break
+                p = None if probs is None else float(probs[r, c])
+                if p is not None and norm in ("sparsemax", "evsoftmax") and p <= 0.0:
+                    continue
+                labels.append(LabelScore(lid, self.label_names[lid], float(top.scores[r, c]), p))
+            out.append(RowPrediction(labels, bool(exact[r])))
+        return out
+
+    def _from_log_z(
+        self, top: TopK, thr: npt.NDArray[np.float64], log_z: npt.NDArray[np.float64]
+    ) -> list[RowPrediction]:
+        out = []
+        for r in range(top.ids.shape[0]):
+            labels = []
+            for c in range(top.ids.shape[1]):
+                lid, s = int(top.ids[r, c]), float(top.scores[r, c])
+                if lid < 0 or s < thr[r]:
+                    continue
+                labels.append(LabelScore(lid, self.label_names[lid], s, float(np.exp(s - log_z[r]))))
+            if not labels and top.ids.shape[1] and top.ids[r, 0] >= 0:
+                # rounding put the threshold above the best score: the best label holds all the mass
+                lid = int(top.ids[r, 0])
+                labels.append(LabelScore(lid, self.label_names[lid], float(top.scores[r, 0]), 1.0))
+            out.append(RowPrediction(labels, True))
+        return out
+
+    @staticmethod
+    def _truncate(p: RowPrediction, top_k: int) -> RowPrediction:
+        return p if len(p.labels) <= top_k else RowPrediction(p.labels[:top_k], p.exact)
+
+    def warmup(self) -> None:
+        """Touch every path once so the first real request pays no lazy-initialisation cost."""
+        rows = [InputRow(indices=np.zeros(1, np.int64), values=np.ones(1, np.float32))]
+        norms: tuple[Normalization, ...] = ("sparsemax", "evsoftmax", "softmax", "none")
+        for norm in norms:
+            self.predict(rows, Options(top_k=5, normalization=norm))
+        self.predict(rows, Options(top_k=5, normalization="sparsemax", exact=True))

@@ -1,0 +1,291 @@
+"""The model registry: which versions exist under `models_dir/<name>/<version>/`, which one serves.
+
+A served version is an immutable `ServedModel` (loaded artifact + index + predictor). Activation builds
+and warms the new one completely, then swaps one dict entry; a request pins the object it read when it
+arrived, so during a swap every request is answered entirely by the old or entirely by the new version.
+A version that fails to load is refused with a log line and never replaces the one serving.
+
+The explicit activation choices are kept in `models_dir/active.json` (written atomically), so a restart
+serves what was activated; without a choice the highest version that loads is active.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from service.api.errors import Conflict, NotFound, Unavailable
+from service.api.metrics import Metrics
+from service.predictor import Predictor
+from service.retrieval import ExactScorer, RetrievalConfig, build_retriever
+from service.settings import Settings
+
+log = logging.getLogger("ovex.registry")
+
+ACTIVE_FILE = "active.json"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def version_key(v: str) -> tuple[int, int | str]:
+    """Numeric versions sort numerically and above non-numeric ones ("10" > "9" > "beta")."""
+    return (1, int(v)) if v.isdigit() else (0, v)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One loaded, warmed version. Never mutated: hot swap replaces the object."""
+
+    name: str
+    version: str
+    path: Path
+    predictor: Predictor
+    config: dict[str, Any]
+    metrics: dict[str, Any]
+    retrieval: str
+    loaded_at: float = field(default_factory=time.time)
+
+    @property
+    def n_labels(self) -> int:
+        return self.predictor.n_labels
+
+    @property
+    def n_features(self) -> int:
+        return self.predictor.n_features
+
+    @property
+    def dim(self) -> int:
+        return int(self.predictor.model.dim)
+
+
+def retrieval_config(s: Settings) -> RetrievalConfig:
+    return RetrievalConfig(
+        kind=s.retrieval,
+        flat_max_labels=s.flat_max_labels,
+        ivf_nlist=s.ivf_nlist,
+        ivf_nprobe=s.ivf_nprobe,
+        recall_target=s.index_recall_target,
+        hnsw_m=s.hnsw_m,
+        hnsw_ef_search=s.hnsw_ef_search,
+        exact_block_rows=s.exact_block_rows,
+    )
+
+
+def load_served(name: str, version: str, path: Path, settings: Settings) -> ServedModel:
+    """Load an artifact, build or load its index, warm it up. Raises on any problem (caller refuses)."""
+    from trainer.artifact import load_artifact
+
+    t0 = time.perf_counter()
+    loaded = load_artifact(path)
+    weight, bias = loaded.head_weight, loaded.head_bias
+    exact = ExactScorer(weight, bias, settings.exact_block_rows)
+    retr = build_retriever(weight, bias, retrieval_config(settings), path, exact)
+    pred = Predictor(loaded, retr, exact)
+    if settings.warmup:
+        pred.warmup()
+    served = ServedModel(name, version, path, pred, dict(loaded.config), dict(loaded.metrics), retr.kind)
+    log.info("model version loaded", extra={"model": name, "version": version, "labels": served.n_labels,
+                                            "retrieval": retr.kind,
+                                            "seconds": round(time.perf_counter() - t0, 2)})
+    return served
+
+
+class ModelRegistry:
+    """Thread-safe: loads run under one lock (one at a time); reads are single dict lookups."""
+
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.models_dir = Path(settings.models_dir)
+        self.metrics = metrics
+        self._active: dict[str, ServedModel] = {}
+        self._refused: dict[tuple[str, str], str] = {}
+        self._lock = threading.RLock()
+        self.started = threading.Event()  # the start-up scan finished (loaded or not)
+
+    # -- discovery -------------------------------------------------------------------------------
+    def scan(self) -> dict[str, list[str]]:
+        """Model name → versions (ascending) present on disk. Hidden and temp directories are skipped."""
+        out: dict[str, list[str]] = {}
+        if not self.models_dir.is_dir():
+            return out
+        for mdir in sorted(self.models_dir.iterdir()):
+            if not mdir.is_dir() or not _NAME.match(mdir.name):
+                continue
+            versions = [v.name for v in mdir.iterdir() if v.is_dir() and _NAME.match(v.name)]
+            if versions:
+                out[mdir.name] = sorted(versions, key=version_key)
+        return out
+
+    def _read_choices(self) -> dict[str, str]:
+        p = self.models_dir / ACTIVE_FILE
+        try:
+            data = json.loads(p.read_text())
+            models = data.get("models", {}) if isinstance(data, dict) else {}
+            return {str(k): str(v) for k, v in models.items()}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable activation file", extra={"path": str(p), "error": str(exc)})
+            return {}
+
+    def _write_choice(self, name: str, version: str) -> None:
+        choices = self._read_choices()
+        choices[name] = version
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".active.", suffix=".json", dir=self.models_dir)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump({"models": choices}, fh, indent=1)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.models_dir / ACTIVE_FILE)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    # -- loading -----------------------------------------------------------------------------------
+    def _load(self, name: str, version: str) -> ServedModel:
+        path = self.models_dir / name / version
+        try:
+            served = load_served(name, version, path, self.settings)
+        except Exception as exc:
+            msg = f"{type(exc).__name__}: {exc}"
+            self._refused[(name, version)] = msg
+            if self.metrics is not None:
+                self.metrics.load_failures.labels(name).inc()
+            keeps = self._active.get(name)
+            log.error("model version refused", extra={"model": name, "version": version, "error": msg,
+                                                      "still_serving": keeps.version if keeps else None})
+            raise
+        self._refused.pop((name, version), None)
+        return served
+
+    def _swap(self, served: ServedModel) -> str | None:
+        prev = self._active.get(served.name)
+        self._active[served.name] = served
+        if self.metrics is not None:
+            self.metrics.set_active(served.name, served.version, prev.version if prev else None)
+        log.info("model version active", extra={"model": served.name, "version": served.version,
+                                                "previous": prev.version if prev else None})
+        return prev.version if prev else None
+
+    def _load_best(self, name: str, versions: list[str], chosen: str | None) -> None:
+        """Start-up: the chosen version if any, else the highest; fall back downwards on failure."""
+        order = sorted(versions, key=version_key, reverse=True)
+        if chosen in order:
+            order.remove(chosen)
+            order.insert(0, chosen)
+        for v in order:
+            try:
+                self._swap(self._load(name, v))
+                return
+            except Exception:
+                continue
+        log.error("no loadable version", extra={"model": name, "versions": versions})
+
+    def start(self) -> None:
+        """Load every model's active version (run in a background thread: /healthz is up meanwhile)."""
+        try:
+            self.refresh()
+        finally:
+            self.started.set()
+
+    def refresh(self) -> None:
+        """Rescan the directory; models with no version serving get their best one loaded. Serving
+        versions are not replaced by new ones found on disk: that takes `activate`/`load_version`."""
+        with self._lock:
+            choices = self._read_choices()
+            for name, versions in self.scan().items():
+                if name not in self._active:
+                    self._load_best(name, versions, choices.get(name))
+
+    def load_version(self, name: str, version: str, activate: bool = False) -> ServedModel:
+        """Load (and check) a version that just appeared, e.g. from a training job; activate if asked.
+        Raises `NotFound` for an unknown directory and `Conflict` when it fails to load."""
+        with self._lock:
+            if version not in self.scan().get(name, []):
+                raise NotFound(f"model {name!r} has no version {version!r} under {self.models_dir}")
+            current = self._active.get(name)
+            if current is not None and current.version == version:
+                if activate:
+                    self._write_choice(name, version)
+                return current
+            try:
+                served = self._load(name, version)
+            except Exception as exc:
+                raise Conflict(f"version {version!r} of model {name!r} failed to load and was refused: "
+                               f"{exc}; the active version keeps serving") from exc
+            if activate or current is None:
+                self._swap(served)
+                if activate:
+                    self._write_choice(name, version)
+            return served
+
+    def activate(self, name: str, version: str) -> tuple[ServedModel, str | None]:
+        """Hot swap: load + warm the version, then make it active and remember the choice."""
+        with self._lock:
+            if name not in self.scan():
+                raise NotFound(f"unknown model {name!r}")
+            prev = self._active.get(name)
+            served = self.load_version(name, version, activate=True)
+            return served, (prev.version if prev else None)
+
+    # -- reads -------------------------------------------------------------------------------------
+    def get(self, name: str) -> ServedModel:
+        served = self._active.get(name)
+        if served is not None:
+            return served
+        if name in self.scan():
+            if not self.started.is_set():
+                raise Unavailable(f"model {name!r} is still loading", headers={"Retry-After": "1"})
+            raise Unavailable(f"model {name!r} has no version that loads (see the server log)")
+        raise NotFound(f"unknown model {name!r}")
+
+    def default_name(self) -> str | None:
+        if self.settings.default_model:
+            return self.settings.default_model
+        names = sorted(self._active) or sorted(self.scan())
+        return names[0] if names else None
+
+    def default(self) -> ServedModel:
+        name = self.default_name()
+        if name is None:
+            if not self.started.is_set():
+                raise Unavailable("models are still loading", headers={"Retry-After": "1"})
+            raise Unavailable(f"no model is served: {self.models_dir} holds none")
+        return self.get(name)
+
+    def active(self) -> dict[str, ServedModel]:
+        return dict(self._active)
+
+    def ready(self) -> bool:
+        return bool(self._active)
+
+    def refused(self, name: str, version: str) -> str | None:
+        return self._refused.get((name, version))
+
+    def version_summary(self, name: str, version: str) -> dict[str, Any]:
+        """config/metrics of a version from its JSON files, without loading its weights."""
+        path = self.models_dir / name / version
+        out: dict[str, Any] = {}
+        try:
+            cfg = json.loads((path / "config.json").read_text())
+            for key in ("n_labels", "n_features", "dim"):
+                if isinstance(cfg.get(key), int):
+                    out[key] = cfg[key]
+        except (OSError, ValueError, AttributeError):
+            pass
+        try:
+            m = json.loads((path / "metrics.json").read_text())
+            if isinstance(m, dict):
+                out["metrics"] = m
+        except (OSError, ValueError):
+            pass
+        return out

@@ -1,0 +1,473 @@
+"""Top-k labels by score ⟨w_k, h⟩ + b_k: an exact blocked scorer and faiss indexes, each with a bound.
+
+Every search returns, per query, an upper bound on the score of every label it did *not* return; the
+sparse maps turn that bound into the `exact` flag of an answer (issue 3):
+
+* exact scorer and flat index: the (k+1)-th score (they score every label);
+* IVF: max of (a) a per-cell bound ⟨q, μ_c⟩ + ‖q‖·r_c over the cells not probed (r_c = the cell's
+  radius), (b) the last approximate score of the probed cells plus the scalar quantizer's error bound,
+  (c) the (k+1)-th exactly re-scored candidate;
+* HNSW: +inf (a graph walk certifies nothing), so its answers are never flagged exact.
+
+Approximate inner-product search over un-normalised vectors is a trap, so the approximate indexes work
+on the MIPS → nearest-neighbour reduction of Bachrach et al. (2014): with the bias folded in
+(w' = [w, b], q' = [h, 1]) and M = max ‖w'‖, w'' = [w', √(M² − ‖w'‖²)] and q'' = [q', 0] give
+‖q'' − w''‖² = ‖q'‖² + M² − 2⟨q', w'⟩, so the nearest w'' is the best-scoring label. Cells are k-means
+cells of w'' (L2); inside probed cells candidates are scored by inner product on 8-bit codes and the best
+are re-scored exactly from the float weights, so returned scores are always exact.
+
+Indexes are built in the serving process at first load and cached in `<artifact>/index/` with faiss's
+own format (not pickle), written to a temporary directory and renamed into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import faiss
+import numpy as np
+import numpy.typing as npt
+import torch
+
+log = logging.getLogger("ovex.retrieval")
+
+F32 = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+INDEX_FORMAT = 1
+IndexKind = Literal["exact", "flat", "ivf", "hnsw"]
+
+
+def configure_threads(n: int) -> None:
+    """Pin torch and faiss (OpenMP) thread counts: faiss sets none of its own and oversubscribes."""
+    torch.set_num_threads(n)
+    faiss.omp_set_num_threads(n)
+
+
+@dataclass(frozen=True)
+class TopK:
+    """Best-first ids and exact scores of the returned labels, and a bound on all the others.
+
+    `ids[n, k]` (-1 where fewer than k labels exist), `scores[n, k]` (-inf padding), `bound[n]`: every
+    label not returned scores at most this (-inf: nothing left out; +inf: nothing known).
+    """
+
+    ids: I64
+    scores: F32
+    bound: F64
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    """What picks and tunes the index; the service fills it from its settings."""
+
+    kind: Literal["auto", "exact", "flat", "ivf", "hnsw"] = "auto"
+    flat_max_labels: int = 200_000
+    ivf_nlist: int | None = None
+    ivf_nprobe: int | None = None
+    recall_target: float = 0.97
+    hnsw_m: int = 32
+    hnsw_ef_search: int = 128
+    exact_block_rows: int = 65536
+    tune_queries: int = 128
+    seed: int = 0
+
+
+class Retriever(Protocol):
+    """A top-k backend: `search(h, k)` with `h[n, d]` float32."""
+
+    kind: str
+
+    def search(self, h: F32, k: int) -> TopK: ...
+
+
+def _fold_query(h: F32, extra: int) -> F32:
+    """[h, 1, 0 × (extra − 1)]: the bias column and, for the NN reduction, the zero coordinate."""
+    n = h.shape[0]
+    out = np.zeros((n, h.shape[1] + extra), dtype=np.float32)
+    out[:, : h.shape[1]] = h
+    out[:, h.shape[1]] = 1.0
+    return out
+
+
+def _pad(ids: I64, scores: F32, k: int) -> tuple[I64, F32]:
+    if ids.shape[1] >= k:
+        return ids[:, :k], scores[:, :k]
+    n, have = ids.shape
+    pi = np.full((n, k), -1, dtype=np.int64)
+    ps = np.full((n, k), -np.inf, dtype=np.float32)
+    pi[:, :have] = ids
+    ps[:, :have] = scores
+    return pi, ps
+
+
+class ExactScorer:
+    """Scores every label by blocked matrix products (torch, `exact_block_rows` labels at a time).
+
+    Blocks keep the n×K score matrix from ever existing at once; per block only the top k+1 survive.
+    It can also sum exp(score) over the labels at or above a per-query threshold in the same pass,
+    which makes ev-softmax exact on this path whatever its support size.
+    """
+
+    kind = "exact"
+
+    def __init__(self, weight: F32, bias: F32, block_rows: int = 65536) -> None:
+        self.weight = torch.from_numpy(weight)
+        self.bias = torch.from_numpy(np.ascontiguousarray(bias, dtype=np.float32))
+        self.n_labels = int(weight.shape[0])
+        self.block_rows = block_rows
+
+    def search(self, h: F32, k: int) -> TopK:
+        top, _ = self.search_with_mass(h, k, None)
+        return top
+
+    def search_with_mass(self, h: F32, k: int, thresholds: F64 | None) -> tuple[TopK, F64 | None]:
+        """Top-k plus, if `thresholds` is given, log Σ exp(s) over the labels with s ≥ threshold."""
+        q = torch.from_numpy(np.ascontiguousarray(h, dtype=np.float32))
+        n = q.shape[0]
+        kk = min(k + 1, self.n_labels)
+        best_s = torch.full((n, 0), -math.inf)
+        best_i = torch.zeros((n, 0), dtype=torch.int64)
+        t = torch.from_numpy(thresholds.astype(np.float32))[:, None] if thresholds is not None else None
+        lse = torch.full((n,), -math.inf, dtype=torch.float64)
+        with torch.no_grad():
+            for start in range(0, self.n_labels, self.block_rows):
+                stop = min(start + self.block_rows, self.n_labels)
+                s = torch.addmm(self.bias[start:stop], q, self.weight[start:stop].T)
+                bs, bi = torch.topk(s, min(kk, stop - start), dim=1)
+                cat_s = torch.cat([best_s, bs], dim=1)
+                cat_i = torch.cat([best_i, bi + start], dim=1)
+                sel_s, sel = torch.topk(cat_s, min(kk, cat_s.shape[1]), dim=1)
+                best_s, best_i = sel_s, torch.gather(cat_i, 1, sel)
+                if t is not None:
+                    masked = torch.where(s >= t, s, torch.tensor(-math.inf)).double()
+                    lse = torch.logaddexp(lse, torch.logsumexp(masked, dim=1))
+        scores = best_s.numpy().astype(np.float32)
+        ids = best_i.numpy().astype(np.int64)
+        bound = scores[:, k].astype(np.float64) if scores.shape[1] > k else np.full(n, -np.inf)
+        ids, scores = _pad(ids, scores, k)
+        return TopK(ids, scores, bound), (lse.numpy() if t is not None else None)
+
+
+class FlatRetriever:
+    """faiss exact inner-product index over [w, b] for small K: every label scored, bound exact."""
+
+    kind = "flat"
+
+    def __init__(self, weight: F32, bias: F32) -> None:
+        self.n_labels, self.dim = weight.shape
+        self.index = faiss.IndexFlatIP(self.dim + 1)
+        self.index.add(np.hstack([weight, bias[:, None]]).astype(np.float32))
+
+    def search(self, h: F32, k: int) -> TopK:
+        kk = min(k + 1, self.n_labels)
+        d, i = self.index.search(_fold_query(h, 1), kk)
+        bound = d[:, k].astype(np.float64) if kk > k else np.full(h.shape[0], -np.inf)
+        ids, scores = _pad(i.astype(np.int64), d.astype(np.float32), k)
+        return TopK(ids, scores, bound)
+
+
+def _rescore(weight: F32, bias: F32, h: F32, cand: I64) -> F32:
+    """Exact scores of candidate ids (-1 → -inf), gathering only their rows."""
+    valid = cand >= 0
+    safe = np.where(valid, cand, 0)
+    w = weight[safe]  # [n, R, d]
+    s = np.einsum("nrd,nd->nr", w, h, dtype=np.float32) + bias[safe]
+    return np.where(valid, s, -np.inf).astype(np.float32)
+
+
+def _take_best(cand: I64, s: F32, k: int) -> tuple[I64, F32, F64]:
+    """Best k of re-scored candidates, and the (k+1)-th exact score as part of the bound."""
+    order = np.argsort(-s, axis=1, kind="stable")
+    s_sorted = np.take_along_axis(s, order, axis=1)
+    c_sorted = np.take_along_axis(cand, order, axis=1)
+    c_sorted = np.where(np.isfinite(s_sorted), c_sorted, -1)
+    nxt = s_sorted[:, k].astype(np.float64) if s.shape[1] > k else np.full(s.shape[0], -np.inf)
+    ids, scores = _pad(c_sorted, s_sorted, k)
+    return ids, scores, nxt
+
+
+def _slack(qnorm: F64, scale: float) -> F64:
+    """Rounding margin for bounds computed from float32 products: never let a bound be optimistic."""
+    return 1e-5 * (1.0 + qnorm * scale)
+
+
+class IVFRetriever:
+    """IVF over the NN-reduced label vectors, 8-bit codes, exact re-scoring, certified per-cell bound."""
+
+    kind = "ivf"
+
+    def __init__(
+        self,
+        index: Any,
+        centroids: F32,
+        radii: F32,
+        sq_err: F32,
+        max_norm: float,
+        nprobe: int,
+        weight: F32,
+        bias: F32,
+    ) -> None:
+        self.index = index
+        self.centroids = centroids.astype(np.float64)
+        self.radii = radii.astype(np.float64)  # -inf for empty cells
+        self.sq_err = sq_err.astype(np.float64)
+        self.max_norm = max_norm
+        self.nlist = int(index.nlist)
+        self.nprobe = max(1, min(int(nprobe), self.nlist))
+        self.weight = weight
+        self.bias = bias
+        self.n_labels = int(weight.shape[0])
+
+    def search(self, h: F32, k: int, nprobe: int | None = None) -> TopK:
+        n = h.shape[0]
+        q2 = _fold_query(h, 2)
+        npr = max(1, min(nprobe or self.nprobe, self.nlist))
+        dq, iq = self.index.quantizer.search(q2, npr)
+        pool = min(self.n_labels, k + 1 + max(k, 16))
+        self.index.nprobe = npr  # faiss checks the preassigned width against it
+        d, cand = self.index.search_preassigned(q2, pool, iq, dq)
+        cand = cand.astype(np.int64)
+        s = _rescore(self.weight, self.bias, h, cand)
+        ids, scores, b_rescored = _take_best(cand, s, k)
+
+        q64 = q2.astype(np.float64)
+        qnorm = np.linalg.norm(q64, axis=1)
+        # (a) cells not probed: every member is within r_c of its centroid.
+        cell = q64 @ self.centroids.T + qnorm[:, None] * self.radii[None, :]
+        np.put_along_axis(cell, iq.astype(np.int64).clip(0), -np.inf, axis=1)
+        b_cells = cell.max(axis=1) if self.nlist > npr else np.full(n, -np.inf)
+        # (b) probed but not in the pool: approximate score ≤ the pool's last, plus the code error.
+        full_pool = cand[:, -1] >= 0
+        eps = np.abs(q64) @ self.sq_err
+        b_pool = np.where(full_pool, d[:, -1].astype(np.float64) + eps, -np.inf)
+        bound = np.maximum(np.maximum(b_cells, b_pool), b_rescored)
+        bound = np.where(np.isfinite(bound), bound + _slack(qnorm, self.max_norm), bound)
+        return TopK(ids, scores, bound)
+
+
+class HNSWRetriever:
+    """HNSW over the NN-reduced vectors with exact re-scoring. A graph gives no bound: never exact."""
+
+    kind = "hnsw"
+
+    def __init__(self, index: Any, ef_search: int, weight: F32, bias: F32) -> None:
+        self.index = index
+        self.index.hnsw.efSearch = ef_search
+        self.weight = weight
+        self.bias = bias
+        self.n_labels = int(weight.shape[0])
+
+    def search(self, h: F32, k: int) -> TopK:
+        pool = min(self.n_labels, k + 1 + max(k, 16))
+        self.index.hnsw.efSearch = max(self.index.hnsw.efSearch, pool)
+        _, cand = self.index.search(_fold_query(h, 2), pool)
+        cand = cand.astype(np.int64)
+        ids, scores, _ = _take_best(cand, _rescore(self.weight, self.bias, h, cand), k)
+        return TopK(ids, scores, np.full(h.shape[0], np.inf))
+
+
+# ------------------------------------------------------------------------------------------------
+# building, tuning, caching
+
+
+def _reduced(weight: F32, bias: F32, start: int, stop: int, max_norm: float) -> F32:
+    """Rows [start, stop) of the NN-reduced label matrix w'' = [w, b, √(M² − ‖[w, b]‖²)]."""
+    w = weight[start:stop]
+    out = np.empty((stop - start, w.shape[1] + 2), dtype=np.float32)
+    out[:, : w.shape[1]] = w
+    out[:, w.shape[1]] = bias[start:stop]
+    sq = np.einsum("ij,ij->i", out[:, :-1].astype(np.float64), out[:, :-1].astype(np.float64))
+    out[:, -1] = np.sqrt(np.maximum(max_norm * max_norm - sq, 0.0))
+    return out
+
+
+def _max_norm(weight: F32, bias: F32, chunk: int) -> float:
+    m = 0.0
+    for s in range(0, weight.shape[0], chunk):
+        w = weight[s : s + chunk].astype(np.float64)
+        sq = np.einsum("ij,ij->i", w, w) + bias[s : s + chunk].astype(np.float64) ** 2
+        m = max(m, float(sq.max()))
+    return math.sqrt(m) * (1 + 1e-6)
+
+
+def fingerprint(weight: F32, bias: F32) -> str:
+    """Cheap identity of a head (shape + strided sample of rows + all biases) to validate a cached index."""
+    hsh = hashlib.blake2b(digest_size=16)
+    hsh.update(np.asarray(weight.shape, dtype=np.int64).tobytes())
+    step = max(1, weight.shape[0] // 2048)
+    hsh.update(np.ascontiguousarray(weight[::step]).tobytes())
+    hsh.update(np.ascontiguousarray(bias).tobytes())
+    return hsh.hexdigest()
+
+
+def default_nlist(n_labels: int) -> int:
+    """About 2·√K cells: a few hundred labels per cell keeps the per-query scan and k-means cheap."""
+    return int(min(65536, max(16, 2 * math.sqrt(n_labels))))
+
+
+def _build_ivf(weight: F32, bias: F32, cfg: RetrievalConfig) -> tuple[Any, dict[str, Any], dict[str, F32]]:
+    n_labels, dim = weight.shape
+    d2 = dim + 2
+    chunk = 65536
+    max_norm = _max_norm(weight, bias, chunk)
+    nlist = min(cfg.ivf_nlist or default_nlist(n_labels), n_labels)
+    rng = np.random.default_rng(cfg.seed)
+    n_train = min(n_labels, max(64 * nlist, 20_000))
+    sample_ids = np.sort(rng.choice(n_labels, size=n_train, replace=False))
+    sample = _reduced(weight[sample_ids], bias[sample_ids], 0, n_train, max_norm)
+    km = faiss.Kmeans(d2, nlist, niter=16, seed=cfg.seed, max_points_per_centroid=64, verbose=False)
+    km.train(sample)
+    centroids = np.asarray(km.centroids, dtype=np.float32)
+    quantizer = faiss.IndexFlatL2(d2)
+    quantizer.add(centroids)
+    index = faiss.IndexIVFScalarQuantizer(
+        quantizer, d2, nlist, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT, False
+    )
+    index.by_residual = False
+    index.train(sample)  # quantizer already trained: this fits the 8-bit ranges only
+    radii = np.full(nlist, -np.inf)
+    sq_err = np.zeros(d2)
+    for s in range(0, n_labels, chunk):
+        x = _reduced(weight, bias, s, min(s + chunk, n_labels), max_norm)
+        _, assign = quantizer.search(x, 1)
+        a = assign[:, 0]
+        index.add_with_ids(x, np.arange(s, s + x.shape[0], dtype=np.int64))
+        r = np.linalg.norm(x.astype(np.float64) - centroids[a].astype(np.float64), axis=1)
+        np.maximum.at(radii, a, r)
+        rec = index.sq.decode(index.sq.compute_codes(x))
+        sq_err = np.maximum(sq_err, np.abs(rec.astype(np.float64) - x.astype(np.float64)).max(axis=0))
+    meta: dict[str, Any] = {"nlist": nlist, "max_norm": max_norm}
+    arrays = {
+        "centroids": centroids,
+        "radii": radii.astype(np.float32),
+        "sq_err": (sq_err * (1 + 1e-3) + 1e-7).astype(np.float32),
+    }
+    return index, meta, arrays
+
+
+def _tune_nprobe(retr: IVFRetriever, exact: ExactScorer, cfg: RetrievalConfig) -> tuple[int, float]:
+    """Smallest power-of-two nprobe whose recall@10 on proxy queries (label vectors) meets the target."""
+    rng = np.random.default_rng(cfg.seed + 1)
+    nq = min(cfg.tune_queries, retr.n_labels)
+    rows = rng.choice(retr.n_labels, size=nq, replace=False)
+    q = np.ascontiguousarray(retr.weight[rows], dtype=np.float32)
+    q = q + rng.normal(0, 0.1, size=q.shape).astype(np.float32) * np.abs(q).mean()
+    k = min(10, retr.n_labels)
+    truth = exact.search(q, k).ids
+    nprobe, recall = 1, 0.0
+    while True:
+        got = retr.search(q, k, nprobe=nprobe).ids
+        recall = float(np.mean([len(set(g) & set(t)) / k for g, t in zip(got, truth, strict=True)]))
+        if recall >= cfg.recall_target or nprobe >= retr.nlist:
+            return nprobe, recall
+        nprobe = min(nprobe * 2, retr.nlist)
+
+
+def _write_index_dir(artifact_dir: Path, index: Any, meta: dict[str, Any], arrays: dict[str, F32]) -> None:
+    """Write `<artifact>/index/` atomically: temp dir in the same folder, then rename over."""
+    tmp = Path(tempfile.mkdtemp(prefix=".index.tmp-", dir=artifact_dir))
+    try:
+        faiss.write_index(index, str(tmp / "index.faiss"))
+        for name, arr in arrays.items():
+            np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        final = artifact_dir / "index"
+        old: Path | None = None
+        if final.exists():
+            old = artifact_dir / f".index.old-{os.getpid()}-{time.time_ns()}"
+            os.replace(final, old)
+        os.replace(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.warning("index cache not written", extra={"dir": str(artifact_dir), "error": str(exc)})
+
+
+def _read_index_dir(
+    artifact_dir: Path, kind: str, fp: str
+) -> tuple[Any, dict[str, Any], dict[str, F32]] | None:
+    d = artifact_dir / "index"
+    try:
+        meta = json.loads((d / "meta.json").read_text())
+        if meta.get("format") != INDEX_FORMAT or meta.get("kind") != kind or meta.get("fingerprint") != fp:
+            log.info("cached index is stale, rebuilding", extra={"dir": str(d)})
+            return None
+        index = faiss.read_index(str(d / "index.faiss"))
+        arrays = {p.stem: np.load(p, allow_pickle=False) for p in d.glob("*.npy")}
+        return index, meta, arrays
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RuntimeError) as exc:
+        log.warning("cached index unreadable, rebuilding", extra={"dir": str(d), "error": str(exc)})
+        return None
+
+
+def choose_kind(n_labels: int, cfg: RetrievalConfig) -> IndexKind:
+    """`auto`: exact flat index up to `flat_max_labels`, IVF above (HNSW only when asked: no bound)."""
+    if cfg.kind != "auto":
+        return cfg.kind
+    return "flat" if n_labels <= cfg.flat_max_labels else "ivf"
+
+
+def build_retriever(
+    weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, exact: ExactScorer
+) -> Retriever:
+    """The index for this head, loaded from the artifact's cache when it matches, else built and cached."""
+    kind = choose_kind(int(weight.shape[0]), cfg)
+    t0 = time.perf_counter()
+    if kind == "exact":
+        return exact
+    if kind == "flat":
+        return FlatRetriever(weight, bias)
+    fp = fingerprint(weight, bias)
+    cached = _read_index_dir(artifact_dir, kind, fp) if artifact_dir is not None else None
+    if kind == "hnsw":
+        if cached is not None:
+            index = cached[0]
+        else:
+            max_norm = _max_norm(weight, bias, 65536)
+            index = faiss.IndexHNSWFlat(weight.shape[1] + 2, cfg.hnsw_m)
+            index.hnsw.efConstruction = 80
+            for s in range(0, weight.shape[0], 65536):
+                index.add(_reduced(weight, bias, s, min(s + 65536, weight.shape[0]), max_norm))
+            if artifact_dir is not None:
+                hmeta = {"format": INDEX_FORMAT, "kind": "hnsw", "fingerprint": fp, "hnsw_m": cfg.hnsw_m}
+                _write_index_dir(artifact_dir, index, hmeta, {})
+        log.info("hnsw index ready", extra={"labels": int(weight.shape[0]), "cached": cached is not None,
+                                             "seconds": round(time.perf_counter() - t0, 2)})
+        return HNSWRetriever(index, cfg.hnsw_ef_search, weight, bias)
+    if cached is not None:
+        index, meta, arrays = cached
+        retr = IVFRetriever(index, arrays["centroids"], arrays["radii"], arrays["sq_err"],
+                            float(meta["max_norm"]), int(cfg.ivf_nprobe or meta["nprobe"]), weight, bias)
+        log.info("ivf index loaded from cache", extra={"labels": int(weight.shape[0]), "nlist": retr.nlist,
+                                                        "nprobe": retr.nprobe})
+        return retr
+    index, meta, arrays = _build_ivf(weight, bias, cfg)
+    retr = IVFRetriever(index, arrays["centroids"], arrays["radii"], arrays["sq_err"],
+                        float(meta["max_norm"]), 1, weight, bias)
+    if cfg.ivf_nprobe:
+        retr.nprobe, recall = min(cfg.ivf_nprobe, retr.nlist), float("nan")
+    else:
+        retr.nprobe, recall = _tune_nprobe(retr, exact, cfg)
+    meta.update({"format": INDEX_FORMAT, "kind": "ivf", "fingerprint": fp, "nprobe": retr.nprobe,
+                 "tuned_recall_at_10": recall, "n_labels": int(weight.shape[0])})
+    if artifact_dir is not None:
+        _write_index_dir(artifact_dir, index, meta, arrays)
+    log.info("ivf index built", extra={"labels": int(weight.shape[0]), "nlist": retr.nlist,
+                                        "nprobe": retr.nprobe, "proxy_recall_at_10": recall,
+                                        "seconds": round(time.perf_counter() - t0, 2)})
+    return retr
