@@ -152,17 +152,27 @@ async def receive_file(
                 total += len(chunk)
                 if total > envelope:
                     raise UploadError(413, f"upload exceeds the limit of {max_bytes} bytes")
-                parser.write(chunk)
-            parser.finalize()
+                _feed(parser, chunk)
+            _feed(parser, None)
         if not sink.seen_file:
             raise UploadError(422, f"no `{file_field}` part in the multipart body")
         return ReceivedFile(tmp, sink.filename or "upload", sink.size, sink.hash.hexdigest(), sink.fields)
-    except MultipartParseError as e:
-        tmp.unlink(missing_ok=True)
-        raise UploadError(400, f"malformed multipart body: {e}", "body") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _feed(parser: MultipartParser, chunk: bytes | None) -> None:
+    """Write a chunk (None: finish); any parser failure on client bytes is the client's 400, not a 500."""
+    try:
+        if chunk is None:
+            parser.finalize()
+        else:
+            parser.write(chunk)
+    except UploadError:
+        raise
+    except (MultipartParseError, ValueError, TypeError, IndexError) as e:
+        raise UploadError(400, f"malformed multipart body: {e}", "body") from None
 
 
 def _callbacks(sink: _MultipartSink) -> dict[str, object]:

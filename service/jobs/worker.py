@@ -163,8 +163,11 @@ def run_worker(settings: Any) -> None:
 
 def add_command(sub: Any) -> None:
     """Register `ovex worker` on the `ovex` command's subparsers."""
-    parser = sub.add_parser("worker", help="run training jobs from the queue (standalone worker)",
-                            description="run training jobs from the queue until SIGTERM/SIGINT")
+    parser = sub.add_parser(
+        "worker",
+        help="run training jobs from the queue (standalone worker)",
+        description="run training jobs from the queue until SIGTERM/SIGINT",
+    )
     add_worker_arguments(parser)
 
     def _run(args: argparse.Namespace) -> int:

@@ -129,20 +129,37 @@ def test_cancel_running_job_stops_fast_and_cleans_up(
     assert srv.job(queued)["state"] == "cancelled" and srv.job(queued)["started_at"] is None
 
 
-def test_sigkilled_worker_job_resumes_from_checkpoint(
+def test_stopped_and_killed_workers_resume_from_checkpoints(
     backend: Backend, make_server: Any, synth_files: dict[str, Path]
 ) -> None:
-    """SIGKILL the worker mid-training and restart the API too: a new worker finishes the job from its
-    last checkpoint (the lease expires, the reaper re-queues it), and nothing submitted is lost."""
+    """SIGTERM a worker (it hands the job back at once), then SIGKILL the next one and restart the API too:
+    each new worker continues from the last checkpoint (after a SIGKILL the lease expires and the reaper
+    re-queues the job), and nothing submitted is lost."""
     srv = make_server(backend, embedded_worker=False)
     first = srv.start_worker()
     train = srv.upload(synth_files["train"])
-    params = {**TINY, "epochs": 40, "eval_every": 0}  # 760 steps
+    params = {**TINY, "epochs": 60, "eval_every": 0}  # 1140 steps
     job_id = srv.submit({"model": "crash", "train_dataset": train["id"], "params": params, "activate": True})
-    before = srv.wait(job_id, lambda j: (j["progress"]["step"] or 0) >= 100, 60, "training past step 100")
+    before = srv.wait(job_id, lambda j: (j["progress"]["step"] or 0) >= 60, 60, "training past step 60")
     assert before["worker"] and f":{first.pid}:" in before["worker"]
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait(10)
+
+    # graceful stop: the job goes back to the queue straight away, keeping its checkpoint
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(20) == 0
+    assert srv.job(job_id)["state"] == "queued"
+    assert "worker shutting down" in srv.logs(job_id)
+
+    second = srv.start_worker()
+    mid = srv.wait(
+        job_id,
+        lambda j: j["state"] == "running" and f":{second.pid}:" in (j["worker"] or ""),
+        60,
+        "the second worker to take the job",
+    )
+    resumed_1 = mid["progress"]["step"] or 0
+    srv.wait(job_id, lambda j: (j["progress"]["step"] or 0) >= resumed_1 + 100, 60, "progress on worker 2")
+    os.kill(second.pid, signal.SIGKILL)
+    second.wait(10)
     assert srv.job(job_id)["state"] == "running"  # nobody knows yet: the lease has not expired
     # a job queued behind it, then an API restart: both survive in the database and the queue
     queued = srv.submit({"model": "crash", "train_dataset": train["id"], "params": {**TINY, "epochs": 1}})
@@ -158,16 +175,16 @@ def test_sigkilled_worker_job_resumes_from_checkpoint(
         job_id,
         lambda j: j["state"] in ("succeeded", "failed", "cancelled"),
         120,
-        "the job to finish on the second worker",
+        "the job to finish on the third worker",
     )
     assert job["state"] == "succeeded", job
-    assert job["attempts"] == 2
+    assert job["attempts"] == 3
     logs = srv.logs(job_id)
-    m = re.search(r"resumed from step (\d+)", logs)
-    assert m, logs
-    resumed = int(m.group(1))
-    assert resumed > 0 and resumed % 20 == 0  # a checkpoint step (OVEX_CHECKPOINT_EVERY=20), not zero
-    assert job["resumed_from_step"] == resumed
+    steps = [int(m) for m in re.findall(r"resumed from step (\d+)", logs)]
+    assert len(steps) == 2, logs
+    # checkpoint steps (OVEX_CHECKPOINT_EVERY=20), never zero, moving forward
+    assert 0 < steps[0] < steps[1] and all(s % 20 == 0 for s in steps), steps
+    assert job["resumed_from_step"] == steps[1]
     assert "re-queued to resume from its checkpoint" in logs
     assert job["progress"]["step"] == job["progress"]["steps_total"]
     assert _predict_version(srv, "crash", _first_test_row(synth_files["test"])) == job["model_version"]

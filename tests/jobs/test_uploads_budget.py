@@ -99,3 +99,20 @@ def test_text_datasets_use_hash_size_or_vocabulary_cap() -> None:
     assert budget.estimate(TrainParams(dim=8, hash_size=1000), 10, None).features == 1000
     assert budget.estimate(TrainParams(dim=8, max_vocab=5000), 10, None).features == 5000
     assert "MiB" in budget.human_bytes(3 << 20) and budget.human_bytes(12) == "12 bytes"
+
+
+@settings(max_examples=60, deadline=None)
+@given(body=st.binary(max_size=400), boundary=st.text("abcXYZ019-_'()+,./:=? ", min_size=1, max_size=80))
+def test_garbage_bodies_are_client_errors(
+    tmp_path_factory: pytest.TempPathFactory, body: bytes, boundary: str
+) -> None:
+    dest = tmp_path_factory.mktemp("garbage")
+    try:
+        got = asyncio.run(
+            receive_file(f"multipart/form-data; boundary={boundary}", None, _chunks(body, 13), dest, 10_000)
+        )
+    except UploadError as e:
+        assert 400 <= e.status < 500
+        assert list(dest.iterdir()) == []
+    else:
+        assert got.path.exists()
