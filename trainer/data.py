@@ -32,7 +32,7 @@ __all__ = [
 
 # Bytes parsed per vectorised block: large enough to amortise numpy calls, small enough that the
 # per-block temporaries (a few arrays of the block's size) stay small next to the CSR result.
-_BLOCK_BYTES = 1 << 22
+_BLOCK_BYTES = 1 << 20
 # Smallest magnitude that rounds to inf in float32 (max float32 plus half an ulp).
 _F32_OVERFLOW = 2.0**128 - 2.0**103
 
@@ -72,32 +72,35 @@ class Dataset:
 
 
 class _CsrBuilder:
-    """Accumulates CSR pieces chunk by chunk (numpy arrays), concatenated once at the end."""
+    """Accumulates CSR pieces block by block (compact numpy arrays), concatenated once at the end,
+    so the peak is about twice the final CSR arrays plus one block's temporaries."""
 
-    def __init__(self) -> None:
+    def __init__(self, n_cols: int) -> None:
+        self.idx_dtype = np.int32 if n_cols < 2**31 else np.int64
         self.indices: list[np.ndarray] = []
         self.data: list[np.ndarray] = []
         self.counts: list[np.ndarray] = []
 
     def add(self, counts: np.ndarray, indices: np.ndarray, data: np.ndarray | None) -> None:
-        self.counts.append(counts.astype(np.int64, copy=False))
-        self.indices.append(indices)
+        self.counts.append(counts.astype(np.int32, copy=False))
+        self.indices.append(indices.astype(self.idx_dtype, copy=False))
         if data is not None:
-            self.data.append(data)
+            self.data.append(data.astype(np.float32, copy=False))
 
     def build(self, n_rows: int, n_cols: int, ones: bool) -> sp.csr_matrix:
-        counts = np.concatenate(self.counts) if self.counts else np.zeros(0, np.int64)
-        nnz = int(counts.sum())
-        idx_dtype = np.int32 if max(nnz, n_cols) < 2**31 else np.int64
-        indptr = np.zeros(n_rows + 1, dtype=idx_dtype)
+        counts = np.concatenate(self.counts) if self.counts else np.zeros(0, np.int32)
+        nnz = int(counts.sum(dtype=np.int64))
+        ptr_dtype = np.int32 if max(nnz, n_cols) < 2**31 else np.int64
+        idx_dtype = ptr_dtype if ptr_dtype == np.int64 else self.idx_dtype
+        indptr = np.zeros(n_rows + 1, dtype=ptr_dtype)
         np.cumsum(counts, out=indptr[1:])
-        indices = np.concatenate(self.indices).astype(idx_dtype, copy=False) if self.indices else (
-            np.zeros(0, idx_dtype))
+        indices = (np.concatenate(self.indices) if self.indices else np.zeros(0, idx_dtype)).astype(
+            idx_dtype, copy=False)
         self.indices.clear()
         if ones:
             data = np.ones(nnz, dtype=np.float32)
         else:
-            data = np.concatenate(self.data).astype(np.float32) if self.data else np.zeros(0, np.float32)
+            data = np.concatenate(self.data) if self.data else np.zeros(0, np.float32)
         self.data.clear()
         m = sp.csr_matrix((data, indices, indptr), shape=(n_rows, n_cols))
         m.has_sorted_indices = True
@@ -389,7 +392,7 @@ def read_xc(path: str | Path) -> Dataset:
         if not header:
             raise DataFormatError(spath, 1, "empty file: expected a header line 'N D L'")
         n_rows, n_features, n_labels = _parse_header(header, spath)
-        xb, yb = _CsrBuilder(), _CsrBuilder()
+        xb, yb = _CsrBuilder(n_features), _CsrBuilder(n_labels)
         seen = 0
         lineno = 2  # line number of the first line of the next block
         for block in _blocks(fh):

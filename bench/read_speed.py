@@ -1,0 +1,104 @@
+"""Data-layer speed: synth generation, XC writing and XC reading at scale.
+
+Generates a planted-structure data set (default K=10^6 labels, 200k rows, ~50 non-zeros per row),
+writes it in XC format, and reads it back in a fresh process (so its peak memory is the reader's
+own). Writes bench/results/data_read.json.
+
+    .venv/bin/python bench/read_speed.py [--rows 200000 --labels 1000000 --features 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trainer.synth import synth, write_synth  # noqa: E402
+
+READER = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+from trainer.data import read_xc
+
+def _hwm_mb():
+    # VmHWM is reset by exec (ru_maxrss is not), so this is the reader's own peak
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+base = _hwm_mb()
+t = time.perf_counter()
+ds = read_xc({path!r})
+dt = time.perf_counter() - t
+print(json.dumps({{"seconds": dt, "baseline_rss_mb": base, "rows": ds.n_rows, "nnz": int(ds.X.nnz),
+                  "label_nnz": int(ds.Y.nnz),
+                  "peak_rss_mb": _hwm_mb(),
+                  "csr_mb": (ds.X.data.nbytes + ds.X.indices.nbytes + ds.X.indptr.nbytes
+                             + ds.Y.indices.nbytes + ds.Y.indptr.nbytes + ds.Y.data.nbytes) / 2**20}}))
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--labels", type=int, default=1_000_000)
+    ap.add_argument("--features", type=int, default=100_000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=2, help="reads to time (best is reported)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "data_read.json"))
+    args = ap.parse_args()
+
+    t = time.perf_counter()
+    X, Y = synth(args.labels, args.features, args.rows, args.seed)
+    synth_s = time.perf_counter() - t
+    synth_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    nnz, label_nnz = int(X.nnz), int(Y.nnz)
+    del X, Y
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "synth.txt")
+        t = time.perf_counter()
+        write_synth(path, args.labels, args.features, args.rows, args.seed)
+        write_s = time.perf_counter() - t
+        size_mb = os.path.getsize(path) / 2**20
+        reads = []
+        for _ in range(args.repeats):
+            out = subprocess.run([sys.executable, "-c", READER.format(root=str(ROOT), path=path)],
+                                 check=True, capture_output=True, text=True)
+            reads.append(json.loads(out.stdout))
+    best = min(reads, key=lambda r: r["seconds"])
+    assert best["nnz"] == nnz and best["rows"] == args.rows, "read back a different matrix"
+    result = {
+        "labels": args.labels, "features": args.features, "rows": args.rows, "seed": args.seed,
+        "nnz": nnz, "nnz_per_row": nnz / max(args.rows, 1), "labels_per_row": label_nnz / max(args.rows, 1),
+        "synth_seconds": round(synth_s, 3), "synth_peak_rss_mb": round(synth_rss, 1),
+        "write_seconds_incl_generation": round(write_s, 3), "file_mb": round(size_mb, 1),
+        "read_seconds": round(best["seconds"], 3),
+        "read_seconds_all": [round(r["seconds"], 3) for r in reads],
+        "read_rows_per_s": round(args.rows / best["seconds"]),
+        "read_mb_per_s": round(size_mb / best["seconds"], 1),
+        "read_nnz_per_s": round(nnz / best["seconds"]),
+        "read_peak_rss_mb": round(best["peak_rss_mb"], 1), "csr_mb": round(best["csr_mb"], 1),
+        "reader_baseline_rss_mb": round(best["baseline_rss_mb"], 1),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_average_at_end": os.getloadavg()},
+        "command": "python " + " ".join(sys.argv),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
