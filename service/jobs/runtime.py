@@ -119,9 +119,10 @@ class EmbeddedWorker:
         self.restarts = 0
 
     def _spawn(self) -> None:
+        env = dict(self.env, OVEX_WORKER_PARENT_PID=str(os.getpid()))  # the worker exits if we die
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "service.jobs.worker"],
-            env=self.env,
+            env=env,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C in the terminal reaches the API, which stops the worker itself
         )

@@ -140,8 +140,11 @@ class Worker:
         signal.signal(signal.SIGTERM, _on_signal)
         signal.signal(signal.SIGINT, _on_signal)
         self.start()
+        parent = int(os.environ.get("OVEX_WORKER_PARENT_PID", "0") or 0)
         while not self.stop.wait(0.5):
-            pass
+            if parent and os.getppid() != parent:  # embedded in `ovex serve`, which is gone: hand jobs back
+                log.warning("worker %s: parent process %d is gone, stopping", self.id, parent)
+                self.request_stop()
         self.join()
         log.info("worker %s stopped", self.id)
 

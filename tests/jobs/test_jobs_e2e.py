@@ -190,3 +190,51 @@ def test_stopped_and_killed_workers_resume_from_checkpoints(
     assert _predict_version(srv, "crash", _first_test_row(synth_files["test"])) == job["model_version"]
     later = srv.wait(queued, lambda j: j["state"] == "succeeded", 60, "the job queued before the restart")
     assert later["model_version"] != job["model_version"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in fh)
+    except FileNotFoundError:
+        return False
+
+
+def test_embedded_worker_is_a_fresh_child_that_follows_ovex_serve(
+    make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    """`ovex serve` runs its worker as a separate interpreter (not a fork); if the server is SIGKILLed the
+    worker hands its job back and exits, and the next `ovex serve` resumes the job."""
+    srv = make_server(Backend("sqlite"))
+    train = srv.upload(synth_files["train"])
+    job_id = srv.submit({"model": "emb", "train_dataset": train["id"], "params": LONG})
+    job = srv.wait(
+        job_id,
+        lambda j: j["state"] == "running" and (j["progress"]["step"] or 0) >= 40,
+        60,
+        "the embedded worker to run the job",
+    )
+    pid = int(job["worker"].split(":")[1])
+    assert srv.proc is not None and pid != srv.proc.pid
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    assert int(stat.rsplit(")", 1)[1].split()[1]) == srv.proc.pid  # its parent is the server
+    assert b"service.jobs.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()  # a new interpreter
+
+    os.kill(srv.proc.pid, signal.SIGKILL)
+    srv.proc.wait(10)
+    deadline = time.monotonic() + 15
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), "the orphaned worker kept running"
+
+    srv.start()
+    resumed = srv.wait(
+        job_id,
+        lambda j: j["state"] == "running" and j["attempts"] == 2,
+        60,
+        "the restarted server's worker to resume the job",
+    )
+    assert int(resumed["worker"].split(":")[1]) != pid
+    srv.wait(job_id, lambda j: "resumed from step" in srv.logs(job_id), 30, "the resume log line")
+    assert srv.client.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
+    srv.wait(job_id, lambda j: j["state"] == "cancelled", 5, "the cancel")
