@@ -236,6 +236,15 @@ def test_read_dataset_sniffs_format(tmp_path: Path) -> None:
     assert "empty file" in _err(_write(tmp_path, "\n \n", "blank.txt")).message
 
 
+def test_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    p = tmp_path / "bom.txt"
+    p.write_bytes(b"\xef\xbb\xbf1 3 2\n1 2:1\n")
+    assert read_dataset(p).n_features == 3
+    q = tmp_path / "bom.jsonl"
+    q.write_bytes(b'\xef\xbb\xbf{"text": "hi", "labels": ["a"]}\n')
+    assert read_dataset(q).texts == ["hi"]
+
+
 def test_check_compatible_widens_smaller_test_set(tmp_path: Path) -> None:
     train = read_xc(_write(tmp_path, "1 10 5\n4 9:1\n", "tr.txt"))
     test = read_xc(_write(tmp_path, "1 6 3\n2 5:1\n", "te.txt"))

@@ -38,6 +38,7 @@ _F32_OVERFLOW = 2.0**128 - 2.0**103
 
 _INT_RE = re.compile(rb"[0-9]+")
 _SIGNED_INT_RE = re.compile(rb"-?[0-9]+")
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark some editors put at the start of text files
 
 
 @dataclass
@@ -389,6 +390,8 @@ def read_xc(path: str | Path) -> Dataset:
         raise DataFormatError(spath, 0, f"cannot open: {e.strerror}") from None
     try:
         header = fh.readline()
+        if header.startswith(_BOM):
+            header = header[len(_BOM):]
         if not header:
             raise DataFormatError(spath, 1, "empty file: expected a header line 'N D L'")
         n_rows, n_features, n_labels = _parse_header(header, spath)
@@ -490,7 +493,7 @@ def read_jsonl(path: str | Path, label_names: list[str] | None = None) -> Datase
     indices: list[int] = []
     indptr: list[int] = [0]
     try:
-        fh = open(spath, encoding="utf-8")  # noqa: SIM115 - closed below; streaming read
+        fh = open(spath, encoding="utf-8-sig")  # noqa: SIM115 - closed below; streaming read
     except OSError as e:
         raise DataFormatError(spath, 0, f"cannot open: {e.strerror}") from None
     lineno = 0
@@ -572,7 +575,7 @@ def _first_char(path: str) -> str:
                 block = fh.read(4096)
                 if not block:
                     return ""
-                stripped = block.lstrip()
+                stripped = block.removeprefix(_BOM).lstrip()
                 if stripped:
                     return chr(stripped[0])
     except OSError as e:
