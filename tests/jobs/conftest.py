@@ -293,18 +293,6 @@ class Server:
             "--models-dir",
             str(self.models_dir),
         ]
-        if '"serve"' not in (ROOT / "service" / "cli.py").read_text():  # TEMPORARY until `ovex serve` lands
-            cmd = [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "service.app:create_app",
-                "--factory",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-            ]
         self.proc = subprocess.Popen(
             cmd,
             env=self.env,
