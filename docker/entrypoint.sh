@@ -1,6 +1,6 @@
 #!/bin/sh
 # Entry point of the ovex image. First argument picks the role:
-#   serve  (default) the API; with OVEX_DEMO=1 and an empty models volume, trains the demo model first
+#   serve  (default) the API; with OVEX_DEMO=1, first trains the demo model if the volume lacks it
 #   worker           a training worker (scale with `docker compose up --scale worker=N`)
 #   anything else    run as a command, e.g. `ovex train ...` or `sh`
 set -eu
@@ -10,9 +10,9 @@ role="${1:-serve}"
 
 case "$role" in
   serve)
-    if [ "${OVEX_DEMO:-0}" = "1" ] && [ -z "$(ls -A "${OVEX_MODELS_DIR:-/models}" 2>/dev/null)" ]; then
-      echo "ovex-entrypoint: no model in ${OVEX_MODELS_DIR:-/models}; training the demo model" >&2
-      ovex demo --prepare-only
+    if [ "${OVEX_DEMO:-0}" = "1" ]; then
+      # `ovex demo` trains the demo model into the models volume once (if absent), then serves everything
+      exec ovex demo "$@"
     fi
     exec ovex serve "$@"
     ;;
