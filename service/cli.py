@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from service import serve as serve_cli
 from service.jobs import worker as jobs_worker
 from trainer import cli as trainer_cli
 from trainer.errors import OvexError
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     trainer_cli.add_commands(sub)
     jobs_worker.add_command(sub)
+    serve_cli.add_commands(sub)
     return parser
 
 

@@ -38,6 +38,7 @@ def configure_logging(level: str = "info", json_lines: bool = True) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build loaded: noise
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         lg = logging.getLogger(name)
         lg.handlers[:] = []

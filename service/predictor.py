@@ -27,6 +27,8 @@ Normalization = Literal["sparsemax", "evsoftmax", "softmax", "none"]
 # Sparse maps look at more labels than they list: the threshold needs the scores around it, and a wider
 # look certifies more answers. Retrieval fetches at least this many.
 MIN_FETCH = 32
+# The index path widens an uncertified sparsemax answer up to this many labels (the exact path: all K).
+MAX_INDEX_FETCH = 2048
 
 
 class Featurizer(Protocol):
@@ -120,6 +122,8 @@ class Predictor:
         self.n_features = int(model.n_features)
         self.label_names = list(model.label_names)
         self.w_mean, self.b_mean = linear_head_means(model.head_weight, model.head_bias)
+        # "text" or "sparse": what the fitted featurizer accepts (the API refuses the other kind)
+        self.input_kind: str = str(getattr(model.featurizer, "kind", "sparse"))
 
     # -- featurize + encode -------------------------------------------------------------------------
     def featurize(self, rows: Sequence[InputRow]) -> sp.csr_matrix:
@@ -238,7 +242,21 @@ class Predictor:
 
     def _index_rows(self, h: npt.NDArray[np.float32], k: int, norm: Normalization) -> list[RowPrediction]:
         top = self.retriever.search(h, k)
+        if norm == "sparsemax":
+            top = self._widen_sparsemax(h, top, k, self.retriever, MAX_INDEX_FETCH)
         return self._finish(top, norm, self._threshold(h) if norm == "evsoftmax" else None)
+
+    def _widen_sparsemax(self, h: npt.NDArray[np.float32], top: TopK, k: int, retr: Retriever, cap: int) -> TopK:
+        """Fetch 4× more labels while some row's sparsemax support may reach beyond what was fetched
+        (its bound is finite but above τ); rows with no bound at all (HNSW) cannot be helped."""
+        cap = min(cap, self.n_labels)
+        while k < cap:
+            dist = normalize_topk("sparsemax", top.scores.astype(np.float64), top.bound, self.n_labels)
+            if not bool((~dist.exact & np.isfinite(top.bound)).any()):
+                break
+            k = min(cap, k * 4)
+            top = retr.search(h, k)
+        return top
 
     def _exact_rows(self, h: npt.NDArray[np.float32], k: int, norm: Normalization) -> list[RowPrediction]:
         """Exact scoring: widen k until sparsemax's support fits (so the answer is always exact); for
@@ -251,13 +269,7 @@ class Predictor:
             return self._from_log_z(top, t, log_z)
         top = self.exact_scorer.search(h, k)
         if norm == "sparsemax":
-            kk = k
-            while True:
-                dist = normalize_topk("sparsemax", top.scores, top.bound, self.n_labels)
-                if bool(dist.exact.all()) or kk >= self.n_labels:
-                    break
-                kk = min(self.n_labels, kk * 4)
-                top = self.exact_scorer.search(h, kk)
+            top = self._widen_sparsemax(h, top, k, self.exact_scorer, self.n_labels)
         preds = self._finish(top, norm, None)
         # Every label was scored: for "none" the top-k is the answer itself.
         if norm == "none":
@@ -313,7 +325,10 @@ class Predictor:
 
     def warmup(self) -> None:
         """Touch every path once so the first real request pays no lazy-initialisation cost."""
-        rows = [InputRow(indices=np.zeros(1, np.int64), values=np.ones(1, np.float32))]
+        if self.input_kind == "text":
+            rows = [InputRow(text="warm up")]
+        else:
+            rows = [InputRow(indices=np.zeros(1, np.int64), values=np.ones(1, np.float32))]
         norms: tuple[Normalization, ...] = ("sparsemax", "evsoftmax", "softmax", "none")
         for norm in norms:
             self.predict(rows, Options(top_k=5, normalization=norm))

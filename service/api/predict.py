@@ -35,9 +35,16 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
         errors.append((("body", "top_k"), f"top_k must be at most {settings.max_top_k}, got {req.top_k}"))
     rows: list[InputRow] = []
     nf = served.n_features
+    kind = served.predictor.input_kind
     for i, inp in enumerate(req.inputs):
         if inp.features is None:
+            if kind != "text":
+                errors.append((("body", "inputs", i, "text"),
+                               f"model {served.name!r} takes sparse `features`, not text"))
             rows.append(InputRow(text=inp.text))
+            continue
+        if kind == "text":
+            errors.append((("body", "inputs", i, "features"), f"model {served.name!r} takes `text`, not features"))
             continue
         over = [j for j, v in enumerate(inp.features.indices) if v >= nf]
         for j in over[:5]:

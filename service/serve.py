@@ -1,0 +1,152 @@
+"""`ovex serve` and `ovex demo`: run the HTTP service (demo: after training a small model once).
+
+Thin: parse flags into `Settings` (flags override `OVEX_*` variables), set up logs, hand the app to
+uvicorn in this process (one process; indexes load inside it, never before a fork).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from service.logs import configure_logging, uvicorn_log_config
+from service.settings import Settings
+
+log = logging.getLogger("ovex.serve")
+
+
+def _add_server_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models-dir", type=Path, default=None, help="artifacts at DIR/<name>/<version>/")
+    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="TCP port (default 8000)")
+    p.add_argument("--api-key", default=None, help="key for mutating endpoints (or OVEX_API_KEY)")
+    p.add_argument("--threads", type=int, default=None, help="torch/faiss threads")
+    p.add_argument("--retrieval", choices=["auto", "exact", "flat", "ivf", "hnsw"], default=None)
+    p.add_argument("--log-level", default=None)
+
+
+def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
+    """Flags given on the command line override the environment; the rest comes from `OVEX_*`."""
+    flags = {
+        "models_dir": args.models_dir, "host": args.host, "port": args.port, "api_key": args.api_key,
+        "threads": args.threads, "retrieval": args.retrieval, "log_level": args.log_level,
+    }
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    overrides.update(extra)
+    return Settings(**overrides)
+
+
+def run_server(settings: Settings) -> int:
+    import uvicorn
+
+    from service.app import create_app
+
+    configure_logging(settings.log_level, settings.log_json)
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=uvicorn_log_config(),
+                access_log=settings.access_log, log_level=settings.log_level.lower())
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    return run_server(settings_from_args(args))
+
+
+# --------------------------------------------------------------------------------------------------
+# demo
+
+_CONS = "bcdfghjklmnprstvz"
+_VOWELS = "aeiou"
+
+
+def pseudo_words(n: int, seed: int) -> list[str]:
+    """n distinct pronounceable words (consonant-vowel syllables), deterministic in the seed."""
+    rng = np.random.default_rng(seed)
+    seen: set[str] = set()
+    out: list[str] = []
+    while len(out) < n:
+        syl = int(rng.integers(2, 4))
+        w = "".join(_CONS[int(rng.integers(len(_CONS)))] + _VOWELS[int(rng.integers(len(_VOWELS)))]
+                    for _ in range(syl))
+        if w not in seen:
+            seen.add(w)
+            out.append(w)
+    return out
+
+
+def rows_to_texts(x: sp.csr_matrix, vocab: list[str]) -> list[str]:
+    """Bag-of-words counts → text (each feature's word repeated by its count)."""
+    texts = []
+    for r in range(x.shape[0]):
+        s, e = x.indptr[r], x.indptr[r + 1]
+        words = [" ".join([vocab[int(j)]] * max(1, int(round(v)))) for j, v in zip(x.indices[s:e], x.data[s:e],
+                                                                                    strict=True)]
+        texts.append(" ".join(words))
+    return texts
+
+
+def build_demo_model(models_dir: Path, labels: int = 2000, features: int = 3000, rows: int = 4000,
+                     seed: int = 7) -> tuple[Path, str]:
+    """Synthetic text data with readable label names → a trained model at models_dir/demo/1.
+
+    Returns the artifact path and one held-out text to try."""
+    from trainer.data import Dataset
+    from trainer.params import TrainParams
+    from trainer.synth import synth
+    from trainer.train import train
+
+    vocab = pseudo_words(features, seed)
+    topic_words = pseudo_words(2 * labels + features, seed + 1)[features:]
+    names = [f"{topic_words[2 * i]} {topic_words[2 * i + 1]}" for i in range(labels)]
+    x, y = synth(labels, features, rows, seed)
+    xt, yt = synth(labels, features, max(500, rows // 10), seed, part=1)
+    train_ds = Dataset(Y=y, n_features=0, n_labels=labels, texts=rows_to_texts(x, vocab), label_names=names,
+                       path="<demo train>")
+    test_texts = rows_to_texts(xt, vocab)
+    test_ds = Dataset(Y=yt, n_features=0, n_labels=labels, texts=test_texts, label_names=names,
+                      path="<demo test>")
+    params = TrainParams(dim=64, epochs=3, negatives=256, batch_size=128, lr=0.02, seed=seed, device="cpu",
+                         min_df=1)
+    out = models_dir / "demo" / "1"
+    train(params, train_ds, test_ds, out_dir=out)
+    return out, test_texts[0][:300]
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    key = args.api_key
+    settings = settings_from_args(args)
+    if settings.api_key is None:
+        key = secrets.token_urlsafe(12)
+        settings = settings_from_args(args, api_key=key)
+    configure_logging(settings.log_level, settings.log_json)
+    demo_dir = Path(settings.models_dir) / "demo"
+    has_version = demo_dir.is_dir() and any(p.is_dir() and not p.name.startswith(".") for p in demo_dir.iterdir())
+    sample = "kavo kavo lemi"
+    if not has_version:
+        t0 = time.perf_counter()
+        print("ovex demo: generating synthetic data and training a 2,000-label model …", flush=True)
+        _, sample = build_demo_model(Path(settings.models_dir))
+        print(f"ovex demo: trained in {time.perf_counter() - t0:.1f}s → {demo_dir / '1'}", flush=True)
+    base = f"http://{settings.host}:{settings.port}"
+    body = json.dumps({"inputs": [{"text": sample}], "top_k": 5})
+    print(f"ovex demo: serving {settings.models_dir} on {base}  (docs: {base}/docs)\n"
+          f"  API key for mutating calls: {key if key else '(from OVEX_API_KEY)'}\n"
+          f"  try: curl -s {base}/v1/predict -H 'content-type: application/json' -d '{body}'", flush=True)
+    return run_server(settings)
+
+
+def add_commands(subparsers: Any) -> None:
+    p = subparsers.add_parser("serve", help="serve every model under --models-dir over HTTP")
+    _add_server_flags(p)
+    p.set_defaults(func=cmd_serve)
+    p = subparsers.add_parser("demo", help="train a small demo model once (synthetic data), then serve it")
+    _add_server_flags(p)
+    p.set_defaults(func=cmd_demo)
