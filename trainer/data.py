@@ -1,8 +1,10 @@
 """Dataset readers and writers: Extreme Classification Repository text format and JSONL.
 
-Files are read in chunks of lines so peak memory stays proportional to the CSR arrays, not to the
-text; every malformed input becomes a `DataFormatError` naming the file, the 1-based line and the
-fault, because a traceback from deep inside numpy tells a user nothing about which row to fix.
+XC files are read in 1 MB blocks of whole lines, each tokenized and parsed by numpy at once, so
+peak memory is about the CSR arrays (not the text) and no Python runs per token. Any anomaly in a
+block sends it through an exact line-by-line parser, which is the reference for what is valid and
+turns every fault into a `DataFormatError` naming the file, the 1-based line and what is wrong:
+a traceback from deep inside numpy tells a user nothing about which row to fix.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from trainer.errors import DataFormatError
 __all__ = [
     "Dataset",
     "check_compatible",
+    "label_counts",
     "read_dataset",
     "read_jsonl",
     "read_xc",
