@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -42,6 +42,14 @@ _F32_OVERFLOW = 2.0**128 - 2.0**103
 _INT_RE = re.compile(rb"[0-9]+")
 _SIGNED_INT_RE = re.compile(rb"-?[0-9]+")
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark some editors put at the start of text files
+
+# Variable-length strings with vectorised concatenation (numpy >= 2); fixed-width unicode before that.
+if hasattr(np, "strings") and hasattr(np.dtypes, "StringDType"):
+    _STR: Any = np.dtypes.StringDType()
+    _str_add: Any = np.strings.add
+else:  # pragma: no cover - numpy 1.x
+    _STR = str
+    _str_add = np.char.add
 
 
 @dataclass
@@ -427,13 +435,12 @@ def read_xc(path: str | Path) -> Dataset:
     return Dataset(Y=Y, n_features=n_features, n_labels=n_labels, X=X, path=spath)
 
 
-def _format_values(values: np.ndarray) -> list[str]:
+def _format_values(values: np.ndarray) -> np.ndarray:
     """Shortest strings that read back to the same float32 (integers without a decimal point)."""
     v = np.asarray(values, dtype=np.float32)
-    out = v.astype(str).tolist()
-    if out and np.all(v == np.round(v)) and np.all(np.abs(v) < 2**24):
-        out = v.astype(np.int64).astype(str).tolist()
-    return out
+    if v.size and np.all(v == np.round(v)) and np.all(np.abs(v) < 2**24):
+        return v.astype(np.int64).astype(_STR)
+    return v.astype(_STR)
 
 
 def write_xc(path: str | Path, X: sp.spmatrix, Y: sp.spmatrix) -> None:
@@ -447,7 +454,11 @@ def write_xc(path: str | Path, X: sp.spmatrix, Y: sp.spmatrix) -> None:
 
 
 def write_xc_rows(fh: IO[str], X: sp.spmatrix, Y: sp.spmatrix) -> None:
-    """Append rows (no header) to an open text file; lets generators write block by block."""
+    """Append rows (no header) to an open text file; lets generators write block by block.
+
+    Each block's text is assembled by numpy (token strings, then one object array laid out as
+    labels, " ", token, " ", token, ..., newline) and joined once, not formatted token by token.
+    """
     Xc = sp.csr_matrix(X, dtype=np.float32)
     Yc = sp.csr_matrix(Y)
     if Xc.shape[0] != Yc.shape[0]:
@@ -455,22 +466,27 @@ def write_xc_rows(fh: IO[str], X: sp.spmatrix, Y: sp.spmatrix) -> None:
     Xc.sort_indices()
     Yc.sort_indices()
     n = Xc.shape[0]
-    step = 8192
+    step = 16384
     for start in range(0, n, step):
         stop = min(n, start + step)
         xs, ys = Xc[start:stop], Yc[start:stop]
-        fid = xs.indices.astype(str).tolist()
-        val = _format_values(xs.data)
-        toks = [f"{a}:{b}" for a, b in zip(fid, val, strict=True)]
+        m = stop - start
+        toks = _str_add(_str_add(xs.indices.astype(_STR), ":"), _format_values(xs.data))
         labs = ys.indices.astype(str).tolist()
-        xp, yp = xs.indptr, ys.indptr
-        rows = []
-        for i in range(stop - start):
-            lab = ",".join(labs[yp[i]:yp[i + 1]])
-            feats = " ".join(toks[xp[i]:xp[i + 1]])
-            rows.append(f"{lab} {feats}".rstrip() if lab else f" {feats}".rstrip())
-        fh.write("\n".join(rows))
-        fh.write("\n")
+        yp = ys.indptr
+        lab_rows = [",".join(labs[yp[i]:yp[i + 1]]) for i in range(m)]
+        cnt = np.diff(xs.indptr).astype(np.int64)
+        row_len = 2 + 2 * cnt  # labels, (" ", token) per feature, newline
+        row_start = np.zeros(m, dtype=np.int64)
+        np.cumsum(row_len[:-1], out=row_start[1:])
+        out = np.empty(int(row_len.sum()), dtype=object)
+        out[row_start] = lab_rows
+        row_of = np.repeat(np.arange(m), cnt)
+        tok_at = row_start[row_of] + 1 + 2 * (np.arange(xs.nnz) - xs.indptr[row_of])
+        out[tok_at] = " "
+        out[tok_at + 1] = toks.astype(object)
+        out[row_start + row_len - 1] = "\n"
+        fh.write("".join(out.tolist()))
 
 
 # ---------------------------------------------------------------------------------------------
