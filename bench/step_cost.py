@@ -30,7 +30,7 @@ from trainer.model import ModelShape, XCModel  # noqa: E402
 from trainer.negatives import NegativeSampler  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
 from trainer.synth import synth  # noqa: E402
-from trainer.train import EpochData, Stepper  # noqa: E402
+from trainer.train import EpochData, Stepper, tune_malloc  # noqa: E402
 
 
 def l2_rows(x: sp.csr_matrix) -> sp.csr_matrix:
@@ -93,6 +93,7 @@ def main() -> None:
     ap.add_argument("--softmax-seconds", type=float, default=6.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "step_cost"))
     args = ap.parse_args()
+    tune_malloc()
     torch.manual_seed(0)
     ks = [int(v) for v in args.ks.split(",")]
     params = TrainParams(dim=args.dim, batch_size=args.batch_size, negatives=args.negatives, lr=0.01)

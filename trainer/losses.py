@@ -26,6 +26,7 @@ import importlib.util
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -54,9 +55,16 @@ class CandidateBatch:
     """What a loss receives: candidates, their scores, the representation and loss-owned head rows."""
 
     cand: Candidates
-    scores: torch.Tensor  # float [B, C] = h_aug @ head[label_ids].T
+    scores: torch.Tensor  # float [B, C] = h_aug @ head[label_ids].T ([B, n_sampled] if sampled_scores_only)
     h: torch.Tensor  # float [B, d]
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [C, d+1] rows
+    pos_scores: torch.Tensor | None = None  # float [P]: f_y for each positive pair (pos_rows, pos_cols)
+
+    def positive_scores(self) -> torch.Tensor:
+        """f_y of every positive pair, whether or not `scores` holds the positive columns."""
+        if self.pos_scores is not None:
+            return self.pos_scores
+        return self.scores[self.cand.pos_rows, self.cand.pos_cols]
 
     def h_aug(self) -> torch.Tensor:
         """h with a trailing 1, so `h_aug @ rows.T` adds the bias column of a K×(d+1) table."""
@@ -71,6 +79,8 @@ class LossSpec:
     fn: LossFn
     needs_all_labels: bool = False  # exact over all K (the trainer uses the exhaustive candidate set)
     extra_heads: tuple[str, ...] = ()  # loss-owned K×(d+1) tables, created by the model
+    # only the sampled columns are scored (scores is [B, n_sampled]); f_y comes from `pos_scores`
+    sampled_scores_only: bool = False
     doc: str = ""
 
 
@@ -175,6 +185,63 @@ def _mean_over_pairs(total: torch.Tensor, n_pairs: int) -> torch.Tensor:
     return total / max(n_pairs, 1)
 
 
+def masked_negative_pairs(cand: Candidates) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pair index p, sampled column j) where column j is positive for the row of pair p.
+
+    Positives that were sampled have their column in [0, n_sampled); every pair of the same row must
+    ignore that column. Built from the positive lists (no [P, n] mask), since there are few such entries.
+    """
+    hit = torch.nonzero(cand.pos_cols < cand.n_sampled).squeeze(1)
+    if hit.numel() == 0:
+        empty = cand.pos_rows.new_zeros(0)
+        return empty, empty
+    b = cand.pos_mask.shape[0]
+    counts = torch.bincount(cand.pos_rows, minlength=b)
+    starts = torch.cumsum(counts, 0) - counts
+    rows = cand.pos_rows[hit]
+    reps = counts[rows]
+    cols = torch.repeat_interleave(cand.pos_cols[hit], reps)
+    first = torch.repeat_interleave(starts[rows], reps)
+    group_start = torch.repeat_interleave(torch.cumsum(reps, 0) - reps, reps)
+    within = torch.arange(cols.numel(), device=cols.device) - group_start
+    return first + within, cols
+
+
+class _OveSum(torch.autograd.Function):
+    """Σ_p Σ_j w_j · softplus(s[row_p, j] − s_p) with masked entries left out, in few passes.
+
+    The backward reuses the sigmoid computed in the forward (σ(z)·w is the gradient wrt z).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        s_neg: torch.Tensor,
+        s_pos: torch.Tensor,
+        pos_rows: torch.Tensor,
+        weights: torch.Tensor,
+        mask_p: torch.Tensor,
+        mask_j: torch.Tensor,
+    ) -> torch.Tensor:
+        z = s_neg.index_select(0, pos_rows)
+        z.sub_(s_pos.unsqueeze(1))
+        if mask_p.numel():
+            z.index_put_((mask_p, mask_j), z.new_tensor(-math.inf))
+        total = (F.softplus(z) @ weights).sum()
+        grad_z = torch.sigmoid_(z).mul_(weights)
+        ctx.save_for_backward(grad_z, pos_rows)
+        ctx.n_rows = s_neg.shape[0]
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, go: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grad_z, pos_rows = ctx.saved_tensors
+        g_neg = grad_z.new_zeros(ctx.n_rows, grad_z.shape[1])
+        g_neg.index_add_(0, pos_rows, grad_z)
+        g_pos = grad_z.sum(1).neg_()
+        return g_neg * go, g_pos * go, None, None, None, None
+
+
 def ove_loss(batch: CandidateBatch) -> torch.Tensor:
     """One-vs-each bound (Titsias 2016): Σ_{m∉P_b} log(1 + exp(f_m − f_y)), estimated from the samples.
 
@@ -182,11 +249,25 @@ def ove_loss(batch: CandidateBatch) -> torch.Tensor:
     for rows where it is positive, so the sum is unbiased for the sum over all non-positive labels.
     """
     c = batch.cand
+    n = c.n_sampled
+    if c.pos_rows.numel() == 0:
+        return batch.scores.sum() * 0.0
+    mask_p, mask_j = masked_negative_pairs(c)
+    weights = torch.exp(c.neg_logw).to(batch.scores.dtype)
+    total: torch.Tensor = _OveSum.apply(
+        batch.scores[:, :n], batch.positive_scores(), c.pos_rows, weights, mask_p, mask_j
+    )
+    return _mean_over_pairs(total, c.pos_rows.numel())
+
+
+def ove_loss_reference(batch: CandidateBatch) -> torch.Tensor:
+    """The same estimator written plainly with a dense [P, n] mask (for tests and for reading)."""
+    c = batch.cand
     s = batch.scores
     n = c.n_sampled
     if c.pos_rows.numel() == 0:
         return s.sum() * 0.0
-    sp = s[c.pos_rows, c.pos_cols]
+    sp = batch.positive_scores()
     sn = s[:, :n].index_select(0, c.pos_rows)
     w = torch.exp(c.neg_logw).unsqueeze(0) * (~c.pos_mask[:, :n]).index_select(0, c.pos_rows)
     total = (F.softplus(sn - sp.unsqueeze(1)) * w).sum()
@@ -224,7 +305,7 @@ def ove_subset_loss(batch: CandidateBatch) -> torch.Tensor:
     p = c.pos_rows.numel()
     if p == 0:
         return s.sum() * 0.0
-    sp = s[c.pos_rows, c.pos_cols]
+    sp = batch.positive_scores()
     sub_cols = torch.nonzero(c.in_batch_pos).squeeze(1)
     s_sub = s.index_select(1, sub_cols).index_select(0, c.pos_rows)  # [P, U]
     keep = ~c.pos_mask.index_select(1, sub_cols).index_select(0, c.pos_rows)
@@ -236,6 +317,9 @@ def ove_subset_loss(batch: CandidateBatch) -> torch.Tensor:
     return _mean_over_pairs(head.sum() + rest, p)
 
 
-register_loss("ove", LossSpec(ove_loss, doc="one-vs-each bound over sampled negatives (Titsias 2016)"))
+register_loss(
+    "ove",
+    LossSpec(ove_loss, sampled_scores_only=True, doc="one-vs-each bound over sampled negatives (Titsias)"),
+)
 register_loss("ove-subset", LossSpec(ove_subset_loss, doc="softmax over in-batch labels x OVE over the rest"))
 register_loss("softmax", LossSpec(softmax_loss, needs_all_labels=True, doc="exact full softmax (reference)"))

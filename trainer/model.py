@@ -91,6 +91,50 @@ def make_hidden_layer(encoder: str, dim: int, pieces: int, dropout: float) -> nn
     raise ParamsError(f"encoder {encoder!r} has no hidden layers; use mlp or maxout, or hidden=0")
 
 
+class _ProjectRows(torch.autograd.Function):
+    """h = A @ T for a batch CSR A (B×U) over gathered table rows T (U×d), with a fast backward.
+
+    Forward is `embedding_bag`; its CPU backward is far slower than one sparse product, so the gradient
+    A^T @ dh is taken with scipy on the CPU (one pass over the non-zeros) and `index_add_` elsewhere.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, table: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor
+    ) -> torch.Tensor:
+        ctx.save_for_backward(indices, offsets, values)
+        ctx.n_rows = table.shape[0]
+        return F.embedding_bag(indices, table, offsets, mode="sum", per_sample_weights=values)
+
+    @staticmethod
+    def backward(ctx: Any, grad_h: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        indices, offsets, values = ctx.saved_tensors
+        b, n_rows = grad_h.shape[0], ctx.n_rows
+        if grad_h.device.type == "cpu":
+            indptr = np.empty(b + 1, dtype=np.int64)
+            indptr[:b] = offsets.numpy()
+            indptr[b] = indices.numpy().shape[0]
+            a = sp.csr_matrix((values.numpy(), indices.numpy(), indptr), shape=(b, n_rows))
+            g = np.ascontiguousarray(grad_h.detach().numpy(), dtype=np.float32)
+            grad = torch.from_numpy(np.asarray(a.T @ g, dtype=np.float32))
+        else:
+            counts = torch.diff(offsets, append=offsets.new_tensor([indices.numel()]))
+            rows = torch.repeat_interleave(torch.arange(b, device=grad_h.device), counts)
+            grad = torch.zeros(n_rows, grad_h.shape[1], dtype=grad_h.dtype, device=grad_h.device)
+            grad.index_add_(0, indices, grad_h.index_select(0, rows) * values.unsqueeze(1))
+        return grad, None, None, None
+
+
+def project_rows(
+    table: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor
+) -> torch.Tensor:
+    """Sum of value-weighted table rows per bag (EmbeddingBag 'sum' with per-sample weights)."""
+    if not table.requires_grad:
+        return F.embedding_bag(indices, table, offsets, mode="sum", per_sample_weights=values)
+    out: torch.Tensor = _ProjectRows.apply(table, indices, offsets, values)
+    return out
+
+
 def csr_to_tensors(x: sp.csr_matrix, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
     """(indices int64, offsets int64 [n], values float32) as EmbeddingBag wants them."""
     indptr = torch.from_numpy(np.asarray(x.indptr, dtype=np.int64))
@@ -143,8 +187,7 @@ class XCModel(nn.Module):
     ) -> torch.Tensor:
         """h for a batch in EmbeddingBag form; `table` is the (gathered) input table the indices refer to."""
         weight = self.input_weight if table is None else table
-        h = F.embedding_bag(indices, weight, offsets, mode="sum", per_sample_weights=values)
-        h = h + self.input_bias
+        h = project_rows(weight, indices, offsets, values) + self.input_bias
         for layer in self.hidden:
             h = layer(h)
         out: torch.Tensor = self.drop(h)

@@ -16,6 +16,7 @@ Encoder = Literal["linear", "mlp", "maxout"]
 Sampler = Literal["uniform", "unigram"]
 Schedule = Literal["cosine", "linear", "constant"]
 Device = Literal["auto", "cpu", "cuda"]
+Optimizer = Literal["adam", "adagrad"]
 
 
 class TrainParams(BaseModel):
@@ -36,6 +37,7 @@ class TrainParams(BaseModel):
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout on h and hidden layers")
     # optimisation
     epochs: int = Field(default=20, ge=1, le=10_000)
+    optimizer: Optimizer = Field(default="adam", description="for the big tables: adam or adagrad (row-wise)")
     lr: float = Field(default=0.01, gt=0.0, le=10.0, description="peak learning rate (row-wise Adam)")
     warmup: float = Field(default=0.05, ge=0.0, lt=1.0, description="fraction of steps with linear warmup")
     schedule: Schedule = Field(default="cosine", description="decay after warmup")

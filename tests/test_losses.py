@@ -1,0 +1,166 @@
+"""OVE and friends: exactness with all negatives, unbiasedness, gradients, and the bound ordering."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainer.losses import (
+    LOSSES,
+    CandidateBatch,
+    Candidates,
+    exhaustive_candidates,
+    ove_loss,
+    ove_loss_reference,
+    ove_subset_loss,
+    sampled_candidates,
+    softmax_loss,
+)
+from trainer.negatives import NegativeSampler
+
+
+def _labels(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    ptr = torch.tensor([0, *np.cumsum([len(r) for r in rows]).tolist()], dtype=torch.long)
+    ind = torch.tensor([y for r in rows for y in sorted(r)], dtype=torch.long)
+    return ptr, ind
+
+
+def _batch(cand: Candidates, full: torch.Tensor) -> CandidateBatch:
+    """Scores of the candidate columns taken from a full [B, K] score matrix."""
+    return CandidateBatch(cand=cand, scores=full[:, cand.label_ids], h=full.new_zeros(full.shape[0], 1))
+
+
+def direct_ove_bound(scores: torch.Tensor, rows: list[list[int]]) -> torch.Tensor:
+    """Mean over positive pairs of Σ_{m ∉ P_b} log(1 + exp(f_m − f_y)), written as plain loops."""
+    terms = []
+    k = scores.shape[1]
+    for b, pos in enumerate(rows):
+        for y in pos:
+            acc = scores.new_zeros(())
+            for m in range(k):
+                if m not in pos:
+                    acc = acc + torch.log1p(torch.exp(scores[b, m] - scores[b, y]))
+            terms.append(acc)
+    return torch.stack(terms).mean()
+
+
+def direct_softmax_nll(scores: torch.Tensor, rows: list[list[int]]) -> torch.Tensor:
+    terms = []
+    for b, pos in enumerate(rows):
+        neg = [m for m in range(scores.shape[1]) if m not in pos]
+        for y in pos:
+            logits = scores[b, [y, *neg]]
+            terms.append(-(logits[0] - torch.logsumexp(logits, 0)))
+    return torch.stack(terms).mean()
+
+
+ROWS = [[2], [0, 5], [6], [1, 3, 4]]
+
+
+def test_ove_with_all_negatives_equals_the_exact_bound() -> None:
+    torch.manual_seed(0)
+    s = torch.randn(len(ROWS), 7, dtype=torch.float64)
+    cand = exhaustive_candidates(*_labels(ROWS), 7)
+    got = ove_loss(_batch(cand, s))
+    assert torch.allclose(got, direct_ove_bound(s, ROWS))
+    assert torch.allclose(softmax_loss(_batch(cand, s)), direct_softmax_nll(s, ROWS))
+
+
+def test_fused_ove_value_and_gradient_match_autograd_of_reference() -> None:
+    torch.manual_seed(1)
+    k = 50
+    rows = [[1, 7], [3], [7, 20, 21], [], [49]]
+    sampler = NegativeSampler(k, "unigram", 0.75, np.arange(k) % 7, seed=3)
+    for _ in range(5):
+        cand = sampled_candidates(*_labels(rows), sampler, 40)
+        full = torch.randn(len(rows), k, dtype=torch.float64)
+        s1 = full[:, cand.label_ids].clone().requires_grad_()
+        s2 = s1.detach().clone().requires_grad_()
+        h = full.new_zeros(len(rows), 1)
+        a = ove_loss(CandidateBatch(cand, s1, h))
+        b = ove_loss_reference(CandidateBatch(cand, s2, h))
+        a.backward()
+        b.backward()
+        assert torch.allclose(a, b)
+        assert s1.grad is not None and s2.grad is not None
+        assert torch.allclose(s1.grad, s2.grad)
+
+
+def test_sampled_ove_is_unbiased_for_the_full_bound() -> None:
+    torch.manual_seed(2)
+    k = 12
+    s = torch.randn(len(ROWS), k, dtype=torch.float64)
+    exact = direct_ove_bound(s, ROWS).item()
+    for kind in ("uniform", "unigram"):
+        sampler = NegativeSampler(k, kind, 0.75, np.arange(k) ** 2, seed=5)
+        draws = [
+            ove_loss(_batch(sampled_candidates(*_labels(ROWS), sampler, 5), s)).item() for _ in range(600)
+        ]
+        mean, sem = float(np.mean(draws)), float(np.std(draws) / math.sqrt(len(draws)))
+        assert abs(mean - exact) < 5 * sem + 1e-9, (kind, mean, exact, sem)
+
+
+def test_gradient_of_exhaustive_ove_matches_autograd_of_direct_formula() -> None:
+    torch.manual_seed(3)
+    s = torch.randn(len(ROWS), 7, dtype=torch.float64, requires_grad=True)
+    cand = exhaustive_candidates(*_labels(ROWS), 7)
+    ove_loss(_batch(cand, s)).backward()
+    g1 = s.grad.clone() if s.grad is not None else None
+    s.grad = None
+    direct_ove_bound(s, ROWS).backward()
+    assert g1 is not None and s.grad is not None
+    assert torch.allclose(g1, s.grad)
+
+
+def test_candidate_layout_sampled_first_positives_after() -> None:
+    sampler = NegativeSampler(100, "uniform", seed=0)
+    rows = [[5, 9], [9, 50]]
+    cand = sampled_candidates(*_labels(rows), sampler, 30)
+    ids = cand.label_ids.tolist()
+    assert len(set(ids)) == len(ids)  # distinct columns
+    assert ids[: cand.n_sampled] == sorted(ids[: cand.n_sampled])
+    for r, c in zip(cand.pos_rows.tolist(), cand.pos_cols.tolist(), strict=True):
+        assert ids[c] in rows[r] and bool(cand.pos_mask[r, c])
+    assert int(cand.pos_mask.sum()) == 4
+    assert {ids[c] for c in range(len(ids)) if cand.in_batch_pos[c]} == {5, 9, 50}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    k=st.integers(2, 9),
+    data=st.data(),
+    scale=st.floats(0.1, 8.0),
+)
+def test_bounds_are_ordered_softmax_le_subset_le_ove(k: int, data: st.DataObject, scale: float) -> None:
+    """−log p ≤ eq.6 bound ≤ OVE bound (as losses), with all negatives, for any scores and label sets."""
+    n_rows = data.draw(st.integers(1, 4))
+    rows = [
+        sorted(data.draw(st.sets(st.integers(0, k - 1), min_size=1, max_size=max(1, k - 1))))
+        for _ in range(n_rows)
+    ]
+    seed = data.draw(st.integers(0, 10_000))
+    s = torch.randn(n_rows, k, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * scale
+    cand = exhaustive_candidates(*_labels(rows), k)
+    b = _batch(cand, s)
+    nll, sub, ove = softmax_loss(b).item(), ove_subset_loss(b).item(), ove_loss(b).item()
+    assert nll <= sub + 1e-9
+    assert sub <= ove + 1e-9
+    assert nll <= direct_ove_bound(s, rows).item() + 1e-9
+
+
+def test_single_label_softmax_is_cross_entropy() -> None:
+    torch.manual_seed(4)
+    s = torch.randn(5, 11, dtype=torch.float64)
+    y = [3, 0, 10, 3, 7]
+    cand = exhaustive_candidates(*_labels([[v] for v in y]), 11)
+    assert torch.allclose(softmax_loss(_batch(cand, s)), F.cross_entropy(s, torch.tensor(y)))
+
+
+def test_registry_has_builtin_losses() -> None:
+    assert {"ove", "ove-subset", "softmax"} <= set(LOSSES)
+    assert LOSSES["softmax"].needs_all_labels and not LOSSES["ove"].needs_all_labels
