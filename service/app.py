@@ -16,7 +16,7 @@ from fastapi import FastAPI
 
 from service.api import datasets, health, jobs, models, predict
 from service.api import metrics as metrics_api
-from service.api.errors import install_error_handlers
+from service.api.errors import document_errors, install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import Metrics, MetricsMiddleware
 from service.batching import MicroBatcher
@@ -69,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.registry = registry
     app.state.batcher = batcher
     install_error_handlers(app)
+    document_errors(app)
     app.add_middleware(BodyLimitMiddleware, default_limit=settings.max_body_bytes,
                        prefix_limits={"/v1/datasets": settings.max_upload_bytes})
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -131,3 +131,39 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", extra={"path": request.url.path})
         return JSONResponse({"detail": "internal error (logged on the server)"}, status_code=500)
+
+
+def document_errors(app: FastAPI) -> None:
+    """Add the statuses every route may answer to the OpenAPI schema, in one place: 401/403 where the
+    API key is required, 413 where a body is read, so clients and fuzzers see the whole contract."""
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        ref = {"$ref": "#/components/schemas/ErrorBody"}
+        spec.setdefault("components", {}).setdefault("schemas", {}).setdefault("ErrorBody", {
+            "title": "ErrorBody", "type": "object", "required": ["detail"],
+            "properties": {"detail": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}},
+        })
+        extra = {
+            "401": "missing API key", "403": "wrong API key, or none configured on the server",
+            "413": "request body over the size limit",
+        }
+        for item in spec.get("paths", {}).values():
+            for op in item.values():
+                if not isinstance(op, dict) or "responses" not in op:
+                    continue
+                codes = []
+                if op.get("security"):
+                    codes += ["401", "403"]
+                if "requestBody" in op:
+                    codes.append("413")
+                for code in codes:
+                    op["responses"].setdefault(code, {
+                        "description": extra[code], "content": {"application/json": {"schema": ref}}})
+        app.openapi_schema = spec
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,56 @@
+"""Liveness without models, readiness, Prometheus metrics, OpenAPI docs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.conftest import Server, start_server, stop_server
+
+
+def test_healthz_up_with_no_model_and_not_ready(tmp_path: Path) -> None:
+    srv = start_server(tmp_path / "empty-models", tmp_path, wait_ready=False)
+    try:
+        with srv.client() as c:
+            assert c.get("/healthz").json() == {"status": "ok"}
+            ready = c.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["ready"] is False
+            r = c.post("/v1/predict", json={"inputs": [{"text": "x"}]})
+            assert r.status_code == 503 and "no model" in r.json()["detail"]
+            assert c.get("/v1/models").json() == {"default": None, "models": []}
+    finally:
+        stop_server(srv)
+
+
+def test_readyz_lists_active_versions(server: Server) -> None:
+    r = httpx.get(server.base + "/readyz")
+    assert r.status_code == 200 and r.json() == {"ready": True, "models": {"small": "1"}}
+
+
+def test_metrics_count_requests_batches_and_models(server: Server) -> None:
+    with server.client() as c:
+        for _ in range(3):
+            c.post("/v1/models/small/predict", json={"inputs": [{"features": {"indices": [1], "values": [1.0]}}]})
+        c.post("/v1/models/nope/predict", json={"inputs": [{"features": {"indices": [1], "values": [1.0]}}]})
+        text = c.get("/metrics").text
+    lines = {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+             if ln and not ln.startswith("#")}
+    assert lines['ovex_requests_total{method="POST",route="/v1/models/{name}/predict",status="200"}'] >= 3
+    assert lines['ovex_requests_total{method="POST",route="/v1/models/{name}/predict",status="404"}'] >= 1
+    assert lines['ovex_request_duration_seconds_count{method="POST",route="/v1/models/{name}/predict",status="200"}'] >= 3
+    assert lines["ovex_batch_rows_count"] >= 3
+    assert lines['ovex_models_loaded{model="small",version="1"}'] == 1.0
+
+
+def test_openapi_and_docs(server: Server) -> None:
+    with server.client() as c:
+        spec = c.get("/openapi.json").json()
+        docs = c.get("/docs")
+    assert docs.status_code == 200 and "swagger" in docs.text.lower()
+    for path in ("/v1/predict", "/v1/models/{name}/predict", "/v1/models", "/v1/models/{name}",
+                 "/v1/models/{name}/versions/{version}/activate", "/healthz", "/readyz", "/metrics"):
+        assert path in spec["paths"], path
+    req = spec["components"]["schemas"]["PredictRequest"]
+    assert set(req["properties"]) == {"inputs", "top_k", "normalization", "exact"}
