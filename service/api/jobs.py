@@ -150,6 +150,21 @@ def _submit(rt: JobsRuntime, body: JobCreate) -> JobRow:
             raise _error(
                 404, ["body", "test_dataset"], f"dataset {body.test_dataset!r} not found", "not_found"
             )
+        too_wide = [
+            f"{what} {n} > {m} in the training set"
+            for what, n, m in (
+                ("features", test.features, train.features),
+                ("labels", test.labels, train.labels),
+            )
+            if train.format == "xc" and n is not None and m is not None and n > m
+        ]
+        if too_wide:
+            raise _error(
+                422,
+                ["body", "test_dataset"],
+                f"test dataset does not fit the training set: {', '.join(too_wide)}",
+                "value_error",
+            )
         if test.format != train.format:
             raise _error(
                 422,

@@ -8,6 +8,7 @@ the trainer every step — is a cheap read of in-memory flags rather than a data
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -16,13 +17,14 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from service.jobs.config import JobsConfig
 from service.jobs.models import CANCELLED, FAILED, SUCCEEDED, DatasetRow
 from service.jobs.store import JobStore
-from trainer.errors import OvexError, TrainingCancelled
+from trainer.errors import DataFormatError, OvexError, TrainingCancelled
 
 log = logging.getLogger("ovex.jobs")
 
@@ -153,6 +155,15 @@ def _opt_float(v: Any) -> float | None:
     return f if f == f and f not in (float("inf"), float("-inf")) else None
 
 
+@contextlib.contextmanager
+def _named(row: DatasetRow) -> Iterator[None]:
+    """Report data errors by dataset id and upload name, not by the server's storage path."""
+    try:
+        yield
+    except DataFormatError as e:
+        raise DataFormatError(f"dataset {row.id} ({row.filename})", e.line, e.message) from None
+
+
 class JobRunner:
     """Executes job ids handed over by the queue (one at a time per consumer thread)."""
 
@@ -207,15 +218,17 @@ class JobRunner:
         train_row = self.store.get_dataset(job.train_dataset)
         if train_row is None:
             raise OvexError(f"training dataset {job.train_dataset} no longer exists")
-        train_ds = read_dataset(dataset_path(self.cfg, train_row))
+        with _named(train_row):
+            train_ds = read_dataset(dataset_path(self.cfg, train_row))
         test_ds = None
         if job.test_dataset:
             test_row = self.store.get_dataset(job.test_dataset)
             if test_row is None:
                 raise OvexError(f"test dataset {job.test_dataset} no longer exists")
-            test_ds = check_compatible(
-                train_ds, read_dataset(dataset_path(self.cfg, test_row), label_names=train_ds.label_names)
-            )
+            with _named(test_row):
+                test_ds = check_compatible(
+                    train_ds, read_dataset(dataset_path(self.cfg, test_row), label_names=train_ds.label_names)
+                )
         shutil.rmtree(staging, ignore_errors=True)  # a partial artifact from a killed attempt
         checkpoints.mkdir(parents=True, exist_ok=True)
         return train(

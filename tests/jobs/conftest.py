@@ -69,7 +69,28 @@ def synth_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     Xt, Yt = synth(40, 300, 200, seed=3, part=1)
     write_xc(d / "test.txt", Xt, Yt)
     (d / "bad.txt").write_text("3 10 5\n0,1 1:1.0 2:0.5\n2 3:1.0\n7 4:1.0\n")
-    return {"train": d / "train.txt", "test": d / "test.txt", "bad": d / "bad.txt"}
+    Xw, Yw = synth(40, 400, 50, seed=4)
+    write_xc(d / "wide.txt", Xw, Yw)  # 400 features: does not fit a model trained on 300
+
+    def jsonl(path: Path, X: Any, Y: Any, extra_label: str | None = None) -> None:
+        with open(path, "w") as fh:
+            for r in range(X.shape[0]):
+                words = [f"w{j}" for j in X.indices[X.indptr[r] : X.indptr[r + 1]]]
+                labels = [f"topic{k}" for k in Y.indices[Y.indptr[r] : Y.indptr[r + 1]]]
+                if extra_label and r == X.shape[0] - 1:
+                    labels.append(extra_label)
+                fh.write(json.dumps({"text": " ".join(words), "labels": labels}) + "\n")
+
+    jsonl(d / "train.jsonl", X, Y)
+    jsonl(d / "test_unknown.jsonl", Xt[:30], Yt[:30], extra_label="never-seen")
+    return {
+        "train": d / "train.txt",
+        "test": d / "test.txt",
+        "bad": d / "bad.txt",
+        "wide": d / "wide.txt",
+        "train_jsonl": d / "train.jsonl",
+        "test_unknown_jsonl": d / "test_unknown.jsonl",
+    }
 
 
 # -------------------------------------------------------------------------------------- backends
@@ -279,7 +300,7 @@ class Server:
         self.workers: list[subprocess.Popen[bytes]] = []
         self.client = httpx.Client(base_url=self.base, headers={"X-API-Key": API_KEY}, timeout=30)
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
         log = open(self.root / "server.log", "ab")  # noqa: SIM115
         cmd = [
             sys.executable,
@@ -300,6 +321,11 @@ class Server:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + 90
         while True:
             if self.proc.poll() is not None:

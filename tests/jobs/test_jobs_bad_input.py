@@ -85,7 +85,7 @@ def test_api_key_missing_or_wrong(srv: Server, train_id: str, synth_files: dict[
         anon.close()
         wrong.close()
     _nothing_queued(srv)
-    assert len(srv.client.get("/v1/datasets").json()["datasets"]) == 1
+    assert train_id in {d["id"] for d in srv.client.get("/v1/datasets").json()["datasets"]}
 
 
 def test_unknown_dataset(srv: Server, train_id: str) -> None:
@@ -211,3 +211,17 @@ def test_unknown_job(srv: Server) -> None:
         r = srv.client.request(method, path)
         assert r.status_code == 404, (path, r.text)
     assert srv.client.get("/v1/jobs", params={"state": "bogus"}).status_code == 422
+
+
+def test_test_set_that_does_not_fit(srv: Server, train_id: str, synth_files: dict[str, Path]) -> None:
+    wide = srv.upload(synth_files["wide"])["id"]
+    r = srv.client.post("/v1/jobs", json={"model": "m", "train_dataset": train_id, "test_dataset": wide})
+    assert r.status_code == 422 and _locs(r) == [["body", "test_dataset"]], r.text
+    assert "features 400 > 300" in _detail(r)[0]["msg"]
+    text = srv.upload(synth_files["train_jsonl"])
+    assert text["features"] is None and text["labels"] == 40
+    r = srv.client.post(
+        "/v1/jobs", json={"model": "m", "train_dataset": train_id, "test_dataset": text["id"]}
+    )
+    assert r.status_code == 422 and "jsonl" in _detail(r)[0]["msg"], r.text
+    _nothing_queued(srv)
