@@ -1,0 +1,80 @@
+"""End to end through the `ovex` command line: synth → train → evaluate → predict, and its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from service.cli import main
+from trainer.artifact import load_artifact
+from trainer.data import read_xc
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> object:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_synth_train_evaluate_predict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    train, test, model, preds = (tmp_path / n for n in ("train.txt", "test.txt", "model", "preds.jsonl"))
+    assert main(["synth", "--labels", "40", "--features", "300", "--rows", "1200", "--out", str(train),
+                 "--seed", "1", "--test-out", str(test), "--test-rows", "250"]) == 0
+    assert read_xc(test).n_rows == 250
+    code = main(["train", "--train", str(train), "--test", str(test), "--out", str(model), "--dim", "32",
+                 "--epochs", "4", "--batch-size", "100", "--negatives", "24", "--lr", "0.02", "--seed", "3",
+                 "--quiet"])
+    assert code == 0
+    capsys.readouterr()
+
+    assert main(["evaluate", str(model), str(test)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1  # exactly one JSON object
+    metrics = json.loads(out[0])
+    assert {"p@1", "p@3", "p@5", "ndcg@1", "ndcg@3", "ndcg@5", "psp@1", "psp@3", "psp@5"} <= set(metrics)
+    ds = read_xc(train)
+    chance = (ds.Y.nnz / ds.n_rows) / 40
+    assert metrics["p@1"] > max(0.3, 6 * chance), metrics
+
+    assert main(["predict", str(model), str(test), "--top-k", "4", "--out", str(preds)]) == 0
+    lines = [json.loads(line) for line in preds.read_text().splitlines()]
+    assert len(lines) == 250
+    loaded = load_artifact(model)
+    test_ds = read_xc(test)
+    ids, scores = loaded.topk(loaded.featurizer.transform(test_ds), 4)
+    for row, (line, row_ids) in enumerate(zip(lines, ids.tolist(), strict=True)):
+        assert set(line) == {"labels", "scores"}
+        assert line["labels"] == row_ids, row  # rows in input order
+        assert len(line["scores"]) == 4 and all(a >= b for a, b in zip(line["scores"], line["scores"][1:]))
+    np.testing.assert_allclose([line["scores"] for line in lines], scores, rtol=1e-5)
+
+
+def test_bad_data_prints_file_and_line_and_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_text("2 10 3\n0 1:0.5\n1 12:1.0\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", "train", "--train", str(bad), "--out", str(tmp_path / "m")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"error: {bad}:3: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_artifact_and_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "d.txt"
+    data.write_text("1 3 2\n0 1:1\n")
+    assert main(["evaluate", str(tmp_path / "missing"), str(data)]) == 2
+    assert "not a model directory" in capsys.readouterr().err
+    assert main(["train", "--train", str(data), "--out", str(tmp_path / "m"), "--dim", "0"]) == 2
+    assert "dim" in capsys.readouterr().err
+    assert main(["train", "--train", str(data), "--out", str(tmp_path / "m"), "--loss", "nope"]) == 2
+    assert "unknown loss" in capsys.readouterr().err
