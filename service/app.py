@@ -70,8 +70,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.batcher = batcher
     install_error_handlers(app)
     document_errors(app)
-    app.add_middleware(BodyLimitMiddleware, default_limit=settings.max_body_bytes,
-                       prefix_limits={"/v1/datasets": settings.max_upload_bytes})
+    app.add_middleware(
+        BodyLimitMiddleware,
+        default_limit=settings.max_body_bytes,
+        prefix_limits={"/v1/datasets": settings.max_upload_bytes},
+    )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     for r in (predict.router, models.router, health.router, metrics_api.router, datasets.router, jobs.router):
         app.include_router(r)

@@ -146,9 +146,13 @@ class Predictor:
                 val.append(r.values)
                 indptr.append(indptr[-1] + len(r.indices))
             raw = sp.csr_matrix(
-                (np.concatenate(val) if val else np.zeros(0, np.float32),
-                 np.concatenate(idx) if idx else np.zeros(0, np.int64), np.asarray(indptr)),
-                shape=(len(sparse_pos), self.n_features), dtype=np.float32,
+                (
+                    np.concatenate(val) if val else np.zeros(0, np.float32),
+                    np.concatenate(idx) if idx else np.zeros(0, np.int64),
+                    np.asarray(indptr),
+                ),
+                shape=(len(sparse_pos), self.n_features),
+                dtype=np.float32,
             )
             raw.sum_duplicates()
             parts.append((sparse_pos, sp.csr_matrix(fz.transform_sparse(raw))))
@@ -193,8 +197,11 @@ class Predictor:
         for ji, j in enumerate(jobs):
             bad = [r for r in range(len(j.rows)) if not finite[pos + r]]
             if bad:
-                out[ji] = InputRowError(bad[0], "features" if j.rows[bad[0]].text is None else "text",
-                                        "the input overflows the model's float32 range")
+                out[ji] = InputRowError(
+                    bad[0],
+                    "features" if j.rows[bad[0]].text is None else "text",
+                    "the input overflows the model's float32 range",
+                )
             else:
                 keep.append(ji)
             pos += len(j.rows)
@@ -246,7 +253,9 @@ class Predictor:
             top = self._widen_sparsemax(h, top, k, self.retriever, MAX_INDEX_FETCH)
         return self._finish(top, norm, self._threshold(h) if norm == "evsoftmax" else None)
 
-    def _widen_sparsemax(self, h: npt.NDArray[np.float32], top: TopK, k: int, retr: Retriever, cap: int) -> TopK:
+    def _widen_sparsemax(
+        self, h: npt.NDArray[np.float32], top: TopK, k: int, retr: Retriever, cap: int
+    ) -> TopK:
         """Fetch 4× more labels while some row's sparsemax support may reach beyond what was fetched
         (its bound is finite but above τ); rows with no bound at all (HNSW) cannot be helped."""
         cap = min(cap, self.n_labels)

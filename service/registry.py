@@ -91,9 +91,16 @@ def load_served(name: str, version: str, path: Path, settings: Settings) -> Serv
     if settings.warmup:
         pred.warmup()
     served = ServedModel(name, version, path, pred, dict(loaded.config), dict(loaded.metrics), retr.kind)
-    log.info("model version loaded", extra={"model": name, "version": version, "labels": served.n_labels,
-                                            "retrieval": retr.kind,
-                                            "seconds": round(time.perf_counter() - t0, 2)})
+    log.info(
+        "model version loaded",
+        extra={
+            "model": name,
+            "version": version,
+            "labels": served.n_labels,
+            "retrieval": retr.kind,
+            "seconds": round(time.perf_counter() - t0, 2),
+        },
+    )
     return served
 
 
@@ -161,8 +168,15 @@ class ModelRegistry:
             if self.metrics is not None:
                 self.metrics.load_failures.labels(name).inc()
             keeps = self._active.get(name)
-            log.error("model version refused", extra={"model": name, "version": version, "error": msg,
-                                                      "still_serving": keeps.version if keeps else None})
+            log.error(
+                "model version refused",
+                extra={
+                    "model": name,
+                    "version": version,
+                    "error": msg,
+                    "still_serving": keeps.version if keeps else None,
+                },
+            )
             raise
         self._refused.pop((name, version), None)
         return served
@@ -172,8 +186,14 @@ class ModelRegistry:
         self._active[served.name] = served
         if self.metrics is not None:
             self.metrics.set_active(served.name, served.version, prev.version if prev else None)
-        log.info("model version active", extra={"model": served.name, "version": served.version,
-                                                "previous": prev.version if prev else None})
+        log.info(
+            "model version active",
+            extra={
+                "model": served.name,
+                "version": served.version,
+                "previous": prev.version if prev else None,
+            },
+        )
         return prev.version if prev else None
 
     def _load_best(self, name: str, versions: list[str], chosen: str | None) -> None:
@@ -220,8 +240,10 @@ class ModelRegistry:
             try:
                 served = self._load(name, version)
             except Exception as exc:
-                raise Conflict(f"version {version!r} of model {name!r} failed to load and was refused: "
-                               f"{exc}; the active version keeps serving") from exc
+                raise Conflict(
+                    f"version {version!r} of model {name!r} failed to load and was refused: "
+                    f"{exc}; the active version keeps serving"
+                ) from exc
             if activate or current is None:
                 self._swap(served)
                 if activate:

@@ -36,8 +36,13 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
     """Flags given on the command line override the environment; the rest comes from `OVEX_*`."""
     flags = {
-        "models_dir": args.models_dir, "host": args.host, "port": args.port, "api_key": args.api_key,
-        "threads": args.threads, "retrieval": args.retrieval, "log_level": args.log_level,
+        "models_dir": args.models_dir,
+        "host": args.host,
+        "port": args.port,
+        "api_key": args.api_key,
+        "threads": args.threads,
+        "retrieval": args.retrieval,
+        "log_level": args.log_level,
     }
     overrides = {k: v for k, v in flags.items() if v is not None}
     overrides.update(extra)
@@ -51,8 +56,14 @@ def run_server(settings: Settings) -> int:
 
     configure_logging(settings.log_level, settings.log_json)
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=uvicorn_log_config(),
-                access_log=settings.access_log, log_level=settings.log_level.lower())
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=uvicorn_log_config(),
+        access_log=settings.access_log,
+        log_level=settings.log_level.lower(),
+    )
     return 0
 
 
@@ -74,8 +85,10 @@ def pseudo_words(n: int, seed: int) -> list[str]:
     out: list[str] = []
     while len(out) < n:
         syl = int(rng.integers(2, 4))
-        w = "".join(_CONS[int(rng.integers(len(_CONS)))] + _VOWELS[int(rng.integers(len(_VOWELS)))]
-                    for _ in range(syl))
+        w = "".join(
+            _CONS[int(rng.integers(len(_CONS)))] + _VOWELS[int(rng.integers(len(_VOWELS)))]
+            for _ in range(syl)
+        )
         if w not in seen:
             seen.add(w)
             out.append(w)
@@ -87,14 +100,17 @@ def rows_to_texts(x: sp.csr_matrix, vocab: list[str]) -> list[str]:
     texts = []
     for r in range(x.shape[0]):
         s, e = x.indptr[r], x.indptr[r + 1]
-        words = [" ".join([vocab[int(j)]] * max(1, int(round(v)))) for j, v in zip(x.indices[s:e], x.data[s:e],
-                                                                                    strict=True)]
+        words = [
+            " ".join([vocab[int(j)]] * max(1, round(float(v))))
+            for j, v in zip(x.indices[s:e], x.data[s:e], strict=True)
+        ]
         texts.append(" ".join(words))
     return texts
 
 
-def build_demo_model(models_dir: Path, labels: int = 2000, features: int = 3000, rows: int = 4000,
-                     seed: int = 7) -> tuple[Path, str]:
+def build_demo_model(
+    models_dir: Path, labels: int = 2000, features: int = 3000, rows: int = 4000, seed: int = 7
+) -> tuple[Path, str]:
     """Synthetic text data with readable label names → a trained model at models_dir/demo/1.
 
     Returns the artifact path and one held-out text to try."""
@@ -108,13 +124,21 @@ def build_demo_model(models_dir: Path, labels: int = 2000, features: int = 3000,
     names = [f"{topic_words[2 * i]} {topic_words[2 * i + 1]}" for i in range(labels)]
     x, y = synth(labels, features, rows, seed)
     xt, yt = synth(labels, features, max(500, rows // 10), seed, part=1)
-    train_ds = Dataset(Y=y, n_features=0, n_labels=labels, texts=rows_to_texts(x, vocab), label_names=names,
-                       path="<demo train>")
+    train_ds = Dataset(
+        Y=y,
+        n_features=0,
+        n_labels=labels,
+        texts=rows_to_texts(x, vocab),
+        label_names=names,
+        path="<demo train>",
+    )
     test_texts = rows_to_texts(xt, vocab)
-    test_ds = Dataset(Y=yt, n_features=0, n_labels=labels, texts=test_texts, label_names=names,
-                      path="<demo test>")
-    params = TrainParams(dim=64, epochs=3, negatives=256, batch_size=128, lr=0.02, seed=seed, device="cpu",
-                         min_df=1)
+    test_ds = Dataset(
+        Y=yt, n_features=0, n_labels=labels, texts=test_texts, label_names=names, path="<demo test>"
+    )
+    params = TrainParams(
+        dim=64, epochs=3, negatives=256, batch_size=128, lr=0.02, seed=seed, device="cpu", min_df=1
+    )
     out = models_dir / "demo" / "1"
     train(params, train_ds, test_ds, out_dir=out)
     return out, test_texts[0][:300]
@@ -128,7 +152,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         settings = settings_from_args(args, api_key=key)
     configure_logging(settings.log_level, settings.log_json)
     demo_dir = Path(settings.models_dir) / "demo"
-    has_version = demo_dir.is_dir() and any(p.is_dir() and not p.name.startswith(".") for p in demo_dir.iterdir())
+    has_version = demo_dir.is_dir() and any(
+        p.is_dir() and not p.name.startswith(".") for p in demo_dir.iterdir()
+    )
     sample = "kavo kavo lemi"
     if not has_version:
         t0 = time.perf_counter()
@@ -137,9 +163,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"ovex demo: trained in {time.perf_counter() - t0:.1f}s → {demo_dir / '1'}", flush=True)
     base = f"http://{settings.host}:{settings.port}"
     body = json.dumps({"inputs": [{"text": sample}], "top_k": 5})
-    print(f"ovex demo: serving {settings.models_dir} on {base}  (docs: {base}/docs)\n"
-          f"  API key for mutating calls: {key if key else '(from OVEX_API_KEY)'}\n"
-          f"  try: curl -s {base}/v1/predict -H 'content-type: application/json' -d '{body}'", flush=True)
+    print(
+        f"ovex demo: serving {settings.models_dir} on {base}  (docs: {base}/docs)\n"
+        f"  API key for mutating calls: {key if key else '(from OVEX_API_KEY)'}\n"
+        f"  try: curl -s {base}/v1/predict -H 'content-type: application/json' -d '{body}'",
+        flush=True,
+    )
     return run_server(settings)
 
 

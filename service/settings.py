@@ -27,17 +27,20 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OVEX_", env_file=None, extra="ignore")
 
     # --- where things live -------------------------------------------------------------------------
-    models_dir: Path = Field(default=Path("models"),
-                             description="artifacts at <models_dir>/<name>/<version>/")
+    models_dir: Path = Field(
+        default=Path("models"), description="artifacts at <models_dir>/<name>/<version>/"
+    )
     data_dir: Path = Field(default=Path("data"), description="uploaded datasets and job state")
-    default_model: str | None = Field(default=None,
-                                      description="model behind /v1/predict; None: first by name")
+    default_model: str | None = Field(
+        default=None, description="model behind /v1/predict; None: first by name"
+    )
 
     # --- HTTP ----------------------------------------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    api_key: SecretStr | None = Field(default=None,
-                                      description="key for mutating endpoints (X-API-Key header)")
+    api_key: SecretStr | None = Field(
+        default=None, description="key for mutating endpoints (X-API-Key header)"
+    )
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="request body limit (413 above it)")
     max_upload_bytes: int = Field(default=256 << 20, ge=1024, description="body limit for dataset uploads")
     access_log: bool = Field(default=False, description="one JSON log line per request")
@@ -59,27 +62,34 @@ class Settings(BaseSettings):
     flat_max_labels: int = Field(default=200_000, ge=1, description="auto: exact flat index up to this K")
     ivf_nlist: int | None = Field(default=None, ge=1, description="IVF cells; None: about 2*sqrt(K)")
     ivf_nprobe: int | None = Field(default=None, ge=1, description="IVF cells probed; None: tuned at build")
-    index_recall_target: float = Field(default=0.97, gt=0, le=1,
-                                       description="recall@10 the nprobe tuning aims at")
+    index_recall_target: float = Field(
+        default=0.97, gt=0, le=1, description="recall@10 the nprobe tuning aims at"
+    )
     hnsw_m: int = Field(default=32, ge=4)
     hnsw_ef_search: int = Field(default=128, ge=1)
-    exact_block_rows: int = Field(default=65536, ge=1024,
-                                  description="label rows per block on the exact path")
+    exact_block_rows: int = Field(
+        default=65536, ge=1024, description="label rows per block on the exact path"
+    )
     warmup: bool = Field(default=True, description="run a few predictions before a model is marked ready")
 
     # --- training jobs (service/jobs) ----------------------------------------------------------------
-    db_url: str | None = Field(default=None,
-                               description="job database URL; None: SQLite file <data_dir>/ovex.db")
-    queue: Literal["sqlite", "redis"] = Field(default="sqlite",
-                                              description="job queue: embedded SQLite file or Redis")
+    db_url: str | None = Field(
+        default=None, description="job database URL; None: SQLite file <data_dir>/ovex.db"
+    )
+    queue: Literal["sqlite", "redis"] = Field(
+        default="sqlite", description="job queue: embedded SQLite file or Redis"
+    )
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL when queue=redis")
     embedded_worker: bool = Field(default=True, description="`ovex serve` starts its own worker process")
-    worker_concurrency: int = Field(default=1, ge=1, le=64,
-                                    description="jobs one worker process runs at once")
-    memory_budget_bytes: int = Field(default=4 << 30, ge=1 << 20,
-                                     description="largest model (weights + optimizer state) a job may train")
+    worker_concurrency: int = Field(
+        default=1, ge=1, le=64, description="jobs one worker process runs at once"
+    )
+    memory_budget_bytes: int = Field(
+        default=4 << 30, ge=1 << 20, description="largest model (weights + optimizer state) a job may train"
+    )
     checkpoint_every: int = Field(default=500, ge=1, description="training steps between checkpoints")
     job_heartbeat_s: float = Field(default=1.0, gt=0, description="how often a worker renews its job's lease")
-    job_lease_s: float = Field(default=15.0, gt=0,
-                               description="a running job whose lease is older is re-queued")
+    job_lease_s: float = Field(
+        default=15.0, gt=0, description="a running job whose lease is older is re-queued"
+    )
     job_max_attempts: int = Field(default=3, ge=1, description="worker losses before a job is marked failed")

@@ -16,8 +16,9 @@ api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="t
 def require_api_key(request: Request, key: Annotated[str | None, Security(api_key_header)] = None) -> None:
     """Dependency: compare in constant time; a server with no key configured refuses every key."""
     if not key:
-        raise Unauthorized("missing API key: send it in the X-API-Key header",
-                           headers={"WWW-Authenticate": "APIKey"})
+        raise Unauthorized(
+            "missing API key: send it in the X-API-Key header", headers={"WWW-Authenticate": "APIKey"}
+        )
     expected = request.app.state.settings.api_key
     if expected is None:
         raise Forbidden("this server has no API key configured (set OVEX_API_KEY); mutating calls are off")

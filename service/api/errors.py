@@ -116,8 +116,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _ovex(request: Request, exc: OvexError) -> JSONResponse:
         if isinstance(exc, InputRowError):
             loc: list[str | int] = ["body", "inputs", exc.row, exc.field]
-            return JSONResponse({"detail": [{"loc": loc, "msg": exc.message, "type": "value_error"}]},
-                                status_code=422)
+            return JSONResponse(
+                {"detail": [{"loc": loc, "msg": exc.message, "type": "value_error"}]}, status_code=422
+            )
         code = status_for(exc)
         detail = exc.detail() if isinstance(exc, ApiError) else str(exc)
         headers = exc.headers if isinstance(exc, ApiError) else None
@@ -141,14 +142,24 @@ def document_errors(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
-        spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        spec = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
         ref = {"$ref": "#/components/schemas/ErrorBody"}
-        spec.setdefault("components", {}).setdefault("schemas", {}).setdefault("ErrorBody", {
-            "title": "ErrorBody", "type": "object", "required": ["detail"],
-            "properties": {"detail": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}},
-        })
+        spec.setdefault("components", {}).setdefault("schemas", {}).setdefault(
+            "ErrorBody",
+            {
+                "title": "ErrorBody",
+                "type": "object",
+                "required": ["detail"],
+                "properties": {
+                    "detail": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}
+                },
+            },
+        )
         extra = {
-            "401": "missing API key", "403": "wrong API key, or none configured on the server",
+            "401": "missing API key",
+            "403": "wrong API key, or none configured on the server",
             "413": "request body over the size limit",
         }
         for item in spec.get("paths", {}).values():
@@ -161,8 +172,9 @@ def document_errors(app: FastAPI) -> None:
                 if "requestBody" in op:
                     codes.append("413")
                 for code in codes:
-                    op["responses"].setdefault(code, {
-                        "description": extra[code], "content": {"application/json": {"schema": ref}}})
+                    op["responses"].setdefault(
+                        code, {"description": extra[code], "content": {"application/json": {"schema": ref}}}
+                    )
         app.openapi_schema = spec
         return spec
 

@@ -30,8 +30,11 @@ class BodyLimitMiddleware:
 
     async def _reject(self, send: Send, limit: int) -> None:
         body = json.dumps({"detail": f"request body over the limit of {limit} bytes"}).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"connection", b"close")]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

@@ -19,7 +19,21 @@ from prometheus_client import (
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 
 
@@ -28,21 +42,43 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("ovex_requests_total", "HTTP requests", ["route", "method", "status"],
-                                registry=self.registry)
-        self.latency = Histogram("ovex_request_duration_seconds", "HTTP request latency",
-                                 ["route", "method", "status"], buckets=LATENCY_BUCKETS,
-                                 registry=self.registry)
-        self.batch_rows = Histogram("ovex_batch_rows", "input rows per predictor call",
-                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=self.registry)
-        self.batch_requests = Histogram("ovex_batch_requests", "requests merged into one predictor call",
-                                        buckets=(1, 2, 4, 8, 16, 32, 64), registry=self.registry)
-        self.models_loaded = Gauge("ovex_models_loaded", "1 for each model version that serves requests",
-                                   ["model", "version"], registry=self.registry)
-        self.load_failures = Counter("ovex_model_load_failures_total", "model versions refused at load",
-                                     ["model"], registry=self.registry)
-        self.predicted_rows = Counter("ovex_predicted_rows_total", "inputs answered", ["model", "version"],
-                                      registry=self.registry)
+        self.requests = Counter(
+            "ovex_requests_total", "HTTP requests", ["route", "method", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "ovex_request_duration_seconds",
+            "HTTP request latency",
+            ["route", "method", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_rows = Histogram(
+            "ovex_batch_rows",
+            "input rows per predictor call",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=self.registry,
+        )
+        self.batch_requests = Histogram(
+            "ovex_batch_requests",
+            "requests merged into one predictor call",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=self.registry,
+        )
+        self.models_loaded = Gauge(
+            "ovex_models_loaded",
+            "1 for each model version that serves requests",
+            ["model", "version"],
+            registry=self.registry,
+        )
+        self.load_failures = Counter(
+            "ovex_model_load_failures_total",
+            "model versions refused at load",
+            ["model"],
+            registry=self.registry,
+        )
+        self.predicted_rows = Counter(
+            "ovex_predicted_rows_total", "inputs answered", ["model", "version"], registry=self.registry
+        )
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         s = str(status)

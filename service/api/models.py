@@ -19,11 +19,18 @@ def model_info(registry: ModelRegistry, name: str, versions: list[str]) -> Model
     infos = []
     for v in versions:
         summary = registry.version_summary(name, v)
-        infos.append(VersionInfo(
-            version=v, active=served is not None and served.version == v,
-            loaded=served is not None and served.version == v,
-            n_labels=summary.get("n_labels"), n_features=summary.get("n_features"), dim=summary.get("dim"),
-            metrics=summary.get("metrics", {}), error=registry.refused(name, v)))
+        infos.append(
+            VersionInfo(
+                version=v,
+                active=served is not None and served.version == v,
+                loaded=served is not None and served.version == v,
+                n_labels=summary.get("n_labels"),
+                n_features=summary.get("n_features"),
+                dim=summary.get("dim"),
+                metrics=summary.get("metrics", {}),
+                error=registry.refused(name, v),
+            )
+        )
     return ModelInfo(
         name=name,
         active_version=served.version if served else None,
@@ -39,8 +46,10 @@ def model_info(registry: ModelRegistry, name: str, versions: list[str]) -> Model
 @router.get("/v1/models", response_model=ModelList)
 def list_models(registry: RegistryDep) -> ModelList:
     """Every model on disk with its versions; the active one serves requests."""
-    return ModelList(default=registry.default_name(),
-                     models=[model_info(registry, n, vs) for n, vs in registry.scan().items()])
+    return ModelList(
+        default=registry.default_name(),
+        models=[model_info(registry, n, vs) for n, vs in registry.scan().items()],
+    )
 
 
 @router.get("/v1/models/{name}", response_model=ModelInfo, responses={404: {"model": ErrorBody}})
@@ -55,8 +64,12 @@ def get_model(name: str, registry: RegistryDep) -> ModelInfo:
 @router.post(
     "/v1/models/{name}/versions/{version}/activate",
     response_model=ActivateResponse,
-    responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody},
-               409: {"model": ErrorBody, "description": "the version failed to load; the old one serves"}},
+    responses={
+        401: {"model": ErrorBody},
+        403: {"model": ErrorBody},
+        404: {"model": ErrorBody},
+        409: {"model": ErrorBody, "description": "the version failed to load; the old one serves"},
+    },
 )
 async def activate(name: str, version: str, registry: RegistryDep, _: ApiKey) -> ActivateResponse:
     """Hot swap: load and warm `version`, then route new requests to it; in-flight ones finish on theirs."""

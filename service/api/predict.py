@@ -29,8 +29,9 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
     """Check what only the limits and the model can tell, then build plain predictor inputs."""
     errors: list[tuple[Loc, str]] = []
     if len(req.inputs) > settings.max_batch:
-        errors.append((("body", "inputs"),
-                       f"at most {settings.max_batch} inputs per request, got {len(req.inputs)}"))
+        errors.append(
+            (("body", "inputs"), f"at most {settings.max_batch} inputs per request, got {len(req.inputs)}")
+        )
     if req.top_k > settings.max_top_k:
         errors.append((("body", "top_k"), f"top_k must be at most {settings.max_top_k}, got {req.top_k}"))
     rows: list[InputRow] = []
@@ -39,23 +40,34 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
     for i, inp in enumerate(req.inputs):
         if inp.features is None:
             if kind != "text":
-                errors.append((("body", "inputs", i, "text"),
-                               f"model {served.name!r} takes sparse `features`, not text"))
+                errors.append(
+                    (
+                        ("body", "inputs", i, "text"),
+                        f"model {served.name!r} takes sparse `features`, not text",
+                    )
+                )
             rows.append(InputRow(text=inp.text))
             continue
         if kind == "text":
-            errors.append((("body", "inputs", i, "features"), f"model {served.name!r} takes `text`, not features"))
+            errors.append(
+                (("body", "inputs", i, "features"), f"model {served.name!r} takes `text`, not features")
+            )
             continue
         over = [j for j, v in enumerate(inp.features.indices) if v >= nf]
         for j in over[:5]:
-            errors.append((("body", "inputs", i, "features", "indices", j),
-                           f"index {inp.features.indices[j]} is out of range: model "
-                           f"{served.name!r} has {nf} features (0..{nf - 1})"))
+            errors.append(
+                (
+                    ("body", "inputs", i, "features", "indices", j),
+                    f"index {inp.features.indices[j]} is out of range: model "
+                    f"{served.name!r} has {nf} features (0..{nf - 1})",
+                )
+            )
         if over:
             continue
         vals = np.asarray(inp.features.values, dtype=np.float64)
-        rows.append(InputRow(indices=np.asarray(inp.features.indices, dtype=np.int64),
-                             values=vals.astype(np.float32)))
+        rows.append(
+            InputRow(indices=np.asarray(inp.features.indices, dtype=np.int64), values=vals.astype(np.float32))
+        )
         if len(errors) > 20:
             break
     if errors:
@@ -70,14 +82,17 @@ async def _predict(
     try:
         preds = await batcher.submit(served.predictor, job, settings.request_timeout_s)
     except TimeoutError:
-        raise Unavailable(f"prediction took over {settings.request_timeout_s}s; retry later",
-                          headers={"Retry-After": "1"}) from None
+        raise Unavailable(
+            f"prediction took over {settings.request_timeout_s}s; retry later", headers={"Retry-After": "1"}
+        ) from None
     body = {
         "model": served.name,
         "version": served.version,
         "predictions": [
-            {"labels": [{"id": b.id, "name": b.name, "score": b.score, "prob": b.prob} for b in p.labels],
-             "exact": p.exact}
+            {
+                "labels": [{"id": b.id, "name": b.name, "score": b.score, "prob": b.prob} for b in p.labels],
+                "exact": p.exact,
+            }
             for p in preds
         ],
     }

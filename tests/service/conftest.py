@@ -23,16 +23,18 @@ REPO = Path(__file__).resolve().parents[2]
 API_KEY = "service-test-key"
 
 
-def train_small(out: Path, *, labels: int = 200, features: int = 400, rows: int = 1000, seed: int = 1,
-                dim: int = 16) -> Path:
+def train_small(
+    out: Path, *, labels: int = 200, features: int = 400, rows: int = 1000, seed: int = 1, dim: int = 16
+) -> Path:
     """A small sparse-input model on synthetic data (a few seconds)."""
     from trainer.params import TrainParams
     from trainer.synth import synth_dataset
     from trainer.train import train
 
     ds = synth_dataset(labels, features, rows, seed=seed)
-    params = TrainParams(dim=dim, epochs=1, negatives=64, batch_size=256, seed=seed, device="cpu",
-                         eval_every=0)
+    params = TrainParams(
+        dim=dim, epochs=1, negatives=64, batch_size=256, seed=seed, device="cpu", eval_every=0
+    )
     train(params, ds, None, out_dir=out)
     return out
 
@@ -66,23 +68,34 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
 
-def start_server(models_dir: Path, workdir: Path, env_extra: dict[str, str] | None = None,
-                 wait_ready: bool = True, timeout: float = 120) -> Server:
+def start_server(
+    models_dir: Path,
+    workdir: Path,
+    env_extra: dict[str, str] | None = None,
+    wait_ready: bool = True,
+    timeout: float = 120,
+) -> Server:
     port = free_port()
     env = dict(os.environ)
-    env.update({
-        "OVEX_EMBEDDED_WORKER": "false",
-        "OVEX_DATA_DIR": str(workdir / "data"),
-        "OVEX_API_KEY": API_KEY,
-        "OVEX_THREADS": "1",
-        "PYTHONPATH": str(REPO),
-    })
+    env.update(
+        {
+            "OVEX_EMBEDDED_WORKER": "false",
+            "OVEX_DATA_DIR": str(workdir / "data"),
+            "OVEX_API_KEY": API_KEY,
+            "OVEX_THREADS": "1",
+            "PYTHONPATH": str(REPO),
+        }
+    )
     env.update(env_extra or {})
     log_path = workdir / f"server-{port}.log"
     fh = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed when the fixture ends
     proc = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", "--models-dir", str(models_dir), "--port", str(port)],
-        cwd=workdir, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        cwd=workdir,
+        env=env,
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
     )
     fh.close()
     srv = Server(f"http://127.0.0.1:{port}", proc, models_dir, log_path)
@@ -111,8 +124,14 @@ def stop_server(srv: Server) -> None:
             srv.proc.wait(5)
 
 
-def copy_version(store: Path, dest_models: Path, name: str, version: str, as_name: str | None = None,
-                 as_version: str | None = None) -> Path:
+def copy_version(
+    store: Path,
+    dest_models: Path,
+    name: str,
+    version: str,
+    as_name: str | None = None,
+    as_version: str | None = None,
+) -> Path:
     dst = dest_models / (as_name or name) / (as_version or version)
     dst.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(store / name / version, dst)

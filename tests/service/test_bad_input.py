@@ -22,36 +22,103 @@ CASES: list[tuple[str, str | bytes, int, list[Any] | None, str]] = [
     ("malformed json", b'{"inputs": [', 422, ["body"], "JSON"),
     ("inputs not a list", json.dumps({"inputs": "x"}), 422, ["body", "inputs"], "list"),
     ("empty inputs", json.dumps(_body(inputs=[])), 422, ["body", "inputs"], "at least 1"),
-    ("batch over the limit", json.dumps(_body(inputs=[{"features": OK_FEATURES}] * 9)), 422, ["body", "inputs"],
-     "at most 8"),
-    ("empty text", json.dumps(_body(inputs=[{"text": ""}])), 422, ["body", "inputs", 0, "text"], "at least 1"),
-    ("blank text", json.dumps(_body(inputs=[{"features": OK_FEATURES}, {"text": "   "}])), 422,
-     ["body", "inputs", 1, "text"], "blank"),
-    ("text to a sparse model", json.dumps(_body(inputs=[{"text": "hello"}])), 422,
-     ["body", "inputs", 0, "text"], "sparse"),
+    (
+        "batch over the limit",
+        json.dumps(_body(inputs=[{"features": OK_FEATURES}] * 9)),
+        422,
+        ["body", "inputs"],
+        "at most 8",
+    ),
+    (
+        "empty text",
+        json.dumps(_body(inputs=[{"text": ""}])),
+        422,
+        ["body", "inputs", 0, "text"],
+        "at least 1",
+    ),
+    (
+        "blank text",
+        json.dumps(_body(inputs=[{"features": OK_FEATURES}, {"text": "   "}])),
+        422,
+        ["body", "inputs", 1, "text"],
+        "blank",
+    ),
+    (
+        "text to a sparse model",
+        json.dumps(_body(inputs=[{"text": "hello"}])),
+        422,
+        ["body", "inputs", 0, "text"],
+        "sparse",
+    ),
     ("neither text nor features", json.dumps(_body(inputs=[{}])), 422, ["body", "inputs", 0], "exactly one"),
-    ("negative index", json.dumps(_body(inputs=[{"features": {"indices": [3, -1], "values": [1, 1]}}])), 422,
-     ["body", "inputs", 0, "features", "indices", 1], "greater than or equal to 0"),
-    ("index = n_features", json.dumps(_body(inputs=[{"features": OK_FEATURES},
-                                                     {"features": {"indices": [0, 400], "values": [1, 1]}}])),
-     422, ["body", "inputs", 1, "features", "indices", 1], "out of range"),
-    ("huge index", json.dumps(_body(inputs=[{"features": {"indices": [2**70], "values": [1]}}])), 422,
-     ["body", "inputs", 0, "features", "indices", 0], "out of range"),
-    ("string index", json.dumps(_body(inputs=[{"features": {"indices": ["1"], "values": [1]}}])), 422,
-     ["body", "inputs", 0, "features", "indices", 0], "integer"),
-    ("length mismatch", json.dumps(_body(inputs=[{"features": {"indices": [1, 2, 3], "values": [1, 2]}}])), 422,
-     ["body", "inputs", 0, "features"], "differ in length"),
-    ("NaN value", b'{"inputs": [{"features": {"indices": [1, 2], "values": [1.0, NaN]}}]}', 422,
-     ["body", "inputs", 0, "features", "values", 1], "finite"),
-    ("Infinity value", b'{"inputs": [{"features": {"indices": [1], "values": [Infinity]}}]}', 422,
-     ["body", "inputs", 0, "features", "values", 0], "finite"),
-    ("value over float32", json.dumps(_body(inputs=[{"features": {"indices": [1], "values": [1e39]}}])), 422,
-     ["body", "inputs", 0, "features", "values", 0], "less than or equal"),
+    (
+        "negative index",
+        json.dumps(_body(inputs=[{"features": {"indices": [3, -1], "values": [1, 1]}}])),
+        422,
+        ["body", "inputs", 0, "features", "indices", 1],
+        "greater than or equal to 0",
+    ),
+    (
+        "index = n_features",
+        json.dumps(
+            _body(inputs=[{"features": OK_FEATURES}, {"features": {"indices": [0, 400], "values": [1, 1]}}])
+        ),
+        422,
+        ["body", "inputs", 1, "features", "indices", 1],
+        "out of range",
+    ),
+    (
+        "huge index",
+        json.dumps(_body(inputs=[{"features": {"indices": [2**70], "values": [1]}}])),
+        422,
+        ["body", "inputs", 0, "features", "indices", 0],
+        "out of range",
+    ),
+    (
+        "string index",
+        json.dumps(_body(inputs=[{"features": {"indices": ["1"], "values": [1]}}])),
+        422,
+        ["body", "inputs", 0, "features", "indices", 0],
+        "integer",
+    ),
+    (
+        "length mismatch",
+        json.dumps(_body(inputs=[{"features": {"indices": [1, 2, 3], "values": [1, 2]}}])),
+        422,
+        ["body", "inputs", 0, "features"],
+        "differ in length",
+    ),
+    (
+        "NaN value",
+        b'{"inputs": [{"features": {"indices": [1, 2], "values": [1.0, NaN]}}]}',
+        422,
+        ["body", "inputs", 0, "features", "values", 1],
+        "finite",
+    ),
+    (
+        "Infinity value",
+        b'{"inputs": [{"features": {"indices": [1], "values": [Infinity]}}]}',
+        422,
+        ["body", "inputs", 0, "features", "values", 0],
+        "finite",
+    ),
+    (
+        "value over float32",
+        json.dumps(_body(inputs=[{"features": {"indices": [1], "values": [1e39]}}])),
+        422,
+        ["body", "inputs", 0, "features", "values", 0],
+        "less than or equal",
+    ),
     ("top_k zero", json.dumps(_body(top_k=0)), 422, ["body", "top_k"], "greater than or equal to 1"),
     ("top_k over the limit", json.dumps(_body(top_k=51)), 422, ["body", "top_k"], "at most 50"),
     ("top_k a string", json.dumps(_body(top_k="5")), 422, ["body", "top_k"], "integer"),
-    ("unknown normalization", json.dumps(_body(normalization="entmax")), 422, ["body", "normalization"],
-     "sparsemax"),
+    (
+        "unknown normalization",
+        json.dumps(_body(normalization="entmax")),
+        422,
+        ["body", "normalization"],
+        "sparsemax",
+    ),
     ("exact not a bool", json.dumps(_body(exact="yes")), 422, ["body", "exact"], "boolean"),
     ("unknown field", json.dumps(_body(topk=3)), 422, ["body", "topk"], "not permitted"),
 ]
@@ -63,15 +130,17 @@ def limited(model_store: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     work = tmp_path_factory.mktemp("limits")
     copy_version(model_store, work / "models", "small", "1")
-    srv = start_server(work / "models", work, {"OVEX_MAX_BATCH": "8", "OVEX_MAX_TOP_K": "50",
-                                                "OVEX_MAX_BODY_BYTES": "20000"})
+    srv = start_server(
+        work / "models", work, {"OVEX_MAX_BATCH": "8", "OVEX_MAX_TOP_K": "50", "OVEX_MAX_BODY_BYTES": "20000"}
+    )
     yield srv
     stop_server(srv)
 
 
 @pytest.mark.parametrize(("name", "body", "status", "loc", "msg"), CASES, ids=[c[0] for c in CASES])
-def test_bad_input(limited: Server, name: str, body: str | bytes, status: int, loc: list[Any] | None,
-                   msg: str) -> None:
+def test_bad_input(
+    limited: Server, name: str, body: str | bytes, status: int, loc: list[Any] | None, msg: str
+) -> None:
     with limited.client() as c:
         r = c.post("/v1/models/small/predict", content=body, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text

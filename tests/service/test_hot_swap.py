@@ -13,8 +13,11 @@ import pytest
 
 from tests.service.conftest import API_KEY, Server, copy_version, start_server, stop_server
 
-BODY = {"inputs": [{"features": {"indices": [3, 17, 101, 250], "values": [1.0, 2.0, 0.5, 1.5]}}],
-        "top_k": 5, "normalization": "sparsemax"}
+BODY = {
+    "inputs": [{"features": {"indices": [3, 17, 101, 250], "values": [1.0, 2.0, 0.5, 1.5]}}],
+    "top_k": 5,
+    "normalization": "sparsemax",
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,9 @@ def swap_server(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 def _answer(r: httpx.Response) -> tuple[str, Any]:
     body = r.json()
-    return body["version"], [[(lb["id"], round(lb["prob"], 6)) for lb in p["labels"]] for p in body["predictions"]]
+    return body["version"], [
+        [(lb["id"], round(lb["prob"], 6)) for lb in p["labels"]] for p in body["predictions"]
+    ]
 
 
 def test_startup_falls_back_below_a_broken_version(swap_server: Server) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.service.conftest import Server, start_server, stop_server
 
@@ -32,14 +31,24 @@ def test_readyz_lists_active_versions(server: Server) -> None:
 def test_metrics_count_requests_batches_and_models(server: Server) -> None:
     with server.client() as c:
         for _ in range(3):
-            c.post("/v1/models/small/predict", json={"inputs": [{"features": {"indices": [1], "values": [1.0]}}]})
+            c.post(
+                "/v1/models/small/predict", json={"inputs": [{"features": {"indices": [1], "values": [1.0]}}]}
+            )
         c.post("/v1/models/nope/predict", json={"inputs": [{"features": {"indices": [1], "values": [1.0]}}]})
         text = c.get("/metrics").text
-    lines = {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-             if ln and not ln.startswith("#")}
+    lines = {
+        ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1])
+        for ln in text.splitlines()
+        if ln and not ln.startswith("#")
+    }
     assert lines['ovex_requests_total{method="POST",route="/v1/models/{name}/predict",status="200"}'] >= 3
     assert lines['ovex_requests_total{method="POST",route="/v1/models/{name}/predict",status="404"}'] >= 1
-    assert lines['ovex_request_duration_seconds_count{method="POST",route="/v1/models/{name}/predict",status="200"}'] >= 3
+    assert (
+        lines[
+            'ovex_request_duration_seconds_count{method="POST",route="/v1/models/{name}/predict",status="200"}'
+        ]
+        >= 3
+    )
     assert lines["ovex_batch_rows_count"] >= 3
     assert lines['ovex_models_loaded{model="small",version="1"}'] == 1.0
 
@@ -49,8 +58,16 @@ def test_openapi_and_docs(server: Server) -> None:
         spec = c.get("/openapi.json").json()
         docs = c.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
-    for path in ("/v1/predict", "/v1/models/{name}/predict", "/v1/models", "/v1/models/{name}",
-                 "/v1/models/{name}/versions/{version}/activate", "/healthz", "/readyz", "/metrics"):
+    for path in (
+        "/v1/predict",
+        "/v1/models/{name}/predict",
+        "/v1/models",
+        "/v1/models/{name}",
+        "/v1/models/{name}/versions/{version}/activate",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ):
         assert path in spec["paths"], path
     req = spec["components"]["schemas"]["PredictRequest"]
     assert set(req["properties"]) == {"inputs", "top_k", "normalization", "exact"}

@@ -18,7 +18,9 @@ def _inputs(n: int, n_features: int, seed: int = 0) -> list[dict[str, Any]]:
     out = []
     for _ in range(n):
         idx = rng.choice(n_features, size=int(rng.integers(3, 30)), replace=False)
-        out.append({"features": {"indices": idx.tolist(), "values": rng.uniform(0.5, 3, len(idx)).round(3).tolist()}})
+        out.append(
+            {"features": {"indices": idx.tolist(), "values": rng.uniform(0.5, 3, len(idx)).round(3).tolist()}}
+        )
     return out
 
 
@@ -95,9 +97,11 @@ def test_evsoftmax_threshold_is_the_mean_of_all_scores(server: Server, case: Any
         assert all(p["exact"] for p in out["predictions"])
 
 
-def test_softmax_exact_path_gives_full_softmax_probabilities(server: Server, case: Any) -> None:
+@pytest.mark.parametrize("exact", [False, True])
+def test_softmax_gives_full_softmax_probabilities(server: Server, case: Any, exact: bool) -> None:
+    """K=200 is under `flat_max_labels`: both paths score every label and normalise over all of them."""
     inputs, scores = case
-    out = _post(server, {"inputs": inputs, "top_k": 5, "normalization": "softmax", "exact": True})
+    out = _post(server, {"inputs": inputs, "top_k": 5, "normalization": "softmax", "exact": exact})
     for row, pred in zip(scores, out["predictions"], strict=True):
         full = softmax(row)
         assert pred["exact"] is True
@@ -105,14 +109,6 @@ def test_softmax_exact_path_gives_full_softmax_probabilities(server: Server, cas
         assert [lb["id"] for lb in pred["labels"]] == top.tolist()
         for lb in pred["labels"]:
             assert lb["prob"] == pytest.approx(full[lb["id"]], rel=1e-4)
-
-
-def test_index_softmax_is_renormalised_and_not_claimed_exact(server: Server, case: Any) -> None:
-    inputs, _ = case
-    out = _post(server, {"inputs": inputs, "top_k": 5, "normalization": "softmax"})
-    for pred in out["predictions"]:
-        assert pred["exact"] is False  # 200 labels, 5 returned: softmax gives the rest mass too
-        assert sum(lb["prob"] for lb in pred["labels"]) == pytest.approx(1.0, abs=1e-6)
 
 
 def test_none_returns_exact_top_scores(server: Server, case: Any) -> None:
@@ -145,5 +141,7 @@ def test_models_endpoints_describe_the_served_version(server: Server) -> None:
     assert lst["default"] == "small"
     assert [m["name"] for m in lst["models"]] == ["small"]
     assert one["active_version"] == "1" and one["n_labels"] == 200 and one["n_features"] == 400
-    assert one["dim"] == 16 and one["retrieval"] == "flat"
-    assert one["versions"][0]["active"] is True and "p@1" in one["versions"][0]["metrics"] or one["metrics"] is not None
+    assert one["dim"] == 16 and one["retrieval"] == "exact"
+    assert (one["versions"][0]["active"] is True and "p@1" in one["versions"][0]["metrics"]) or one[
+        "metrics"
+    ] is not None

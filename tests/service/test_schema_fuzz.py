@@ -26,12 +26,17 @@ def test_whole_schema_conforms(server: Server) -> None:
     schema = schemathesis.openapi.from_url(server.base + "/openapi.json")
     seen = []
     for result in schema.get_all_operations():
-        op = result.ok()
+        op = result.ok()  # type: ignore[union-attr]
         seen.append(f"{op.method.upper()} {op.path}")
 
         @given(case=op.as_strategy())
-        @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
-                  database=None)
+        @settings(
+            max_examples=10,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=True,
+            database=None,
+        )
         def run(case: Any) -> None:
             case.call_and_validate(base_url=server.base, checks=CHECKS)
 
