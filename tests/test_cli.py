@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +54,7 @@ def test_synth_train_evaluate_predict(tmp_path: Path, capsys: pytest.CaptureFixt
     for row, (line, row_ids) in enumerate(zip(lines, ids.tolist(), strict=True)):
         assert set(line) == {"labels", "scores"}
         assert line["labels"] == row_ids, row  # rows in input order
-        assert len(line["scores"]) == 4 and all(a >= b for a, b in zip(line["scores"], line["scores"][1:]))
+        assert len(line["scores"]) == 4 and all(a >= b for a, b in pairwise(line["scores"]))
     np.testing.assert_allclose([line["scores"] for line in lines], scores, rtol=1e-5)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +58,9 @@ def _params(**kw: object) -> TrainParams:
 
 
 @pytest.mark.parametrize("loss", ["ove", "ove-subset", "softmax"])
-def test_learns_planted_labels_far_above_chance(data: tuple[Dataset, Dataset], tmp_path: Path, loss: str) -> None:
+def test_learns_planted_labels_far_above_chance(
+    data: tuple[Dataset, Dataset], tmp_path: Path, loss: str
+) -> None:
     train_ds, test_ds = data
     rec = Recorder()
     result = train(_params(loss=loss), train_ds, test_ds, out_dir=tmp_path / "m", hooks=rec)
@@ -112,4 +115,4 @@ def test_lr_schedule_warms_up_and_decays() -> None:
     lrs = [lr_at(p, s, 100) for s in range(100)]
     assert lrs[0] == pytest.approx(0.1) and max(lrs) == pytest.approx(1.0)
     assert lrs[9] == pytest.approx(1.0) and lrs[-1] < 0.01
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))
+    assert all(a >= b for a, b in pairwise(lrs[10:]))
