@@ -88,10 +88,10 @@ image_bytes=$(docker image inspect ovex:latest --format '{{.Size}}')
 echo "image ovex:latest: $(( image_bytes / 1000000 )) MB, built in ${build_s}s"
 
 # --- up and ready -----------------------------------------------------------------------------------
-say "docker compose up -d --pull never"
+say "docker compose up -d --pull never --scale worker=2"
 t_up=$(date +%s.%N)
 stack_up=1
-dc up -d --pull never
+dc up -d --pull never --scale worker=2
 ready=0
 for _ in $(seq 1 300); do
   if curl -fsS "$URL/readyz" >/dev/null 2>&1; then ready=1; break; fi
@@ -157,6 +157,16 @@ dc logs --no-color worker | grep -F "$job_id" | head -3 || die "no worker log li
 dc exec -T postgres psql -U ovex -d ovex -Atc "select count(*) from jobs where id::text = '$job_id'" \
   | grep -qx 1 || die "job $job_id is not in PostgreSQL"
 echo "job row found in PostgreSQL"
+
+say "both workers healthy"
+healthy=0
+for _ in $(seq 1 90); do
+  healthy=$(dc ps worker --format '{{.Health}}' | grep -c '^healthy$' || true)
+  [ "$healthy" = 2 ] && break
+  sleep 1
+done
+dc ps worker
+[ "$healthy" = 2 ] || die "expected 2 healthy workers, got $healthy"
 
 # --- predict with the new version -------------------------------------------------------------------
 say "predict with the new version"

@@ -140,14 +140,16 @@ def server_env(root: Path, api_key: str, port: int) -> dict[str, str]:
         "OVEX_HOST": "127.0.0.1",
         "OVEX_PORT": str(port),
         "OVEX_THREADS": "1",
-        "OVEX_WARMUP": "false",  # TEMP: the server's warm-up sends features, which text models refuse
     })
     return env
 
 
 @contextlib.contextmanager
-def live_server(root: Path, *, api_key: str = API_KEY, ready_timeout: float = 120.0) -> Iterator[LiveServer]:
-    """Start `ovex serve` on a free loopback port over `root/models` and `root/data`; wait for /readyz."""
+def live_server(
+    root: Path, *, api_key: str = API_KEY, ready_timeout: float = 120.0, command: str = "serve"
+) -> Iterator[LiveServer]:
+    """Start `ovex serve` (or `ovex demo`) on a free loopback port over `root/models` and `root/data`;
+    wait for /readyz."""
     cmd = ovex_command()
     assert cmd is not None
     port = free_port()
@@ -156,10 +158,7 @@ def live_server(root: Path, *, api_key: str = API_KEY, ready_timeout: float = 12
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = root / "server.log"
     with log_path.open("wb") as log:
-        argv = [*cmd, "serve", "--host", "127.0.0.1", "--port", str(port), "--models-dir", str(models_dir)]
-        if subprocess.run([*cmd, "serve", "--help"], capture_output=True).returncode != 0:  # TEMP
-            argv = [sys.executable, "-c", "import uvicorn; from service.app import create_app; "
-                    f"uvicorn.run(create_app(), host='127.0.0.1', port={port})"]
+        argv = [*cmd, command, "--host", "127.0.0.1", "--port", str(port), "--models-dir", str(models_dir)]
         proc = subprocess.Popen(
             argv,
             cwd=root, env=server_env(root, api_key, port), stdout=log, stderr=subprocess.STDOUT,

@@ -1,0 +1,147 @@
+"""Every command in README.md is exercised: `bash` and `python` blocks run, in order, against a live
+`ovex demo` on loopback; `sh` blocks (servers, installs, Docker) are checked against the commands' own
+`--help`, the Makefile and the compose file, and are run in full by the tests they name; the configuration
+table lists exactly the server's settings."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+VENV_BIN = Path(sys.executable).parent
+BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+README_URL = "http://127.0.0.1:8000"
+# OVEX_* variables documented that are not server settings (client, compose)
+NON_SETTINGS = {"OVEX_URL", "OVEX_DEMO", "OVEX_PUBLISH"}
+
+
+def _load_live_server() -> ModuleType:
+    """The live-server helper shared with the client's tests (by path: that folder is not a package)."""
+    path = ROOT / "clients" / "python" / "tests" / "live_server.py"
+    spec = importlib.util.spec_from_file_location("ovex_readme_live_server", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def blocks(kind: str) -> list[str]:
+    return [body for lang, body in BLOCK.findall(README.read_text()) if lang == kind]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """`ovex demo` (what `make run` runs) over a pre-built, smaller demo model (same vocabulary and
+    label names as the full one, fewer labels and rows, so it trains in seconds)."""
+    live = _load_live_server()
+    if not live.server_available():
+        pytest.skip("the ovex server stack is not installed")
+    from service.serve import build_demo_model
+
+    root = tmp_path_factory.mktemp("readme")
+    build_demo_model(root / "models", labels=200, rows=800)
+    with live.live_server(root, command="demo") as server:
+        yield server
+
+
+def run_block(kind: str, body: str, demo: Any, cwd: Path) -> str:
+    url = demo.url
+    code = body.replace(README_URL, url)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OVEX_")}
+    env.update({"OVEX_API_KEY": demo.api_key, "PATH": f"{VENV_BIN}:{env.get('PATH', '')}"})
+    argv = ["bash", "-euo", "pipefail", "-c", code] if kind == "bash" else [sys.executable, "-c", code]
+    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"README {kind} block failed ({proc.returncode}):\n{body}\n" \
+        f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_readme_blocks_run_against_a_live_server(demo: Any, tmp_path: Path) -> None:
+    # The blocks assume the repository root (`.venv/bin/...`); run them in a scratch copy of that view.
+    (tmp_path / ".venv").symlink_to(VENV_BIN.parent)
+    ordered = [(lang, body) for lang, body in BLOCK.findall(README.read_text()) if lang in ("bash", "python")]
+    assert len(ordered) >= 6
+    outputs = [run_block(lang, body, demo, tmp_path) for lang, body in ordered]
+    text = "\n".join(outputs)
+    # curl prints error bodies without failing: no answer may be an error
+    assert '"detail"' not in text, text[-3000:]
+    predict_curl, train_curl = (o.replace(" ", "") for o in outputs[:2])
+    assert '"ready":true' in predict_curl and predict_curl.count('"predictions"') == 2
+    assert "event:state" in train_curl and '"state":"succeeded"' in train_curl
+    assert '"model":"mymodel"' in train_curl and '"active_version":"1"' in train_curl
+    assert "succeeded" in text and "404 unknown model" in text
+    assert (tmp_path / "answers.jsonl").read_text().count("\n") == 2
+    assert '"p@1"' in text  # ovex evaluate printed its metrics
+    assert '"probs"' in (tmp_path / "pred.jsonl").read_text()
+    assert (tmp_path / "models-offline" / "syn" / "2" / "config.json").exists()
+
+
+def _flags(line: str) -> list[str]:
+    return [t.split("=")[0] for t in shlex.split(line.split("#")[0]) if t.startswith("--")]
+
+
+def test_readme_sh_commands_exist_as_written() -> None:
+    """Server, install and Docker commands cannot run inline; their names and flags must be real."""
+    makefile = (ROOT / "Makefile").read_text()
+    compose = (ROOT / "docker-compose.yml").read_text()
+    docker_test = (ROOT / "scripts" / "test-docker.sh").read_text()
+    lines = [ln.strip() for body in blocks("sh") for ln in body.splitlines() if ln.strip()]
+    assert lines
+    for line in lines:
+        cmd = line.split("#")[0].strip()
+        if cmd.startswith(".venv/bin/ovex "):
+            sub = cmd.split()[1]
+            helptext = subprocess.run([str(VENV_BIN / "ovex"), sub, "--help"], capture_output=True,
+                                      text=True, timeout=120).stdout
+            for flag in _flags(cmd):
+                assert flag in helptext, f"{line}: `ovex {sub}` has no {flag}"
+        elif cmd.startswith("pip install "):
+            assert (ROOT / cmd.split()[-1] / "pyproject.toml").exists(), line
+        elif cmd.startswith("make "):
+            assert re.search(rf"^{re.escape(cmd.split()[1])}:", makefile, re.M), line
+        elif cmd.startswith("docker compose"):
+            words = cmd.split()[2:]
+            if "--profile" in words:  # validated by `docker compose --profile ... config` in the script
+                profile = words[words.index("--profile") + 1]
+                assert f'profiles: ["{profile}"]' in compose, line
+                assert f"dc --profile {profile} config" in docker_test, line
+                continue
+            if "--scale" in words:
+                service = words[words.index("--scale") + 1].split("=")[0]
+                assert f"\n  {service}:" in compose and f"--scale {service}=" in docker_test, line
+            assert words[0] in ("up", "down") and f"dc {words[0]} {words[1]}" in docker_test, line
+        else:
+            raise AssertionError(f"README sh line not checked by any test: {line}")
+
+
+def test_readme_configuration_lists_every_setting() -> None:
+    from service.settings import Settings
+
+    text = README.read_text()
+    documented = set(re.findall(r"\bOVEX_[A-Z0-9_]+", text))
+    settings = {f"OVEX_{name.upper()}" for name in Settings.model_fields}
+    assert settings - documented == set(), "settings missing from the README"
+    assert documented - settings - NON_SETTINGS == set(), "README names variables nothing reads"
+    table = text.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    assert settings <= set(re.findall(r"\bOVEX_[A-Z0-9_]+", table))
+
+
+def test_readme_opens_with_the_two_setup_commands() -> None:
+    head = README.read_text().split("\n")[:8]
+    assert head[0] == "# ovex"
+    assert any(ln.startswith("make run") for ln in head) and any(ln.startswith("make test") for ln in head)
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci
