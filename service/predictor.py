@@ -244,7 +244,10 @@ class Predictor:
 
     # -- paths ----------------------------------------------------------------------------------------
     def _threshold(self, h: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
-        """ev-softmax threshold: mean of all K scores = ⟨mean w, h⟩ + mean b, in O(d)."""
+        """ev-softmax threshold: mean of all K scores = ⟨mean w, h⟩ + mean b, in O(d) for a linear head;
+        a gated (DropMax) head is not linear, so there it takes a pass over all labels."""
+        if self.exact_scorer.gate_weight is not None:
+            return self.exact_scorer.mean_scores(h)
         return h.astype(np.float64) @ self.w_mean + self.b_mean
 
     def _index_rows(self, h: npt.NDArray[np.float32], k: int, norm: Normalization) -> list[RowPrediction]:

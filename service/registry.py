@@ -25,7 +25,7 @@ from typing import Any
 from service.api.errors import Conflict, NotFound, Unavailable
 from service.api.metrics import Metrics
 from service.predictor import Predictor
-from service.retrieval import ExactScorer, RetrievalConfig, build_retriever
+from service.retrieval import ExactScorer, RetrievalConfig, Retriever, build_retriever
 from service.settings import Settings
 
 log = logging.getLogger("ovex.registry")
@@ -85,8 +85,15 @@ def load_served(name: str, version: str, path: Path, settings: Settings) -> Serv
     t0 = time.perf_counter()
     loaded = load_artifact(path)
     weight, bias = loaded.head_weight, loaded.head_bias
-    exact = ExactScorer(weight, bias, settings.exact_block_rows)
-    retr = build_retriever(weight, bias, retrieval_config(settings), path, exact)
+    gate = getattr(getattr(loaded, "model", None), "extra", {}).get("dropmax")
+    if gate is not None:  # DropMax: scores f_k + log σ(g_k) — no index can serve them, score exactly
+        g = gate.detach().cpu().numpy()
+        d = weight.shape[1]
+        exact = ExactScorer(weight, bias, settings.exact_block_rows, g[:, :d], g[:, d])
+        retr: Retriever = exact
+    else:
+        exact = ExactScorer(weight, bias, settings.exact_block_rows)
+        retr = build_retriever(weight, bias, retrieval_config(settings), path, exact)
     pred = Predictor(loaded, retr, exact)
     if settings.warmup:
         pred.warmup()

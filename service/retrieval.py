@@ -122,11 +122,39 @@ class ExactScorer:
 
     kind = "exact"
 
-    def __init__(self, weight: F32, bias: F32, block_rows: int = 65536) -> None:
+    def __init__(
+        self,
+        weight: F32,
+        bias: F32,
+        block_rows: int = 65536,
+        gate_weight: F32 | None = None,
+        gate_bias: F32 | None = None,
+    ) -> None:
         self.weight = torch.from_numpy(weight)
         self.bias = torch.from_numpy(np.ascontiguousarray(bias, dtype=np.float32))
         self.n_labels = int(weight.shape[0])
         self.block_rows = block_rows
+        # DropMax heads score f_k + log σ(g_k(h)): not a linear head, so only this path can serve them.
+        self.gate_weight = None if gate_weight is None else torch.from_numpy(gate_weight)
+        self.gate_bias = None if gate_bias is None else torch.from_numpy(np.ascontiguousarray(gate_bias))
+
+    def _block_scores(self, q: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        s = torch.addmm(self.bias[start:stop], q, self.weight[start:stop].T)
+        if self.gate_weight is not None and self.gate_bias is not None:
+            g = torch.addmm(self.gate_bias[start:stop], q, self.gate_weight[start:stop].T)
+            s = s + torch.nn.functional.logsigmoid(g)
+        return s
+
+    def mean_scores(self, h: F32) -> F64:
+        """Mean of all K scores per query (the ev-softmax threshold when the head is not linear)."""
+        q = torch.from_numpy(np.ascontiguousarray(h, dtype=np.float32))
+        total = torch.zeros(q.shape[0], dtype=torch.float64)
+        with torch.no_grad():
+            for start in range(0, self.n_labels, self.block_rows):
+                stop = min(start + self.block_rows, self.n_labels)
+                total += self._block_scores(q, start, stop).double().sum(dim=1)
+        out: F64 = (total / self.n_labels).numpy()
+        return out
 
     def search(self, h: F32, k: int) -> TopK:
         top, _ = self.search_with_mass(h, k, None)
@@ -144,7 +172,7 @@ class ExactScorer:
         with torch.no_grad():
             for start in range(0, self.n_labels, self.block_rows):
                 stop = min(start + self.block_rows, self.n_labels)
-                s = torch.addmm(self.bias[start:stop], q, self.weight[start:stop].T)
+                s = self._block_scores(q, start, stop)
                 bs, bi = torch.topk(s, min(kk, stop - start), dim=1)
                 cat_s = torch.cat([best_s, bs], dim=1)
                 cat_i = torch.cat([best_i, bi + start], dim=1)
