@@ -347,3 +347,25 @@ def test_fuzzed_token_rows_agree_with_the_reference(tmp_path: Path, rows: list[s
         order = np.argsort(ids)
         assert np.asarray(ids)[order].tolist() == ds.X[i].indices.tolist()
         assert np.array_equal(np.asarray(vals, np.float32)[order], ds.X[i].data)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.text(min_size=1).filter(lambda t: t.strip() != ""),
+                               st.lists(st.text(min_size=1, max_size=5), unique=True, max_size=4)),
+                     min_size=1, max_size=8))
+def test_jsonl_round_trip(tmp_path: Path, rows: list[tuple[str, list[str]]]) -> None:
+    """Any texts and label names (unicode, quotes, newlines inside strings) come back as written."""
+    p = tmp_path / "rt.jsonl"
+    p.write_text("".join(json.dumps({"text": t, "labels": labs}) + "\n" for t, labs in rows),
+                 encoding="utf-8")
+    ds = read_jsonl(p)
+    assert ds.texts == [t for t, _ in rows]
+    assert ds.label_names is not None
+    for i, (_, labs) in enumerate(rows):
+        got = {ds.label_names[j] for j in ds.Y[i].indices}
+        assert got == set(labs)
+
+
+def test_label_counts() -> None:
+    Y = sp.csr_matrix(np.array([[1, 0, 1], [1, 0, 0]], dtype=np.float32))
+    assert data.label_counts(Y).tolist() == [2, 0, 1]

@@ -141,3 +141,15 @@ def test_perfect_ranking_scores_one_on_labelled_rows(case: tuple[np.ndarray, sp.
     # P@k is 1 exactly when every row has at least k labels
     expected_p = float(np.mean(np.minimum(dense.sum(axis=1), k) / k))
     assert precision_at_k(top, Yk, k) == pytest.approx(expected_p)
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=ranking_case(), k=st.sampled_from([1, 3, 5]), p=st.floats(0.1, 1.0))
+def test_psp_with_equal_propensities_is_hits_over_attainable(
+        case: tuple[np.ndarray, sp.csr_matrix, np.ndarray], k: int, p: float) -> None:
+    """With one propensity for all labels, PSP@k = total hits / total attainable hits min(k, |y|)."""
+    top, Yc, _ = case
+    prop = np.full(Yc.shape[1], p)
+    attainable = np.minimum(np.diff(Yc.indptr), k).sum()
+    expected = hits(top, Yc, k).sum() / attainable if attainable else 0.0
+    assert psp_at_k(top, Yc, prop, k) == pytest.approx(expected)
