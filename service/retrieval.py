@@ -352,10 +352,10 @@ def _build_ivf(weight: F32, bias: F32, cfg: RetrievalConfig) -> tuple[Any, dict[
     max_norm = _max_norm(weight, bias, chunk)
     nlist = min(cfg.ivf_nlist or default_nlist(n_labels), n_labels)
     rng = np.random.default_rng(cfg.seed)
-    n_train = min(n_labels, max(64 * nlist, 20_000))
+    n_train = min(n_labels, max(32 * nlist, 20_000))
     sample_ids = np.sort(rng.choice(n_labels, size=n_train, replace=False))
     sample = _reduced(weight[sample_ids], bias[sample_ids], 0, n_train, max_norm)
-    km = faiss.Kmeans(d2, nlist, niter=16, seed=cfg.seed, max_points_per_centroid=64, verbose=False)
+    km = faiss.Kmeans(d2, nlist, niter=12, seed=cfg.seed, max_points_per_centroid=32, verbose=False)
     km.train(sample)
     centroids = np.asarray(km.centroids, dtype=np.float32)
     quantizer = faiss.IndexFlatL2(d2)
@@ -370,8 +370,10 @@ def _build_ivf(weight: F32, bias: F32, cfg: RetrievalConfig) -> tuple[Any, dict[
     for s in range(0, n_labels, chunk):
         x = _reduced(weight, bias, s, min(s + chunk, n_labels), max_norm)
         _, assign = quantizer.search(x, 1)
-        a = assign[:, 0]
-        index.add_with_ids(x, np.arange(s, s + x.shape[0], dtype=np.int64))
+        a = np.ascontiguousarray(assign[:, 0])
+        ids = np.arange(s, s + x.shape[0], dtype=np.int64)
+        # the cells are already known (needed for the radii): add without assigning a second time
+        index.add_core(x.shape[0], faiss.swig_ptr(x), faiss.swig_ptr(ids), faiss.swig_ptr(a))
         r = np.linalg.norm(x.astype(np.float64) - centroids[a].astype(np.float64), axis=1)
         np.maximum.at(radii, a, r)
         rec = index.sq.decode(index.sq.compute_codes(x))

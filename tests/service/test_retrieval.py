@@ -113,7 +113,9 @@ def test_ivf_sparsemax_flag_is_never_wrong(ivf_setup: tuple, seed: int, k: int, 
         want = np.zeros(len(w))
         ids = top.ids[i]
         want[ids[ids >= 0]] = probs[i][ids >= 0]
-        np.testing.assert_allclose(want, full[i], atol=1e-5)
+        # scores are float32 (≈1e-6 relative), the reference float64: probabilities agree to ~1e-5·|score|
+        np.testing.assert_allclose(want, full[i], atol=1e-4)
+        assert set(np.flatnonzero(full[i] > 1e-4)) <= set(ids[ids >= 0].tolist())
 
 
 def test_hnsw_is_never_certified(tmp_path: Path) -> None:
