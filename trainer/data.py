@@ -223,18 +223,21 @@ _MAX_FAST_DIGITS = 15  # decimal values with more digits are parsed by float()
 def _parse_uint(a: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """Integer spelled by each all-digit segment [start, start+len) of `a` (empty segment: 0).
 
-    Segments are right-aligned into an (n, width) digit matrix, so one matrix-vector product with
-    powers of ten does the positional sum for all of them at once.
+    Segments are right-aligned and consumed one character column at a time (Horner's rule), so the
+    work is (longest segment) passes over n small integers, with no (n × width) temporaries.
     """
+    val = np.zeros(starts.size, dtype=np.int64)
     if starts.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    width = max(int(lens.max()), 1)
-    cols = np.arange(width)
+        return val
+    width = int(lens.max())
     ends = starts + lens
-    idx = ends[:, None] - width + cols[None, :]
-    inside = cols[None, :] >= (width - lens)[:, None]
-    d = (a[np.maximum(idx, 0)].astype(np.int64) - 48) * inside
-    return d @ _POW10[width - 1 - cols]
+    for k in range(width):
+        idx = ends - width + k
+        digit = (a[np.maximum(idx, 0)] - np.uint8(48)).astype(np.int64)
+        digit[idx < starts] = 0
+        val *= 10
+        val += digit
+    return val
 
 
 def _fast_chunk(buf: bytes, n_lines: int) -> tuple[np.ndarray, ...] | None:
@@ -321,7 +324,9 @@ def _fast_chunk(buf: bytes, n_lines: int) -> tuple[np.ndarray, ...] | None:
                 has = vdot[plain] == 1
                 dot_at[has] = dot_of_tok[feat_tok[has]]
             frac_len = np.maximum(pe - dot_at - 1, 0)
-            mant = _parse_uint(a, ps, dot_at - ps) * _POW10[frac_len] + _parse_uint(a, dot_at + 1, frac_len)
+            mant = _parse_uint(a, ps, dot_at - ps)
+            if int(frac_len.max()) > 0:
+                mant = mant * _POW10[frac_len] + _parse_uint(a, dot_at + 1, frac_len)
             # both operands are exact in float64, so the quotient is correctly rounded, as float() is
             vals[plain] = mant / _POW10F[frac_len]
         other = np.flatnonzero(~plain)
