@@ -58,6 +58,12 @@ def jobs_runtime(request: Request) -> JobsRuntime:
 Runtime = Annotated[JobsRuntime, Depends(jobs_runtime)]
 
 
+KEYED: dict[int | str, dict[str, Any]] = {
+    401: {"description": "missing API key"},
+    403: {"description": "wrong API key (or none configured on the server)"},
+}
+
+
 def _error(status: int, loc: list[str | int], msg: str, kind: str, **extra: Any) -> HTTPException:
     return HTTPException(status, [{"loc": loc, "msg": msg, "type": kind, **extra}])
 
@@ -92,6 +98,8 @@ _UPLOAD_BODY = {
     response_model=DatasetOut,
     openapi_extra=_UPLOAD_BODY,
     responses={
+        **KEYED,
+        400: {"description": "malformed multipart body"},
         413: {"description": "upload over the size limit"},
         415: {"description": "not multipart/form-data"},
         422: {"description": "not a valid dataset (file and line named)"},

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import require_api_key
-from service.api.datasets import Runtime, _error
+from service.api.datasets import KEYED, Runtime, _error
 from service.jobs import budget
 from service.jobs.models import STATES, TERMINAL_STATES, JobEventRow, JobRow
 from service.jobs.runtime import JobsRuntime
@@ -207,8 +207,10 @@ def _submit(rt: JobsRuntime, body: JobCreate) -> JobRow:
     status_code=202,
     response_model=JobAccepted,
     responses={
+        **KEYED,
         404: {"description": "unknown dataset"},
         422: {"description": "invalid params or over budget"},
+        503: {"description": "the queue is unavailable; nothing was queued"},
     },
 )
 def submit_job(body: JobCreate, rt: Runtime) -> JobAccepted:
@@ -245,7 +247,7 @@ def get_job(job_id: str, rt: Runtime) -> JobOut:
     dependencies=[Depends(require_api_key)],
     status_code=202,
     response_model=JobOut,
-    responses={404: {"description": "unknown job"}, 409: {"description": "job already finished"}},
+    responses={**KEYED, 404: {"description": "unknown job"}, 409: {"description": "job already finished"}},
 )
 def cancel_job(job_id: str, rt: Runtime) -> JobOut:
     """A queued job is cancelled at once; a running one stops at its next step (its worker cleans up)."""
@@ -293,6 +295,7 @@ def _sse(event_id: int, kind: str, data: dict[str, Any]) -> str:
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "progress and state events"},
         404: {"description": "unknown job"},
+        422: {"description": "Last-Event-ID is not an integer"},
     },
 )
 async def job_events(
