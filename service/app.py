@@ -40,7 +40,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         metrics.batch_rows.observe(rows)
         metrics.batch_requests.observe(requests)
 
-    batcher = MicroBatcher(settings.batch_window_ms / 1000.0, settings.batch_max_rows, on_batch)
+    batcher = MicroBatcher(
+        settings.batch_window_ms / 1000.0,
+        settings.batch_max_rows,
+        on_batch,
+        thread_init=lambda: configure_threads(settings.threads),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

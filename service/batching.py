@@ -40,13 +40,17 @@ class MicroBatcher:
         window_s: float,
         max_rows: int,
         on_batch: Callable[[int, int], None] | None = None,
+        thread_init: Callable[[], None] | None = None,
     ) -> None:
         self.window_s = window_s
         self.max_rows = max_rows
         self.on_batch = on_batch
         self._queue: asyncio.Queue[_Item] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ovex-predict")
+        # OpenMP thread counts are per calling thread: the compute thread must set its own (thread_init)
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="ovex-predict", initializer=thread_init
+        )
 
     async def start(self) -> None:
         self._queue = asyncio.Queue()

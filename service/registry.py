@@ -25,7 +25,7 @@ from typing import Any
 from service.api.errors import Conflict, NotFound, Unavailable
 from service.api.metrics import Metrics
 from service.predictor import Predictor
-from service.retrieval import ExactScorer, RetrievalConfig, Retriever, build_retriever
+from service.retrieval import ExactScorer, RetrievalConfig, Retriever, build_retriever, configure_threads
 from service.settings import Settings
 
 log = logging.getLogger("ovex.registry")
@@ -83,6 +83,7 @@ def load_served(name: str, version: str, path: Path, settings: Settings) -> Serv
     from trainer.artifact import load_artifact
 
     t0 = time.perf_counter()
+    configure_threads(settings.threads)  # per thread for OpenMP: loads run in worker threads
     loaded = load_artifact(path)
     weight, bias = loaded.head_weight, loaded.head_bias
     gate = getattr(getattr(loaded, "model", None), "extra", {}).get("dropmax")

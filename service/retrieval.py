@@ -50,7 +50,8 @@ IndexKind = Literal["exact", "flat", "ivf", "hnsw"]
 
 
 def configure_threads(n: int) -> None:
-    """Pin torch and faiss (OpenMP) thread counts: faiss sets none of its own and oversubscribes."""
+    """Pin torch and faiss (OpenMP) thread counts: faiss sets none of its own and oversubscribes.
+    OpenMP's count belongs to the calling thread, so every thread that runs faiss calls this."""
     torch.set_num_threads(n)
     faiss.omp_set_num_threads(n)
 
