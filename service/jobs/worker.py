@@ -112,7 +112,10 @@ class Worker:
 
     def start(self) -> None:
         log.info("worker %s: queue=%s db=%s", self.id, self.cfg.queue, self.engine.url.render_as_string())
-        threads = [threading.Thread(target=self._reaper, name="reaper", daemon=True)]
+        threads = [
+            threading.Thread(target=self._reaper, name="reaper", daemon=True),
+            threading.Thread(target=_warm_imports, name="warm-imports", daemon=True),
+        ]
         for i in range(max(1, self.cfg.worker_concurrency)):
             threads.append(threading.Thread(target=self._consume, name=f"consumer-{i}", daemon=True))
         self._threads = threads
@@ -147,6 +150,14 @@ class Worker:
                 self.request_stop()
         self.join()
         log.info("worker %s stopped", self.id)
+
+
+def _warm_imports() -> None:
+    """Import the trainer (torch) while idle, so the first job does not pay for it."""
+    try:
+        import trainer.train  # noqa: F401
+    except Exception:
+        log.warning("could not import the trainer", exc_info=True)
 
 
 def _configure_torch_threads(settings: Any) -> None:

@@ -157,14 +157,14 @@ def test_cancel_running_job_stops_fast_and_cleans_up(
 def test_stopped_and_killed_workers_resume_from_checkpoints(
     backend: Backend, make_server: Any, synth_files: dict[str, Path]
 ) -> None:
-    """SIGTERM a worker (it hands the job back at once), then SIGKILL the next one and restart the API too:
-    each new worker continues from the last checkpoint (after a SIGKILL the lease expires and the reaper
-    re-queues the job), and nothing submitted is lost. Each next worker is started ahead (it idles: the
-    job is claimed) so interpreter start-up does not count twice."""
+    """SIGTERM a worker (it hands the job back at once), then SIGKILL the next one: each new worker continues
+    from the last checkpoint (after a SIGKILL the lease expires and the reaper re-queues the job). The
+    second worker is started ahead (it idles: the job is claimed) so interpreter start-up counts once.
+    (An API restart mid-job is in `test_embedded_worker_is_a_fresh_child_that_follows_ovex_serve`.)"""
     srv = make_server(backend, embedded_worker=False)
     first = srv.start_worker()
     train = srv.upload(synth_files["train"])
-    params = {**TINY, "epochs": 60, "eval_every": 0}  # 1140 steps
+    params = {**TINY, "epochs": 40, "eval_every": 0}  # 760 steps
     job_id = srv.submit({"model": "crash", "train_dataset": train["id"], "params": params, "activate": True})
     srv.wait(job_id, lambda j: j["state"] == "running", 60, "the first worker to take the job")
     second = srv.start_worker()
@@ -186,15 +186,7 @@ def test_stopped_and_killed_workers_resume_from_checkpoints(
     os.kill(second.pid, signal.SIGKILL)
     second.wait(10)
     assert srv.job(job_id)["state"] == "running"  # nobody knows yet: the lease has not expired
-    # a job queued behind it, then an API restart: both survive in the database and the queue
-    queued = srv.submit({"model": "crash", "train_dataset": train["id"], "params": {**TINY, "epochs": 1}})
-    assert srv.proc is not None
-    srv.proc.send_signal(signal.SIGTERM)
-    srv.proc.wait(30)
-    srv.start(wait=False)  # same dirs, same database, same queue
     srv.start_worker()
-    srv.wait_ready()
-    assert srv.client.get(f"/v1/datasets/{train['id']}").status_code == 200
 
     job = srv.wait(
         job_id,
@@ -213,8 +205,6 @@ def test_stopped_and_killed_workers_resume_from_checkpoints(
     assert "re-queued to resume from its checkpoint" in logs
     assert job["progress"]["step"] == job["progress"]["steps_total"]
     assert _predict_version(srv, "crash", _first_test_row(synth_files["test"])) == job["model_version"]
-    later = srv.wait(queued, lambda j: j["state"] == "succeeded", 60, "the job queued before the restart")
-    assert later["model_version"] != job["model_version"]
 
 
 def _alive(pid: int) -> bool:
@@ -253,6 +243,7 @@ def test_embedded_worker_is_a_fresh_child_that_follows_ovex_serve(
     assert not _alive(pid), "the orphaned worker kept running"
 
     srv.start()
+    assert srv.client.get(f"/v1/datasets/{train['id']}").json()["rows"] == 600  # nothing lost
     resumed = srv.wait(
         job_id,
         lambda j: j["state"] == "running" and j["attempts"] == 2,
