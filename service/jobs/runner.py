@@ -133,12 +133,20 @@ class _Hooks:
         if not final and now - self._last < _PROGRESS_EVERY_S:
             return
         self._last = now
-        if not self.store.update_progress(self.job_id, self.worker, fields, event=True):
+        try:
+            owned = self.store.update_progress(self.job_id, self.worker, fields, event=True)
+        except Exception:  # a database blip costs one progress report, not the job
+            log.warning("progress update for %s failed", self.job_id, exc_info=True)
+            return
+        if not owned:
             self.lease.lost.set()
 
     def on_log(self, message: str) -> None:
         log.info("[%s] %s", self.job_id, message)
-        self.store.log(self.job_id, message)
+        try:
+            self.store.log(self.job_id, message)
+        except Exception:
+            log.warning("log write for %s failed", self.job_id, exc_info=True)
 
     def should_stop(self) -> bool:
         return self.lease.cancel.is_set() or self.lease.lost.is_set() or self.shutdown.is_set()

@@ -78,6 +78,7 @@ class JobsRuntime:
             if job.id in self._seen:
                 return
             activate = job.activate and not job.activated
+            self._seen.add(job.id)  # once, even on failure: the registry keeps the refusal and its reason
             try:
                 self.publish(job.model, job.model_version, activate)
             except Exception:
@@ -85,7 +86,6 @@ class JobsRuntime:
                     "could not load %s version %s from job %s", job.model, job.model_version, job.id
                 )
                 return
-            self._seen.add(job.id)
             if activate:
                 self.store.mark_activated(job.id)
 
