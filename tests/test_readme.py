@@ -53,7 +53,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     root = tmp_path_factory.mktemp("readme")
     build_demo_model(root / "models", labels=200, rows=800)
-    with live.live_server(root, command="demo") as server:
+    with live.live_server(root, command="demo", default_model=None) as server:
         yield server
 
 

@@ -118,26 +118,33 @@ def parse_params(pairs: Sequence[str], raw_json: str | None) -> dict[str, Any]:
 
 
 def read_rows(path: Path) -> Iterator[dict[str, Any]]:
-    """Inputs from a JSONL file; blank lines are skipped; any other bad line is a `path:line:` error."""
+    """Inputs from a JSONL file, streamed; blank lines are skipped; a bad line is a `path:line:` error."""
     try:
-        fh = path.open(encoding="utf-8")
+        fh = path.open("rb")  # bytes, decoded line by line, so a bad byte is reported on its own line
     except OSError as exc:
         raise UsageError(f"{path}: cannot open: {exc.strerror}") from exc
     with fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
+        for lineno, raw in enumerate(fh, 1):
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-            if not isinstance(obj, dict):
-                raise UsageError(f"{path}:{lineno}: expected a JSON object")
-            row = {k: obj[k] for k in ("text", "features") if k in obj}
-            try:
-                yield input_to_wire(row)
-            except TypeError as exc:
-                raise UsageError(f"{path}:{lineno}: needs a \"text\" or a \"features\" field") from exc
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise UsageError(f"{path}:{lineno}: not UTF-8 text ({exc.reason})") from exc
+            if line.strip():
+                yield _row(path, lineno, line)
+
+
+def _row(path: Path, lineno: int, line: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+    if not isinstance(obj, dict):
+        raise UsageError(f"{path}:{lineno}: expected a JSON object")
+    row = {k: obj[k] for k in ("text", "features") if k in obj}
+    try:
+        return input_to_wire(row)
+    except TypeError as exc:
+        raise UsageError(f"{path}:{lineno}: needs a \"text\" or a \"features\" field") from exc
 
 
 def chunks(rows: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:

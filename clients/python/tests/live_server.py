@@ -131,7 +131,7 @@ class LiveServer:
             return ""
 
 
-def server_env(root: Path, api_key: str, port: int) -> dict[str, str]:
+def server_env(root: Path, api_key: str, port: int, default_model: str | None = "demo") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OVEX_")}
     env.update({
         "OVEX_MODELS_DIR": str(root / "models"),
@@ -141,12 +141,19 @@ def server_env(root: Path, api_key: str, port: int) -> dict[str, str]:
         "OVEX_PORT": str(port),
         "OVEX_THREADS": "1",
     })
+    if default_model:  # tests add models named before it; /v1/predict stays on it
+        env["OVEX_DEFAULT_MODEL"] = default_model
     return env
 
 
 @contextlib.contextmanager
 def live_server(
-    root: Path, *, api_key: str = API_KEY, ready_timeout: float = 120.0, command: str = "serve"
+    root: Path,
+    *,
+    api_key: str = API_KEY,
+    ready_timeout: float = 120.0,
+    command: str = "serve",
+    default_model: str | None = "demo",
 ) -> Iterator[LiveServer]:
     """Start `ovex serve` (or `ovex demo`) on a free loopback port over `root/models` and `root/data`;
     wait for /readyz."""
@@ -161,7 +168,8 @@ def live_server(
         argv = [*cmd, command, "--host", "127.0.0.1", "--port", str(port), "--models-dir", str(models_dir)]
         proc = subprocess.Popen(
             argv,
-            cwd=root, env=server_env(root, api_key, port), stdout=log, stderr=subprocess.STDOUT,
+            cwd=root, env=server_env(root, api_key, port, default_model),
+            stdout=log, stderr=subprocess.STDOUT,
         )
     server = LiveServer(f"http://127.0.0.1:{port}", api_key, root, models_dir, data_dir, proc, log_path)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 from ovex_client import Client, cli
-from ovex_client.models import JobProgress
+from ovex_client.models import JobEvent, JobProgress
 
 
 def test_params_parse_json_values_and_reject_bad_pairs() -> None:
@@ -35,6 +36,9 @@ def test_rows_file_errors_name_file_and_line(tmp_path: Path) -> None:
         list(cli.read_rows(bad))
     bad.write_text('{"text": "a"}\n{"txt": "b"}\n')
     with pytest.raises(cli.UsageError, match=r"bad.jsonl:2: needs a \"text\" or a \"features\" field"):
+        list(cli.read_rows(bad))
+    bad.write_bytes(b'{"text": "a"}\n{"text": "\xff\xfe"}\n')
+    with pytest.raises(cli.UsageError, match=r"bad.jsonl:2: not UTF-8"):
         list(cli.read_rows(bad))
     with pytest.raises(cli.UsageError, match="cannot open"):
         list(cli.read_rows(tmp_path / "missing.jsonl"))
@@ -82,3 +86,20 @@ def test_unreachable_server_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
     # Port 9 on loopback (discard) is closed here; the client must fail fast with a clear line.
     assert cli.main(["--url", "http://127.0.0.1:9", "--timeout", "2", "models", "list"]) == 3
     assert "failed" in capsys.readouterr().err
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_view_redraws_one_line_on_a_terminal() -> None:
+    out = FakeTTY()
+    view = cli.ProgressView("j1", out)
+    view(JobEvent(event="state", data={"state": "running"}))
+    view(JobEvent(event="progress", data={"epoch": 1, "epochs": 2, "step": 5, "steps_total": 10}))
+    view(JobEvent(event="state", data={"state": "succeeded"}))
+    view.finish()
+    text = out.getvalue()
+    assert text.count("\r\033[K") == 3 and text.endswith("succeeded  epoch 1/2\n")
+    assert "[##############..............]  50.0%" in text
