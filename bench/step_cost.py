@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -63,8 +64,8 @@ def measure(
     bs = params.batch_size
     n_batches = n // bs
 
-    def run(count: int, start: int) -> tuple[int, float]:
-        t0 = time.perf_counter()
+    def run(count: int, start: int) -> tuple[int, float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
         done = 0
         for s in range(count):
             pos = (start + s) % n_batches
@@ -72,13 +73,15 @@ def measure(
             done += 1
             if time.perf_counter() - t0 > seconds:
                 break
-        return done, time.perf_counter() - t0
+        return done, time.perf_counter() - t0, time.process_time() - c0
 
     run(warmup, 0)
-    steps, dt = run(max_steps, warmup)
-    rate = steps * bs / dt
-    print(f"  {loss:8s} K={k:>9,d}: {steps:5d} steps in {dt:6.2f}s -> {rate:12,.0f} examples/s", flush=True)
-    return {"loss": loss, "k": k, "steps": steps, "seconds": dt, "examples_per_s": rate}
+    steps, dt, cpu = run(max_steps, warmup)
+    rate, cpu_rate = steps * bs / dt, steps * bs / cpu
+    print(f"  {loss:8s} K={k:>9,d}: {steps:5d} steps in {dt:6.2f}s wall, {cpu:6.2f}s cpu -> "
+          f"{rate:10,.0f} examples/s wall, {cpu_rate:10,.0f} examples per cpu-second", flush=True)
+    return {"loss": loss, "k": k, "steps": steps, "seconds": dt, "cpu_seconds": cpu,
+            "examples_per_s": rate, "examples_per_cpu_s": cpu_rate}
 
 
 def main() -> None:
@@ -91,12 +94,20 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--softmax-seconds", type=float, default=6.0)
+    ap.add_argument("--skip-softmax", action="store_true", help="OVE only (exploring settings)")
+    ap.add_argument("--optimizer", default="adam", choices=["adam", "adagrad"])
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "step_cost"))
     args = ap.parse_args()
     tune_malloc()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
     torch.manual_seed(0)
     ks = [int(v) for v in args.ks.split(",")]
-    params = TrainParams(dim=args.dim, batch_size=args.batch_size, negatives=args.negatives, lr=0.01)
+    params = TrainParams(
+        dim=args.dim, batch_size=args.batch_size, negatives=args.negatives, lr=0.01, optimizer=args.optimizer
+    )
     results: list[dict[str, Any]] = []
     nnz = 0.0
     for k in ks:
@@ -108,30 +119,39 @@ def main() -> None:
         print(f"K={k:,}: data {time.perf_counter() - t0:.1f}s, {nnz:.1f} nnz/row, "
               f"{y.nnz / y.shape[0]:.2f} labels/row", flush=True)
         results.append(measure("ove", x, y, k, params, args.seconds, 100_000, warmup=5))
+        if args.skip_softmax:
+            continue
         results.append(measure("softmax", x, y, k, params, args.softmax_seconds, 100_000, warmup=1))
         del x, y
 
+    load_after = os.getloadavg()
+    if args.skip_softmax:
+        return
     rate = {(r["loss"], r["k"]): r["examples_per_s"] for r in results}
+    cpu_rate = {(r["loss"], r["k"]): r["examples_per_cpu_s"] for r in results}
     kmin, kmax = min(ks), max(ks)
     summary = {
-        "ove_flatness": rate[("ove", kmax)] / rate[("ove", kmin)],
-        "ove_vs_softmax_at_kmax": rate[("ove", kmax)] / rate[("softmax", kmax)],
+        "ove_flatness_wall": rate[("ove", kmax)] / rate[("ove", kmin)],
+        "ove_flatness_cpu": cpu_rate[("ove", kmax)] / cpu_rate[("ove", kmin)],
+        "ove_vs_softmax_at_kmax_wall": rate[("ove", kmax)] / rate[("softmax", kmax)],
+        "ove_vs_softmax_at_kmax_cpu": cpu_rate[("ove", kmax)] / cpu_rate[("softmax", kmax)],
         "ove_examples_per_s_at_kmax": rate[("ove", kmax)],
-        "targets": {
-            "ove_flatness": ">= 0.8",
-            "ove_vs_softmax_at_kmax": ">= 100",
-            "ove_examples_per_s": ">= 20000",
-        },
+        "ove_examples_per_cpu_s_at_kmax": cpu_rate[("ove", kmax)],
+        "targets": {"flatness": ">= 0.8", "ove_vs_softmax_at_kmax": ">= 100", "ove_ex_per_s": ">= 20000"},
     }
     report = {
         "setup": {
             "dim": args.dim,
             "batch_size": args.batch_size,
             "negatives": args.negatives,
+            "optimizer": args.optimizer,
             "rows": args.rows,
             "features": args.features,
             "nnz_per_row": nnz,
             "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(),
+            "load_average_before": load_before,
+            "load_average_after": load_after,
             "torch": torch.__version__,
             "machine": platform.machine(),
         },
@@ -144,20 +164,26 @@ def main() -> None:
     lines = [
         "# Step cost vs number of labels K",
         "",
-        f"d={args.dim}, batch {args.batch_size}, {args.negatives} negatives (OVE), ~{nnz:.0f} nnz/row, "
-        f"{torch.get_num_threads()} threads, torch {torch.__version__}.",
+        f"d={args.dim}, batch {args.batch_size}, {args.negatives} negatives (OVE), ~{nnz:.0f} nnz/row over "
+        f"{args.features:,} features, table optimizer {args.optimizer}, "
+        f"{torch.get_num_threads()} torch threads, "
+        f"torch {torch.__version__}. Load average {load_before[0]:.1f} before / {load_after[0]:.1f} after on "
+        f"{os.cpu_count()} CPUs: wall-clock rates depend on what else runs; examples per CPU-second do not.",
         "",
-        "| K | OVE examples/s | exact softmax examples/s | OVE / softmax |",
-        "|---:|---:|---:|---:|",
+        "| K | OVE ex/s (wall) | softmax ex/s (wall) | OVE ex/cpu-s | softmax ex/cpu-s | OVE/softmax (cpu) |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     for k in ks:
-        o, s = rate[("ove", k)], rate[("softmax", k)]
-        lines.append(f"| {k:,} | {o:,.0f} | {s:,.0f} | {o / s:,.1f}x |")
+        o, s_, oc, sc = rate[("ove", k)], rate[("softmax", k)], cpu_rate[("ove", k)], cpu_rate[("softmax", k)]
+        lines.append(f"| {k:,} | {o:,.0f} | {s_:,.0f} | {oc:,.0f} | {sc:,.0f} | {oc / sc:,.1f}x |")
     lines += [
         "",
-        f"OVE throughput at K={kmax:,} is {summary['ove_flatness']:.2f}x its K={kmin:,} throughput "
-        f"(target >= 0.8); {summary['ove_vs_softmax_at_kmax']:,.0f}x exact softmax at K={kmax:,} "
-        "(target >= 100).",
+        f"OVE at K={kmax:,} keeps {summary['ove_flatness_cpu']:.2f}x (cpu) / "
+        f"{summary['ove_flatness_wall']:.2f}x "
+        f"(wall) of its K={kmin:,} throughput (target >= 0.8) and is "
+        f"{summary['ove_vs_softmax_at_kmax_cpu']:,.0f}x (cpu) / "
+        f"{summary['ove_vs_softmax_at_kmax_wall']:,.0f}x "
+        f"(wall) faster than exact softmax at K={kmax:,} (target >= 100).",
     ]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
