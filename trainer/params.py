@@ -16,6 +16,7 @@ Encoder = Literal["linear", "mlp", "maxout"]
 Sampler = Literal["uniform", "unigram"]
 Schedule = Literal["cosine", "linear", "constant"]
 Device = Literal["auto", "cpu", "cuda"]
+LabelWeighting = Literal["row", "pair"]
 Optimizer = Literal["adam", "adagrad"]
 
 
@@ -29,12 +30,17 @@ class TrainParams(BaseModel):
     negatives: int = Field(default=1024, ge=1, le=1_000_000, description="negatives drawn per step (shared)")
     sampler: Sampler = Field(default="uniform", description="proposal for negatives (importance-weighted)")
     alpha: float = Field(default=0.75, ge=0.0, le=2.0, description="exponent of the unigram^alpha proposal")
+    label_weighting: LabelWeighting = Field(
+        default="row",
+        description="multi-label rows in ove/ove-subset/softmax: row (each row weighs 1, shared by its "
+        "positives) or pair (each positive pair weighs 1)",
+    )
     # encoder
     dim: int = Field(default=256, ge=1, le=16384, description="width d of the representation h(x)")
     encoder: Encoder = Field(default="linear", description="linear, mlp (ReLU) or maxout")
     hidden: int = Field(default=0, ge=0, le=8, description="number of hidden layers after the projection")
     pieces: int = Field(default=2, ge=2, le=16, description="maxout pieces per unit")
-    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout on h and hidden layers")
+    dropout: float = Field(default=0.5, ge=0.0, lt=1.0, description="dropout on h and hidden layers")
     # optimisation
     epochs: int = Field(default=20, ge=1, le=10_000)
     optimizer: Optimizer = Field(default="adam", description="for the big tables: adam or adagrad (row-wise)")

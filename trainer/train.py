@@ -28,7 +28,14 @@ from safetensors.torch import load_file, save_file
 from trainer import metrics as xc_metrics
 from trainer.data import Dataset, check_compatible, label_counts
 from trainer.errors import ParamsError, TrainingCancelled
-from trainer.losses import CandidateBatch, LossSpec, exhaustive_candidates, get_loss, sampled_candidates
+from trainer.losses import (
+    CandidateBatch,
+    LossSpec,
+    exhaustive_candidates,
+    get_loss,
+    row_pair_weights,
+    sampled_candidates,
+)
 from trainer.model import ModelShape, XCModel
 from trainer.negatives import NegativeSampler
 from trainer.optim import RowAdagrad, RowAdam
@@ -193,6 +200,8 @@ class Stepper:
             cand = sampled_candidates(y_ptr, y_ind, self.sampler, params.negatives)
             rows = cand.label_ids
             head_rows = model.head.index_select(0, rows).requires_grad_()
+        if params.label_weighting == "row":
+            cand.pair_weight = row_pair_weights(cand)
         h_aug = torch.cat([h, h.new_ones(h.shape[0], 1)], dim=1)
         pos_scores = None
         if self.spec.sampled_scores_only and not self.exhaustive:
