@@ -145,6 +145,30 @@ def test_class_level_fit_with_trainer_options() -> None:
         True, True, False, False, "vocab", 5)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    docs=st.lists(st.text(alphabet="abc d", min_size=0, max_size=40), min_size=8, max_size=20),
+    mode=st.sampled_from(["vocab", "hash"]),
+    ngrams=st.sampled_from([1, 2]),
+    sublinear=st.booleans(),
+    buckets=st.sampled_from([1, 3, 64]),
+)
+def test_batch_and_single_row_routes_are_bit_identical(docs: list[str], mode: str, ngrams: int,
+                                                       sublinear: bool, buckets: int) -> None:
+    """A row featurizes the same alone (dict route, as a request) or inside a batch (numpy route)."""
+    cfg = FeaturizerConfig(text_mode=mode, ngrams=ngrams, min_df=1, hash_features=buckets,  # type: ignore[arg-type]
+                           sublinear_tf=sublinear)
+    try:
+        f = Featurizer(cfg).fit(_texts([*docs, "ab cd"]))
+    except ParamsError:
+        return
+    batch = f.transform_texts(docs)
+    for i, doc in enumerate(docs):
+        one = f.transform_texts([doc])
+        assert np.array_equal(one.indices, batch[i].indices)
+        assert np.array_equal(one.data, batch[i].data), (doc, one.data, batch[i].data)
+
+
 # ----------------------------------------------------------------------------- persistence
 
 
