@@ -253,7 +253,9 @@ class Predictor:
     def _index_rows(self, h: npt.NDArray[np.float32], k: int, norm: Normalization) -> list[RowPrediction]:
         top = self.retriever.search(h, k)
         if norm == "sparsemax":
-            top = self._widen_sparsemax(h, top, k, self.retriever, MAX_INDEX_FETCH)
+            # scans certify once the support fits; IVF's cell bound does not shrink with k: one step only
+            scan = self.retriever.kind in ("exact", "flat")
+            top = self._widen_sparsemax(h, top, k, self.retriever, MAX_INDEX_FETCH if scan else 4 * k)
         return self._finish(top, norm, self._threshold(h) if norm == "evsoftmax" else None)
 
     def _widen_sparsemax(

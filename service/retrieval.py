@@ -77,7 +77,7 @@ class RetrievalConfig:
     flat_max_labels: int = 200_000
     ivf_nlist: int | None = None
     ivf_nprobe: int | None = None
-    recall_target: float = 0.97
+    recall_target: float = 0.99
     hnsw_m: int = 32
     hnsw_ef_search: int = 128
     exact_block_rows: int = 65536
@@ -394,7 +394,8 @@ def _tune_nprobe(retr: IVFRetriever, exact: ExactScorer, cfg: RetrievalConfig) -
     nq = min(cfg.tune_queries, retr.n_labels)
     rows = rng.choice(retr.n_labels, size=nq, replace=False)
     q = np.ascontiguousarray(retr.weight[rows], dtype=np.float32)
-    q = q + rng.normal(0, 0.1, size=q.shape).astype(np.float32) * np.abs(q).mean()
+    # a label's own vector plus noise of 30% of its scale: an input near, not on, its labels
+    q = q + rng.normal(0, 0.3, size=q.shape).astype(np.float32) * np.abs(q).mean()
     k = min(10, retr.n_labels)
     truth = exact.search(q, k).ids
     nprobe, recall = 1, 0.0
@@ -504,6 +505,9 @@ def build_retriever(
             "ivf index loaded from cache",
             extra={"labels": int(weight.shape[0]), "nlist": retr.nlist, "nprobe": retr.nprobe},
         )
+        if not cfg.ivf_nprobe and meta.get("recall_target") != cfg.recall_target:
+            retr.nprobe, recall = _tune_nprobe(retr, exact, cfg)  # the target changed: re-tune, cheap
+            log.info("ivf nprobe re-tuned", extra={"nprobe": retr.nprobe, "proxy_recall_at_10": recall})
         return retr
     index, meta, arrays = _build_ivf(weight, bias, cfg)
     retr = IVFRetriever(

@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     ivf_nlist: int | None = Field(default=None, ge=1, description="IVF cells; None: about 2*sqrt(K)")
     ivf_nprobe: int | None = Field(default=None, ge=1, description="IVF cells probed; None: tuned at build")
     index_recall_target: float = Field(
-        default=0.97, gt=0, le=1, description="recall@10 the nprobe tuning aims at"
+        default=0.99, gt=0, le=1, description="recall@10 the nprobe tuning aims at"
     )
     hnsw_m: int = Field(default=32, ge=4)
     hnsw_ef_search: int = Field(default=128, ge=1)

@@ -93,7 +93,8 @@ def test_ivf_recall_and_cache_round_trip(ivf_setup: tuple) -> None:
     recall = np.mean([len(set(g) & set(t)) / 10 for g, t in zip(got, truth, strict=True)])
     assert recall >= 0.85
     assert (art / "index" / "index.faiss").is_file() and (art / "index" / "meta.json").is_file()
-    again = build_retriever(w, b, RetrievalConfig(kind="ivf", ivf_nlist=64), art, exact)
+    again = build_retriever(w, b, RetrievalConfig(kind="ivf", ivf_nlist=64, recall_target=0.9), art, exact)
+    assert again.nprobe == retr.nprobe
     assert again.search(h, 10).ids.tolist() == got.tolist()
     # a different head (same shape) must not reuse the cache
     w2 = w.copy()
