@@ -76,7 +76,10 @@ class Worker:
             log.warning("could not list pending queue messages", exc_info=True)
             return
         for job in old_queued:
-            if job.id not in pending:
+            if job.id in pending:
+                continue
+            again = self.store.get_job(job.id)  # its message may have been in flight while we listed
+            if again is not None and again.state == QUEUED and again.updated_at == job.updated_at:
                 log.warning("job %s is queued but has no queue message; re-sending", job.id)
                 self.queue.enqueue(job.id)
 

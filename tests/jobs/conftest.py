@@ -349,6 +349,16 @@ class Server:
         self.workers.append(proc)
         return proc
 
+    def wait_workers_ready(self, timeout: float = 90) -> None:
+        """Until every started worker has logged that it is consuming (migrations done, queue open)."""
+        deadline = time.monotonic() + timeout
+        for i in range(len(self.workers)):
+            log = self.root / f"worker{i}.log"
+            while "queue=" not in (log.read_text(errors="replace") if log.exists() else ""):
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"worker {i} did not start:\n{self.log_tail()}")
+                time.sleep(0.1)
+
     def log_tail(self, n: int = 4000) -> str:
         parts = []
         for p in sorted(self.root.glob("*.log")):
@@ -417,12 +427,18 @@ class Server:
 def make_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
     servers: list[Server] = []
 
-    def factory(backend: Backend, *, embedded_worker: bool = True, **extra_env: str) -> Server:
+    def factory(
+        backend: Backend, *, embedded_worker: bool = True, workers: int = 0, **extra_env: str
+    ) -> Server:
+        """A started server; `workers` standalone workers are launched alongside (their start-up overlaps)."""
         srv = Server(
             tmp_path_factory.mktemp("srv"), backend, embedded_worker=embedded_worker, extra_env=extra_env
         )
         servers.append(srv)
-        srv.start()
+        srv.start(wait=False)
+        for _ in range(workers):
+            srv.start_worker()
+        srv.wait_ready()
         return srv
 
     yield factory

@@ -157,19 +157,18 @@ def test_cancel_running_job_stops_fast_and_cleans_up(
 def test_stopped_and_killed_workers_resume_from_checkpoints(
     backend: Backend, make_server: Any, synth_files: dict[str, Path]
 ) -> None:
-    """SIGTERM a worker (it hands the job back at once), then SIGKILL the next one: each new worker continues
-    from the last checkpoint (after a SIGKILL the lease expires and the reaper re-queues the job). The
-    second worker is started ahead (it idles: the job is claimed) so interpreter start-up counts once.
+    """SIGTERM the worker running a job (it hands the job back at once), then SIGKILL the one that took it
+    over: each next worker continues from the last checkpoint (after the SIGKILL the lease expires and the
+    reaper re-queues the job). Three workers start together so their start-ups overlap.
     (An API restart mid-job is in `test_embedded_worker_is_a_fresh_child_that_follows_ovex_serve`.)"""
-    srv = make_server(backend, embedded_worker=False)
-    first = srv.start_worker()
+    srv = make_server(backend, embedded_worker=False, workers=3)
+    by_pid = {w.pid: w for w in srv.workers}
     train = srv.upload(synth_files["train"])
+    srv.wait_workers_ready()
     params = {**TINY, "epochs": 40, "eval_every": 0}  # 760 steps
     job_id = srv.submit({"model": "crash", "train_dataset": train["id"], "params": params, "activate": True})
-    srv.wait(job_id, lambda j: j["state"] == "running", 60, "the first worker to take the job")
-    second = srv.start_worker()
     before = srv.wait(job_id, lambda j: (j["progress"]["step"] or 0) >= 60, 60, "training past step 60")
-    assert before["worker"] and f":{first.pid}:" in before["worker"]
+    first = by_pid[int(before["worker"].split(":")[1])]
 
     # graceful stop: the job goes back to the queue straight away, keeping its checkpoint
     first.send_signal(signal.SIGTERM)
@@ -177,17 +176,16 @@ def test_stopped_and_killed_workers_resume_from_checkpoints(
     assert "worker shutting down" in srv.logs(job_id)
     mid = srv.wait(
         job_id,
-        lambda j: j["state"] == "running" and f":{second.pid}:" in (j["worker"] or ""),
+        lambda j: j["state"] == "running" and f":{first.pid}:" not in (j["worker"] or f":{first.pid}:"),
         60,
-        "the second worker to take the job",
+        "another worker to take the job",
     )
+    second = by_pid[int(mid["worker"].split(":")[1])]
     resumed_1 = mid["progress"]["step"] or 0
     srv.wait(job_id, lambda j: (j["progress"]["step"] or 0) >= resumed_1 + 100, 60, "progress on worker 2")
     os.kill(second.pid, signal.SIGKILL)
     second.wait(10)
     assert srv.job(job_id)["state"] == "running"  # nobody knows yet: the lease has not expired
-    srv.start_worker()
-
     job = srv.wait(
         job_id,
         lambda j: j["state"] in ("succeeded", "failed", "cancelled"),
