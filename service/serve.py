@@ -63,6 +63,8 @@ def run_server(settings: Settings) -> int:
         log_config=uvicorn_log_config(),
         access_log=settings.access_log,
         log_level=settings.log_level.lower(),
+        # open SSE streams (/v1/jobs/{id}/events) would otherwise hold shutdown until their job ends
+        timeout_graceful_shutdown=5,
     )
     return 0
 
