@@ -45,7 +45,7 @@ F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2  # 2: reduced vectors padded to a multiple of 16
 IndexKind = Literal["exact", "flat", "ivf", "hnsw"]
 
 
@@ -261,7 +261,7 @@ class IVFRetriever:
 
     def search(self, h: F32, k: int, nprobe: int | None = None) -> TopK:
         n = h.shape[0]
-        q2 = _fold_query(h, 2)
+        q2 = _fold_query(h, int(self.index.d) - h.shape[1])
         npr = max(1, min(nprobe or self.nprobe, self.nlist))
         dq, iq = self.index.quantizer.search(q2, npr)
         pool = min(self.n_labels, k + 1 + max(k, 16))
@@ -301,7 +301,7 @@ class HNSWRetriever:
     def search(self, h: F32, k: int) -> TopK:
         pool = min(self.n_labels, k + 1 + max(k, 16))
         self.index.hnsw.efSearch = max(self.index.hnsw.efSearch, pool)
-        _, cand = self.index.search(_fold_query(h, 2), pool)
+        _, cand = self.index.search(_fold_query(h, int(self.index.d) - h.shape[1]), pool)
         cand = cand.astype(np.int64)
         ids, scores, _ = _take_best(cand, _rescore(self.weight, self.bias, h, cand), k)
         return TopK(ids, scores, np.full(h.shape[0], np.inf))
@@ -311,14 +311,21 @@ class HNSWRetriever:
 # building, tuning, caching
 
 
+def reduced_width(dim: int) -> int:
+    """Width of the NN-reduced vectors, [w, b, √(M² − ‖[w, b]‖²)] zero-padded to a multiple of 16:
+    faiss's scalar-quantizer scan has a fast path only for such widths (≈20× faster at d=128)."""
+    return -(-(dim + 2) // 16) * 16
+
+
 def _reduced(weight: F32, bias: F32, start: int, stop: int, max_norm: float) -> F32:
-    """Rows [start, stop) of the NN-reduced label matrix w'' = [w, b, √(M² − ‖[w, b]‖²)]."""
+    """Rows [start, stop) of the NN-reduced label matrix w'' = [w, b, √(M² − ‖[w, b]‖²), 0…]."""
     w = weight[start:stop]
-    out = np.empty((stop - start, w.shape[1] + 2), dtype=np.float32)
-    out[:, : w.shape[1]] = w
-    out[:, w.shape[1]] = bias[start:stop]
-    sq = np.einsum("ij,ij->i", out[:, :-1].astype(np.float64), out[:, :-1].astype(np.float64))
-    out[:, -1] = np.sqrt(np.maximum(max_norm * max_norm - sq, 0.0))
+    dim = w.shape[1]
+    out = np.zeros((stop - start, reduced_width(dim)), dtype=np.float32)
+    out[:, :dim] = w
+    out[:, dim] = bias[start:stop]
+    wb = out[:, : dim + 1].astype(np.float64)
+    out[:, dim + 1] = np.sqrt(np.maximum(max_norm * max_norm - np.einsum("ij,ij->i", wb, wb), 0.0))
     return out
 
 
@@ -348,7 +355,7 @@ def default_nlist(n_labels: int) -> int:
 
 def _build_ivf(weight: F32, bias: F32, cfg: RetrievalConfig) -> tuple[Any, dict[str, Any], dict[str, F32]]:
     n_labels, dim = weight.shape
-    d2 = dim + 2
+    d2 = reduced_width(dim)
     chunk = 65536
     max_norm = _max_norm(weight, bias, chunk)
     nlist = min(cfg.ivf_nlist or default_nlist(n_labels), n_labels)
@@ -473,7 +480,7 @@ def build_retriever(
             index = cached[0]
         else:
             max_norm = _max_norm(weight, bias, 65536)
-            index = faiss.IndexHNSWFlat(weight.shape[1] + 2, cfg.hnsw_m)
+            index = faiss.IndexHNSWFlat(reduced_width(weight.shape[1]), cfg.hnsw_m)
             index.hnsw.efConstruction = 80
             for s in range(0, weight.shape[0], 65536):
                 index.add(_reduced(weight, bias, s, min(s + 65536, weight.shape[0]), max_norm))
