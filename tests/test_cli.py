@@ -31,7 +31,7 @@ def test_synth_train_evaluate_predict(tmp_path: Path, capsys: pytest.CaptureFixt
                  "--seed", "1", "--test-out", str(test), "--test-rows", "250"]) == 0
     assert read_xc(test).n_rows == 250
     code = main(["train", "--train", str(train), "--test", str(test), "--out", str(model), "--dim", "32",
-                 "--epochs", "4", "--batch-size", "100", "--negatives", "24", "--lr", "0.02", "--seed", "3",
+                 "--epochs", "4", "--batch-size", "100", "--negatives", "24", "--seed", "3",
                  "--quiet"])
     assert code == 0
     capsys.readouterr()

@@ -52,7 +52,7 @@ class Recorder:
 
 
 def _params(**kw: object) -> TrainParams:
-    base: dict[str, object] = {"dim": 32, "epochs": 3, "batch_size": 100, "negatives": 32, "lr": 0.02}
+    base: dict[str, object] = {"dim": 32, "epochs": 3, "batch_size": 100, "negatives": 32}
     base.update(kw)
     return TrainParams(**base)  # type: ignore[arg-type]
 

@@ -43,8 +43,9 @@ class TrainParams(BaseModel):
     dropout: float = Field(default=0.5, ge=0.0, lt=1.0, description="dropout on h and hidden layers")
     # optimisation
     epochs: int = Field(default=20, ge=1, le=10_000)
-    optimizer: Optimizer = Field(default="adam", description="for the big tables: adam or adagrad (row-wise)")
-    lr: float = Field(default=0.01, gt=0.0, le=10.0, description="peak learning rate (row-wise Adam)")
+    optimizer: Optimizer = Field(default="adagrad", description="big tables: adagrad (row-wise) or adam")
+    lr: float = Field(default=0.1, gt=0.0, le=10.0, description="peak learning rate")
+    dense_lr: float = Field(default=0.002, gt=0.0, le=10.0, description="peak lr of hidden layers (Adam)")
     warmup: float = Field(default=0.05, ge=0.0, lt=1.0, description="fraction of steps with linear warmup")
     schedule: Schedule = Field(default="cosine", description="decay after warmup")
     batch_size: int = Field(default=256, ge=1, le=1_000_000)

@@ -228,9 +228,10 @@ class Stepper:
         for name, t in extra.items():
             if t.grad is not None:
                 opt.step(f"extra.{name}", model.extra[name], t.grad, lr, rows=rows, weight_decay=wd)
+        dense_lr = lr * params.dense_lr / params.lr  # same schedule, its own peak
         for name, p in self.dense.items():
             if p.grad is not None:
-                self.optim.step(name, p, p.grad, lr)
+                self.optim.step(name, p, p.grad, dense_lr)
         return float(loss.detach())
 
 
