@@ -1,7 +1,8 @@
 """Memory a training job will need, estimated before it is queued, so an impossible job fails at once.
 
 The dominant terms are the label head (labels × (dim + 1) floats) and the input projection (features ×
-dim); row-wise Adam keeps two more floats per parameter, so each parameter costs 3 × 4 bytes.
+dim); the optimizer keeps state per parameter (Adam two floats, row-wise Adagrad one), so each parameter
+costs (1 + state) × 4 bytes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from dataclasses import dataclass
 from trainer.params import TrainParams
 
 BYTES_PER_FLOAT = 4
-OPTIMIZER_MULTIPLIER = 3  # the weight itself + Adam's first and second moments
+# the weight itself + the optimizer's state per weight
+OPTIMIZER_MULTIPLIER = {"adam": 3, "adagrad": 2, "sgd": 1}
+DEFAULT_MULTIPLIER = 3  # an optimizer we do not know: assume Adam-sized state
 
 
 @dataclass(frozen=True)
@@ -21,12 +24,14 @@ class MemoryEstimate:
     dim: int
     parameters: int
     bytes: int
+    multiplier: int = DEFAULT_MULTIPLIER
+    optimizer: str = "adam"
 
     def explain(self) -> str:
         return (
             f"about {human_bytes(self.bytes)} ({self.labels} labels × {self.dim} dims for the label head, "
             f"{self.features} features × {self.dim} dims for the input projection, × {BYTES_PER_FLOAT} bytes "
-            f"× {OPTIMIZER_MULTIPLIER} for weights and optimizer state)"
+            f"× {self.multiplier} for weights and {self.optimizer} state)"
         )
 
 
@@ -45,7 +50,9 @@ def estimate(params: TrainParams, labels: int, features: int | None) -> MemoryEs
     width = d * (params.pieces if params.encoder == "maxout" else 1)
     hidden = params.hidden * (d * width + width) if params.encoder != "linear" or params.hidden else 0
     n_params = head + projection + hidden
-    return MemoryEstimate(labels, n_in, d, n_params, n_params * BYTES_PER_FLOAT * OPTIMIZER_MULTIPLIER)
+    optimizer = str(getattr(params, "optimizer", "adam"))
+    mult = OPTIMIZER_MULTIPLIER.get(optimizer, DEFAULT_MULTIPLIER)
+    return MemoryEstimate(labels, n_in, d, n_params, n_params * BYTES_PER_FLOAT * mult, mult, optimizer)
 
 
 def human_bytes(n: float) -> str:

@@ -399,6 +399,8 @@ class Server:
             job = self.job(job_id)
             if pred(job):
                 return job
+            if job["state"] in ("succeeded", "failed", "cancelled"):  # it will not change any more
+                raise AssertionError(f"job ended before {what}: {json.dumps(job)}\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out waiting for {what}: {json.dumps(job)}\n{self.log_tail()}")
             time.sleep(0.1)

@@ -4,9 +4,11 @@ worker and an API restart. Runs on SQLite + the embedded queue and (marked `serv
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -152,6 +154,27 @@ def test_cancel_running_job_stops_fast_and_cleans_up(
     srv.wait(busy, lambda j: j["state"] == "cancelled", 5, "the running job to stop")
     time.sleep(1.0)
     assert srv.job(queued)["state"] == "cancelled" and srv.job(queued)["started_at"] is None
+
+    # stopping the server while a client follows a running job's events does not hang
+    last = srv.submit({"model": "long", "train_dataset": train["id"], "params": LONG})
+    srv.wait(last, lambda j: j["state"] == "running", 60, "the last job to start")
+
+    def follow() -> None:
+        with contextlib.suppress(Exception):  # the server goes away under it
+            srv.events(last)
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    time.sleep(1.0)
+    assert srv.proc is not None
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    srv.proc.wait(30)
+    assert time.monotonic() - t0 < 20
+    assert not srv.workers  # (embedded worker only) it was stopped with the server and handed its job back
+    srv.start()
+    assert srv.job(last)["state"] in ("queued", "running")
+    assert srv.client.post(f"/v1/jobs/{last}/cancel").status_code == 202
 
 
 def test_stopped_and_killed_workers_resume_from_checkpoints(

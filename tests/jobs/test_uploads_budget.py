@@ -88,11 +88,14 @@ def test_publish_takes_the_next_free_version(tmp_path: Path) -> None:
 
 
 @given(labels=st.integers(1, 10**7), features=st.integers(1, 10**6), dim=st.integers(1, 4096))
-def test_memory_estimate_counts_head_projection_and_adam_state(labels: int, features: int, dim: int) -> None:
-    params = TrainParams(dim=dim)
-    est = budget.estimate(params, labels, features)
-    assert est.bytes == (labels * (dim + 1) + features * dim) * 4 * 3
-    assert est.bytes > budget.estimate(params, max(1, labels // 2), features).bytes or labels == 1
+def test_memory_estimate_counts_head_projection_and_optimizer_state(
+    labels: int, features: int, dim: int
+) -> None:
+    for optimizer, state in (("adam", 2), ("adagrad", 1)):
+        params = TrainParams(dim=dim, optimizer=optimizer)
+        est = budget.estimate(params, labels, features)
+        assert est.bytes == (labels * (dim + 1) + features * dim) * 4 * (1 + state)
+        assert est.bytes > budget.estimate(params, max(1, labels // 2), features).bytes or labels == 1
 
 
 def test_text_datasets_use_hash_size_or_vocabulary_cap() -> None:
