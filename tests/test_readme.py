@@ -69,6 +69,8 @@ def run_block(kind: str, body: str, demo: Any, cwd: Path) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a dozen CLI processes and three training jobs; slow on a loaded machine
 def test_readme_blocks_run_against_a_live_server(demo: Any, tmp_path: Path) -> None:
     # The blocks assume the repository root (`.venv/bin/...`); run them in a scratch copy of that view.
     (tmp_path / ".venv").symlink_to(VENV_BIN.parent)

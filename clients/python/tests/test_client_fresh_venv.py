@@ -53,6 +53,7 @@ def base_python() -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # creating a venv and installing httpx + pydantic into it
 def test_fresh_venv_install_without_torch(live: LiveServer, tmp_path: Path) -> None:
     venv = tmp_path / "client-venv"
     subprocess.run([base_python(), "-m", "venv", str(venv)], check=True, timeout=120)
