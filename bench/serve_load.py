@@ -311,7 +311,8 @@ def main() -> int:
     head_bytes = args.labels * (args.dim + 1) * 4
 
     port = free_port()
-    had_index = (art / "index").exists()
+    meta_path = art / "index" / "meta.json"
+    had_index = meta_path.exists() and json.loads(meta_path.read_text()).get("format") == 2
     proc = start_server(models, args.work, port, args.threads, args.window_ms)
     sampler = RssSampler(proc.pid)
     sampler.start()

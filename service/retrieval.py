@@ -38,6 +38,7 @@ import faiss
 import numpy as np
 import numpy.typing as npt
 import torch
+from threadpoolctl import threadpool_limits
 
 log = logging.getLogger("ovex.retrieval")
 
@@ -50,10 +51,12 @@ IndexKind = Literal["exact", "flat", "ivf", "hnsw"]
 
 
 def configure_threads(n: int) -> None:
-    """Pin torch and faiss (OpenMP) thread counts: faiss sets none of its own and oversubscribes.
-    OpenMP's count belongs to the calling thread, so every thread that runs faiss calls this."""
+    """Pin torch, faiss (OpenMP) and numpy's BLAS thread counts: faiss sets none of its own, and idle
+    BLAS/OpenMP workers spin on a busy machine. OpenMP's count belongs to the calling thread, so every
+    thread that runs faiss calls this."""
     torch.set_num_threads(n)
     faiss.omp_set_num_threads(n)
+    threadpool_limits(limits=n, user_api="blas")
 
 
 @dataclass(frozen=True)
