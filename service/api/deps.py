@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from service.api.metrics import Metrics
 from service.batching import MicroBatcher
 from service.registry import ModelRegistry
 from service.settings import Settings
@@ -21,6 +22,11 @@ def get_registry(request: Request) -> ModelRegistry:
     return r
 
 
+def get_metrics(request: Request) -> Metrics:
+    m: Metrics = request.app.state.metrics
+    return m
+
+
 def get_batcher(request: Request) -> MicroBatcher:
     b: MicroBatcher = request.app.state.batcher
     return b
@@ -29,3 +35,4 @@ def get_batcher(request: Request) -> MicroBatcher:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
 BatcherDep = Annotated[MicroBatcher, Depends(get_batcher)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]

@@ -7,8 +7,9 @@ import json
 import numpy as np
 from fastapi import APIRouter, Response
 
-from service.api.deps import BatcherDep, RegistryDep, SettingsDep
+from service.api.deps import BatcherDep, MetricsDep, RegistryDep, SettingsDep
 from service.api.errors import InputError, Loc, Unavailable
+from service.api.metrics import Metrics
 from service.api.schemas import ErrorBody, PredictRequest, PredictResponse
 from service.batching import MicroBatcher
 from service.predictor import InputRow, Job, Options
@@ -76,7 +77,7 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
 
 
 async def _predict(
-    served: ServedModel, req: PredictRequest, batcher: MicroBatcher, settings: Settings
+    served: ServedModel, req: PredictRequest, batcher: MicroBatcher, settings: Settings, metrics: Metrics
 ) -> Response:
     job = _to_job(req, served, settings)
     try:
@@ -85,6 +86,7 @@ async def _predict(
         raise Unavailable(
             f"prediction took over {settings.request_timeout_s}s; retry later", headers={"Retry-After": "1"}
         ) from None
+    metrics.predicted_rows.labels(served.name, served.version).inc(len(preds))
     body = {
         "model": served.name,
         "version": served.version,
@@ -102,15 +104,24 @@ async def _predict(
 
 @router.post("/v1/models/{name}/predict", response_model=PredictResponse, responses=ERRORS)
 async def predict_model(
-    name: str, req: PredictRequest, registry: RegistryDep, batcher: BatcherDep, settings: SettingsDep
+    name: str,
+    req: PredictRequest,
+    registry: RegistryDep,
+    batcher: BatcherDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
 ) -> Response:
     """Top labels with sparse probabilities from the active version of `name`."""
-    return await _predict(registry.get(name), req, batcher, settings)
+    return await _predict(registry.get(name), req, batcher, settings, metrics)
 
 
 @router.post("/v1/predict", response_model=PredictResponse, responses=ERRORS)
 async def predict_default(
-    req: PredictRequest, registry: RegistryDep, batcher: BatcherDep, settings: SettingsDep
+    req: PredictRequest,
+    registry: RegistryDep,
+    batcher: BatcherDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
 ) -> Response:
     """Same as `/v1/models/{name}/predict` for the default model."""
-    return await _predict(registry.default(), req, batcher, settings)
+    return await _predict(registry.default(), req, batcher, settings, metrics)

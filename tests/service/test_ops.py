@@ -51,6 +51,7 @@ def test_metrics_count_requests_batches_and_models(server: Server) -> None:
     )
     assert lines["ovex_batch_rows_count"] >= 3
     assert lines['ovex_models_loaded{model="small",version="1"}'] == 1.0
+    assert lines['ovex_predicted_rows_total{model="small",version="1"}'] >= 3
 
 
 def test_openapi_and_docs(server: Server) -> None:
