@@ -122,3 +122,18 @@ def test_sampled_losses_are_finite_and_move_the_positive_up() -> None:
         else:  # gradient (p − q)/rows: each row sums to 0, the single-label row's positive goes up
             torch.testing.assert_close(scores.grad.sum(dim=1), torch.zeros(3), atol=1e-6, rtol=0)
             assert float(scores.grad[1, cand.pos_cols[2]]) <= 0
+
+
+def test_sparsemax_pairs_loss_matches_per_pair_textbook_and_masks_other_positives() -> None:
+    batch = _batch([[0, 3], [2]], n_labels=6, seed=7)
+    got = get_loss("sparsemax-pairs").fn(batch)
+    s = batch.scores.detach()
+    want = []
+    for b, y, other in [(0, 0, [3]), (0, 3, [0]), (1, 2, [])]:
+        keep = [j for j in range(6) if j not in other]
+        q = torch.zeros(len(keep), dtype=torch.float64)
+        q[keep.index(y)] = 1.0
+        want.append(_textbook_sparsemax_loss(s[b, keep], q))
+    torch.testing.assert_close(got.detach(), torch.stack(want).mean())
+    got.backward()
+    assert batch.scores.grad is not None and torch.isfinite(batch.scores.grad).all()

@@ -5,11 +5,15 @@ from __future__ import annotations
 from trainer.dropmax import HEAD as DROPMAX_HEAD
 from trainer.dropmax import dropmax_loss
 from trainer.losses import LossSpec, register_loss
-from trainer.sparse_losses import evsoftmax_loss, sparsemax_loss
+from trainer.sparse_losses import evsoftmax_loss, sparsemax_loss, sparsemax_pairs_loss
 
 register_loss(
     "sparsemax",
     LossSpec(sparsemax_loss, doc="sparsemax loss on the candidate set (Martins & Astudillo 2016)"),
+)
+register_loss(
+    "sparsemax-pairs",
+    LossSpec(sparsemax_pairs_loss, doc="sparsemax loss per positive pair, other positives removed"),
 )
 register_loss(
     "evsoftmax",

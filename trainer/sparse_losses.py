@@ -19,17 +19,25 @@ from trainer.sparse_maps import sparsemax_torch
 EV_EPSILON = 1e-3  # ε of the training-time ev-softmax: mass kept by labels below the mean (Chen et al.)
 
 
-def sparsemax_loss_rows(z: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def sparsemax_loss_rows(
+    z: torch.Tensor, q: torch.Tensor, present: torch.Tensor | None = None
+) -> torch.Tensor:
     """Sparsemax loss per row: L(z; q) = −⟨q, z⟩ + ½Σ_{j∈S}(z_j² − τ²) + ½‖q‖², gradient sparsemax(z) − q.
 
     Evaluated as ½‖q − z‖² − ½‖p − z‖² (the same value, p = sparsemax(z)) on scores shifted by the row
     max — the loss is shift-invariant, and this form stays accurate for large scores. With p detached the
     autograd gradient is exactly p − q (the identity that makes this loss the Fenchel-Young loss of
-    sparsemax). ``q`` rows are distributions (non-negative, summing to 1).
+    sparsemax). ``q`` rows are distributions (non-negative, summing to 1) with no mass on entries that
+    ``present`` (bool, optional) marks absent; absent entries take no part and get no gradient.
     """
+    if present is not None:
+        with torch.no_grad():
+            p = sparsemax_torch(torch.where(present, z.detach(), -torch.inf))
+        z = torch.where(present, z, torch.zeros_like(z))  # finite stand-in: its term is (0 − 0)·(…) = 0
+    else:
+        with torch.no_grad():
+            p = sparsemax_torch(z.detach())
     zs = z - z.detach().max(dim=-1, keepdim=True).values
-    with torch.no_grad():
-        p = sparsemax_torch(zs.detach())
     return 0.5 * ((q - p) * (q + p - 2.0 * zs)).sum(dim=-1)
 
 
@@ -49,6 +57,23 @@ def sparsemax_loss(batch: CandidateBatch) -> torch.Tensor:
         return s.sum() * 0.0
     q = c.pos_mask[rows].to(s.dtype) / counts[rows].unsqueeze(1).to(s.dtype)
     return sparsemax_loss_rows(s[rows], q).mean()
+
+
+def sparsemax_pairs_loss(batch: CandidateBatch) -> torch.Tensor:
+    """Variant: one sparsemax loss per positive pair (b, y), target one-hot on y, the row's other positives
+    removed from its candidates — the multi-label convention of `ove`/`softmax` (each positive must beat
+    the non-positives; positives are not forced to share mass). Same candidate-set approximation."""
+    c = batch.cand
+    s = batch.scores
+    if c.pos_rows.numel() == 0:
+        return s.sum() * 0.0
+    z = s.index_select(0, c.pos_rows)  # [P, C]
+    other_pos = c.pos_mask.index_select(0, c.pos_rows)
+    pair = torch.arange(c.pos_rows.numel(), device=s.device)
+    other_pos[pair, c.pos_cols] = False
+    q = torch.zeros_like(z)
+    q[pair, c.pos_cols] = 1.0
+    return sparsemax_loss_rows(z, q, present=~other_pos).mean()
 
 
 def evsoftmax_loss(batch: CandidateBatch, eps: float = EV_EPSILON) -> torch.Tensor:
