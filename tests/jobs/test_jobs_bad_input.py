@@ -225,3 +225,49 @@ def test_test_set_that_does_not_fit(srv: Server, train_id: str, synth_files: dic
     )
     assert r.status_code == 422 and "jsonl" in _detail(r)[0]["msg"], r.text
     _nothing_queued(srv)
+
+
+def test_fuzzed_requests_with_the_key_never_5xx(srv: Server, train_id: str) -> None:
+    """schemathesis over the jobs/datasets operations, authenticated: no 5xx, answers match the schema.
+    (Last in this module: a fuzzed request may legitimately create a record.)"""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis.checks import not_a_server_error
+    from schemathesis.specs.openapi.checks import (
+        content_type_conformance,
+        response_schema_conformance,
+        status_code_conformance,
+    )
+
+    checks = [
+        not_a_server_error,
+        status_code_conformance,
+        content_type_conformance,
+        response_schema_conformance,
+    ]
+    schema = schemathesis.openapi.from_url(srv.base + "/openapi.json")
+    seen = []
+    statuses: list[int] = []
+    for result in schema.get_all_operations():
+        op = result.ok()  # type: ignore[union-attr]
+        if not op.path.startswith(("/v1/jobs", "/v1/datasets")) or op.path.endswith("/events"):
+            continue  # (events: a stream that ends only with its job; covered end to end)
+        seen.append(f"{op.method.upper()} {op.path}")
+
+        @given(case=op.as_strategy())
+        @settings(
+            max_examples=25,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=True,
+            database=None,
+        )
+        def run(case: Any) -> None:
+            response = case.call_and_validate(
+                base_url=srv.base, headers={"X-API-Key": API_KEY}, checks=checks
+            )
+            statuses.append(response.status_code)
+
+        run()
+    assert len(statuses) >= 5 * len(seen) and not any(s in (401, 403) for s in statuses), statuses
+    assert "POST /v1/jobs" in seen and "POST /v1/datasets" in seen and "POST /v1/jobs/{job_id}/cancel" in seen
