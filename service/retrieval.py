@@ -541,6 +541,7 @@ def build_retriever(
             "fingerprint": fp,
             "nprobe": retr.nprobe,
             "tuned_recall_at_10": recall,
+            "recall_target": cfg.recall_target,
             "n_labels": int(weight.shape[0]),
         }
     )
