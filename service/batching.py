@@ -1,7 +1,8 @@
 """Micro-batching between the HTTP layer and the predictor.
 
 Requests wait in an asyncio queue; one loop takes the first, gathers more for at most `window` seconds
-(or until `max_rows` input rows), and runs them in one predictor call on a single compute thread. While
+(or until `max_rows` input rows; no wait when the previous batch was a lone request), and runs them in
+one predictor call on a single compute thread. While
 that call runs, new requests queue up and form the next batch, so under load batches grow by themselves
 and at concurrency 1 a request waits at most the window. Each queued item carries the predictor it
 pinned when it arrived, so a hot swap never mixes versions within a request.
@@ -46,6 +47,7 @@ class MicroBatcher:
         self.max_rows = max_rows
         self.on_batch = on_batch
         self._queue: asyncio.Queue[_Item] | None = None
+        self._last_requests = 0
         self._task: asyncio.Task[None] | None = None
         # OpenMP thread counts are per calling thread: the compute thread must set its own (thread_init)
         self._executor = ThreadPoolExecutor(
@@ -78,7 +80,10 @@ class MicroBatcher:
         assert self._queue is not None
         batch = [first]
         rows = len(first.job.rows)
-        deadline = time.perf_counter() + self.window_s
+        # Wait for company only when the last batch had some: a lone client (concurrency 1) would
+        # otherwise pay the whole window on every request for nothing.
+        window = self.window_s if self._last_requests > 1 else 0.0
+        deadline = time.perf_counter() + window
         while rows < self.max_rows:
             try:
                 item = self._queue.get_nowait()
@@ -100,6 +105,7 @@ class MicroBatcher:
         while True:
             first = await self._queue.get()
             batch = await self._gather(first)
+            self._last_requests = len(batch)
             live = [it for it in batch if not it.future.done()]  # timed-out callers are gone
             if not live:
                 continue

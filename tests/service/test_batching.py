@@ -1,0 +1,92 @@
+"""Micro-batcher: concurrent requests share predictor calls, versions never mix, callers never hang."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from service.batching import MicroBatcher
+from service.predictor import InputRow, Job, Options, RowPrediction
+
+
+class FakePredictor:
+    """Records the jobs of each call; answers every row with its own tag so mixing would show."""
+
+    def __init__(self, tag: str, delay: float = 0.0) -> None:
+        self.tag = tag
+        self.delay = delay
+        self.calls: list[int] = []
+        self.threads: set[str] = set()
+
+    def predict_jobs_safe(self, jobs: list[Job]) -> list[Any]:
+        self.calls.append(len(jobs))
+        self.threads.add(threading.current_thread().name)
+        time.sleep(self.delay)
+        out: list[Any] = []
+        for j in jobs:
+            if j.rows and j.rows[0].text == "boom":
+                out.append(ValueError("bad row"))
+            else:
+                out.append([RowPrediction([], exact=self.tag == "a")] * len(j.rows))
+        return out
+
+
+def _job(text: str = "x", n: int = 1) -> Job:
+    return Job([InputRow(text=text)] * n, Options())
+
+
+def test_concurrent_requests_are_batched_per_predictor() -> None:
+    a, b = FakePredictor("a", delay=0.02), FakePredictor("b", delay=0.02)
+    calls: list[tuple[int, int]] = []
+
+    async def main() -> list[Any]:
+        mb = MicroBatcher(0.005, 64, on_batch=lambda rows, reqs: calls.append((rows, reqs)))
+        await mb.start()
+        try:
+            return await asyncio.gather(*[mb.submit(a if i % 2 else b, _job(), 5) for i in range(40)])
+        finally:
+            await mb.stop()
+
+    res = asyncio.run(main())
+    assert [r[0].exact for r in res] == [bool(i % 2) for i in range(40)]  # each answered by its own
+    assert sum(a.calls) == 20 and sum(b.calls) == 20
+    assert max(a.calls) > 1  # batched, not one call per request
+    assert a.threads == b.threads and len(a.threads) == 1  # one compute thread
+    assert sum(r for r, _ in calls) == 40
+
+
+def test_max_rows_bounds_a_batch_and_errors_stay_with_their_request() -> None:
+    p = FakePredictor("a", delay=0.01)
+
+    async def main() -> list[Any]:
+        mb = MicroBatcher(0.01, 4, None)
+        await mb.start()
+        try:
+            jobs = [_job("boom" if i == 3 else "x", 2) for i in range(10)]
+            return await asyncio.gather(*[mb.submit(p, j, 5) for j in jobs], return_exceptions=True)
+        finally:
+            await mb.stop()
+
+    res = asyncio.run(main())
+    assert isinstance(res[3], ValueError)
+    assert all(isinstance(r, list) and len(r) == 2 for i, r in enumerate(res) if i != 3)
+    assert max(p.calls) <= 2  # 4 rows at most: two 2-row jobs
+
+
+def test_submit_times_out_instead_of_hanging() -> None:
+    slow = FakePredictor("a", delay=0.5)
+
+    async def main() -> None:
+        mb = MicroBatcher(0.0, 8, None)
+        await mb.start()
+        try:
+            with pytest.raises(TimeoutError):
+                await mb.submit(slow, _job(), 0.05)
+        finally:
+            await mb.stop()
+
+    asyncio.run(main())
