@@ -80,7 +80,7 @@ def base_of(rec: dict[str, Any]) -> str:
     if params is None:
         return str(rec.get("base", "?"))
     p = params
-    return f"{p['optimizer']} lr {p['lr']}, {p['label_weighting']}, dropout {p['dropout']}"
+    return f"{p['optimizer']} lr {p['lr']}, {p['label_weighting']}"
 
 
 def table(log_path: Path) -> str:
@@ -94,7 +94,8 @@ def table(log_path: Path) -> str:
         rows.setdefault(key, {}).setdefault(rec["set"], []).append(rec)
         tags.setdefault(key, rec.get("tag", ""))
     out = ["| # | base | group | overrides of the base defaults | bibtex P@1 | bibtex P@5 | corel5k P@1 "
-           "| corel5k P@5 | seeds | s/run (bibtex) |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| corel5k P@5 | seeds (bibtex/corel5k) | s/run (bibtex) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for i, (key, by_set) in enumerate(rows.items(), 1):
         cells = []
         for name in SETS:
@@ -105,7 +106,7 @@ def table(log_path: Path) -> str:
                 cells += [f"{p1.mean():.4f}", f"{p5.mean():.4f}"]
             else:
                 cells += ["–", "–"]
-        n = max(len(v) for v in by_set.values())
+        n = "/".join(str(len(by_set.get(name, []))) for name in SETS)
         secs = [r["seconds"] for r in by_set.get("bibtex", [])]
         sec = f"{np.mean(secs):.0f}" if secs else "–"
         base, overrides = json.loads(key)
