@@ -46,7 +46,7 @@ F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
-INDEX_FORMAT = 2  # 2: reduced vectors padded to a multiple of 16
+INDEX_FORMAT = 3  # 2: reduced vectors padded to a multiple of 16; 3: radii over [w, b] only
 IndexKind = Literal["exact", "flat", "ivf", "hnsw"]
 
 
@@ -385,7 +385,10 @@ def _build_ivf(weight: F32, bias: F32, cfg: RetrievalConfig) -> tuple[Any, dict[
         ids = np.arange(s, s + x.shape[0], dtype=np.int64)
         # the cells are already known (needed for the radii): add without assigning a second time
         index.add_core(x.shape[0], faiss.swig_ptr(x), faiss.swig_ptr(ids), faiss.swig_ptr(a))
-        r = np.linalg.norm(x.astype(np.float64) - centroids[a].astype(np.float64), axis=1)
+        # radius over the coordinates a query can weigh ([w, b]; the reduction's extra coordinate and the
+        # padding meet zeros in q''), so the cell bound ⟨q, μ_c⟩ + ‖q‖·r_c stays valid and is tighter
+        m = dim + 1
+        r = np.linalg.norm(x[:, :m].astype(np.float64) - centroids[a][:, :m].astype(np.float64), axis=1)
         np.maximum.at(radii, a, r)
         rec = index.sq.decode(index.sq.compute_codes(x))
         sq_err = np.maximum(sq_err, np.abs(rec.astype(np.float64) - x.astype(np.float64)).max(axis=0))
