@@ -312,7 +312,9 @@ def main() -> int:
 
     port = free_port()
     meta_path = art / "index" / "meta.json"
-    had_index = meta_path.exists() and json.loads(meta_path.read_text()).get("format") == 2
+    from service.retrieval import INDEX_FORMAT
+
+    had_index = meta_path.exists() and json.loads(meta_path.read_text()).get("format") == INDEX_FORMAT
     proc = start_server(models, args.work, port, args.threads, args.window_ms)
     sampler = RssSampler(proc.pid)
     sampler.start()
