@@ -129,3 +129,25 @@ def test_model_scores_include_log_retain_probability() -> None:
     ids = torch.tensor([3, 1])
     torch.testing.assert_close(model.score(h, ids), (f + F.logsigmoid(g))[:, [3, 1]])
     assert np.isfinite(model.score(h).numpy()).all()
+
+
+def test_pair_weights_uniform_equal_the_default_mean() -> None:
+    """With one positive per row, uniform pair weights 1/P are exactly the default (mean over pairs)."""
+    import dataclasses
+
+    gen = torch.Generator().manual_seed(2)
+    k, d = 9, 4
+    cand = exhaustive_candidates(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 4, 8]), k)
+    h = torch.randn(3, d, generator=gen, dtype=torch.float64)
+    scores = torch.randn(3, k, generator=gen, dtype=torch.float64)
+    extra = {dropmax.HEAD: torch.randn(k, d + 1, generator=gen, dtype=torch.float64)}
+    torch.manual_seed(5)
+    base = dropmax_loss(CandidateBatch(cand=cand, scores=scores, h=h, extra=extra))
+    weighted = dataclasses.replace(cand, pair_weight=torch.full((3,), 1.0 / 3, dtype=torch.float64))
+    torch.manual_seed(5)
+    same = dropmax_loss(CandidateBatch(cand=weighted, scores=scores, h=h, extra=extra))
+    torch.testing.assert_close(same, base)
+    skewed = dataclasses.replace(cand, pair_weight=torch.tensor([0.8, 0.1, 0.1], dtype=torch.float64))
+    torch.manual_seed(5)
+    other = dropmax_loss(CandidateBatch(cand=skewed, scores=scores, h=h, extra=extra))
+    assert not torch.allclose(other, base)

@@ -27,7 +27,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from trainer.losses import CandidateBatch
+from trainer.losses import CandidateBatch, pair_weights
 
 HEAD = "dropmax"  # name of the loss-owned retain-logit table (saved as `extra.dropmax`)
 TEMPERATURE = 0.5  # concrete relaxation temperature
@@ -76,13 +76,20 @@ def dropmax_loss(batch: CandidateBatch) -> torch.Tensor:
     log_w = torch.log(w.clamp_min(1e-30)) + torch.where(w > 0, 0.0, -math.inf)
     lse_neg = torch.logsumexp(logits[:, :n] + log_w, dim=1)
     lp = logits[c.pos_rows, c.pos_cols]
-    nll = (torch.logaddexp(lp, lse_neg[c.pos_rows]) - lp).sum()
+    # pair weights (mean over pairs, or `label_weighting`); a row's terms weigh what its pairs weigh,
+    # so with the default 1/P every term is summed and divided by P
+    pw = pair_weights(c, s.dtype)
+    if c.pair_weight is None:
+        rw = torch.full((s.shape[0],), 1.0 / p_count, dtype=s.dtype, device=s.device)
+    else:
+        rw = torch.zeros(s.shape[0], dtype=s.dtype, device=s.device).index_add(0, c.pos_rows, pw)
+    nll = (torch.logaddexp(lp, lse_neg[c.pos_rows]) - lp) @ pw * p_count
     # KL[q || p]: only targets differ (π = 1 vs ρ): −log ρ_t
     g_pos = g[c.pos_rows, c.pos_cols]
-    kl = F.softplus(-g_pos).sum()
+    kl = F.softplus(-g_pos) @ pw * p_count
     # auxiliary BCE of ρ against the labels: positives exactly, negatives estimated from the samples
-    aux = F.softplus(-g_pos).sum() + (F.softplus(g[:, :n]) * w).sum()
+    aux = kl + (F.softplus(g[:, :n]) * w).sum(dim=1) @ rw * p_count
     # entropy of the non-target retain distributions (estimated the same way)
-    ent = (bernoulli_entropy(g[:, :n]) * w).sum()
+    ent = (bernoulli_entropy(g[:, :n]) * w).sum(dim=1) @ rw * p_count
     total = nll + kl + AUX_WEIGHT * aux - ENTROPY_WEIGHT * ent
     return total / p_count

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from trainer.losses import CandidateBatch
+from trainer.losses import CandidateBatch, pair_weights
 from trainer.sparse_maps import sparsemax_torch
 
 EV_EPSILON = 1e-3  # ε of the training-time ev-softmax: mass kept by labels below the mean (Chen et al.)
@@ -82,7 +82,8 @@ def evsoftmax_loss(batch: CandidateBatch, eps: float = EV_EPSILON) -> torch.Tens
     t is the mean of *all* K scores of the row, estimated without bias from the candidates: the row's
     positives exactly plus the sampled non-positives with their importance weights count/(M·q). The
     normaliser uses the same weights (a sampled-softmax estimate; exact in exhaustive mode). As in the
-    softmax loss, a row's other positives leave the denominator of each positive pair.
+    softmax loss, a row's other positives leave the denominator of each positive pair; pairs are
+    weighted as `trainer.losses.pair_weights` says (mean over pairs, or per-row weighting).
     """
     c = batch.cand
     s = batch.scores
@@ -101,4 +102,4 @@ def evsoftmax_loss(batch: CandidateBatch, eps: float = EV_EPSILON) -> torch.Tens
     lse_neg = torch.logsumexp(neg_logits, dim=1)  # [B]
     lp = logits[c.pos_rows, c.pos_cols]
     nll = torch.logaddexp(lp, lse_neg[c.pos_rows]) - lp
-    return nll.sum() / c.pos_rows.numel()
+    return nll @ pair_weights(c, s.dtype)  # mean over pairs, or `label_weighting` (cand.pair_weight)
