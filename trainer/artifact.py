@@ -218,7 +218,7 @@ def load_artifact(path: str | Path) -> LoadedModel:
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise ArtifactError(str(root), f"weights.safetensors is unreadable: {exc}") from None
     try:
-        model = XCModel(shape)
+        model = XCModel(shape, init=False)
     except OvexError as exc:
         raise ArtifactError(str(root), f"cannot build the model: {exc}") from None
     expected = _expected_shapes(model)
@@ -252,16 +252,17 @@ def load_artifact(path: str | Path) -> LoadedModel:
 
 
 def _load_weights(model: XCModel, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy into the model, dropping each file tensor once copied so peak memory stays ≈ one model."""
     d = model.shape.dim
     with torch.no_grad():
-        model.input_weight.copy_(tensors["input.weight"])
-        model.input_bias.copy_(tensors["input.bias"])
-        model.head[:, :d].copy_(tensors["head.weight"])
-        model.head[:, d].copy_(tensors["head.bias"])
-        hidden = {k[len("hidden.") :]: v for k, v in tensors.items() if k.startswith("hidden.")}
+        model.input_weight.copy_(tensors.pop("input.weight"))
+        model.input_bias.copy_(tensors.pop("input.bias"))
+        model.head[:, :d].copy_(tensors.pop("head.weight"))
+        model.head[:, d].copy_(tensors.pop("head.bias"))
+        hidden = {k[len("hidden.") :]: tensors.pop(k) for k in list(tensors) if k.startswith("hidden.")}
         model.hidden.load_state_dict(hidden)
         for name, p in model.extra.items():
-            p.copy_(tensors[f"extra.{name}"])
+            p.copy_(tensors.pop(f"extra.{name}"))
 
 
 def _read_labels(root: Path, n_labels: int) -> list[str]:

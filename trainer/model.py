@@ -144,7 +144,9 @@ def csr_to_tensors(x: sp.csr_matrix, device: torch.device | str = "cpu") -> tupl
 
 
 class XCModel(nn.Module):
-    def __init__(self, shape: ModelShape, init_scale: float = 1.0, seed: int = 0) -> None:
+    def __init__(self, shape: ModelShape, init_scale: float = 1.0, seed: int = 0, init: bool = True) -> None:
+        """`init=False` leaves the big tables uninitialised: a loader about to overwrite them would
+        otherwise hold a random K×d head (and its temporaries) beside the weights it reads."""
         super().__init__()
         self.shape = shape
         d, k, n_in = shape.dim, shape.n_labels, shape.n_features
@@ -152,17 +154,22 @@ class XCModel(nn.Module):
             raise ParamsError("encoder 'linear' takes no hidden layers; use --encoder mlp or maxout")
         gen = torch.Generator().manual_seed(seed)
         # input rows ~ N(0, init_scale²/d): an L2-normalised input gives h of norm ≈ init_scale
-        self.input_weight = nn.Parameter(
-            torch.randn(n_in, d, generator=gen) * (init_scale / math.sqrt(d)), requires_grad=False
-        )
+        if init:
+            input_weight = torch.randn(n_in, d, generator=gen) * (init_scale / math.sqrt(d))
+        else:
+            input_weight = torch.empty(n_in, d)
+        self.input_weight = nn.Parameter(input_weight, requires_grad=False)
         self.input_bias = nn.Parameter(torch.zeros(d))
         self.hidden = nn.ModuleList(
             make_hidden_layer(shape.encoder, d, shape.pieces, shape.dropout) for _ in range(shape.hidden)
         )
         self.drop = nn.Dropout(shape.dropout)
         # head: W (K×d) small random, bias (last column) 0
-        head = torch.randn(k, d + 1, generator=gen) * (0.01 / math.sqrt(d))
-        head[:, d] = 0.0
+        if init:
+            head = torch.randn(k, d + 1, generator=gen) * (0.01 / math.sqrt(d))
+            head[:, d] = 0.0
+        else:
+            head = torch.empty(k, d + 1)
         self.head = nn.Parameter(head, requires_grad=False)
         self.extra = nn.ParameterDict(
             {name: nn.Parameter(torch.zeros(k, d + 1), requires_grad=False) for name in shape.extra_heads}
