@@ -23,15 +23,6 @@ from trainer.params import TrainParams
 N_FEATURES, N_LABELS, DIM = 40, 12, 8
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> object:
-    """Tiny tensors: one thread avoids OpenMP wake-up costs on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _data(rows: int = 30, seed: int = 0) -> Dataset:
     rng = np.random.default_rng(seed)
     x = sp.random(rows, N_FEATURES, density=0.2, format="csr", dtype=np.float32, random_state=seed)

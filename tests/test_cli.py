@@ -10,19 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from service.cli import main
 from trainer.artifact import load_artifact
 from trainer.data import read_xc
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> object:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_synth_train_evaluate_predict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -61,15 +60,6 @@ def direct_softmax_nll(scores: torch.Tensor, rows: list[list[int]]) -> torch.Ten
 
 
 ROWS = [[2], [0, 5], [6], [1, 3, 4]]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> object:
-    """Tiny tensors: one thread avoids OpenMP wake-up costs on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_ove_with_all_negatives_equals_the_exact_bound() -> None:

@@ -14,14 +14,6 @@ from trainer.negatives import NegativeSampler
 from trainer.optim import RowAdagrad, RowAdam
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> object:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_project_rows_gradient_matches_embedding_bag_autograd() -> None:
     dense = sp.random(7, 30, density=0.3, dtype=np.float32, random_state=1).toarray()
     dense[3] = 0  # an empty row

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from trainer.artifact import load_artifact
 from trainer.data import Dataset
@@ -18,14 +17,6 @@ from trainer.synth import synth_dataset
 from trainer.train import Progress, lr_at, train
 
 K, D = 60, 400
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> object:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
