@@ -485,8 +485,8 @@ def render_md(r: dict[str, Any]) -> str:
         f"Server RSS: {s['rss_ready_bytes'] / gib:.2f} GiB when ready, peak while serving "
         f"{s['rss_peak_serving_bytes'] / gib:.2f} GiB = {s['rss_peak_serving_over_weights']}× the weights "
         f"file; high-water mark including model loading {s['vm_hwm_bytes'] / gib:.2f} GiB = "
-        f"{s['vm_hwm_over_weights']}× (the artifact loader holds the file's tensors and a freshly "
-        "initialised model at once).",
+        f"{s['vm_hwm_over_weights']}× (the loader reads the weights file whole, then copies each "
+        "tensor into the model and drops it; the faiss index loads beside them).",
         "recall@10: the index path's top-10 vs an exact scoring of the same inputs computed in the "
         "benchmark process from the stored weights (torch, blocked); the exact path's answers agree with "
         "that scoring as listed in the JSON (`agreement_with_numpy_top10`).",
