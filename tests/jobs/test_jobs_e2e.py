@@ -195,7 +195,9 @@ def test_stopped_and_killed_workers_resume_from_checkpoints(
     by_pid = {w.pid: w for w in srv.workers}
     train = srv.upload(synth_files["train"])
     srv.wait_workers_ready()
-    params = {**TINY, "epochs": 40, "eval_every": 0}  # 760 steps
+    # 3,800 steps: ~8 s on an idle 2-core box, so the job outlives the second worker's take-over
+    # (760 steps finished on the second worker before the test could see it running)
+    params = {**TINY, "epochs": 200, "eval_every": 0}
     job_id = srv.submit({"model": "crash", "train_dataset": train["id"], "params": params, "activate": True})
     before = srv.wait(job_id, lambda j: (j["progress"]["step"] or 0) >= 60, 60, "training past step 60")
     first = by_pid[int(before["worker"].split(":")[1])]
@@ -219,7 +221,7 @@ def test_stopped_and_killed_workers_resume_from_checkpoints(
     job = srv.wait(
         job_id,
         lambda j: j["state"] in ("succeeded", "failed", "cancelled"),
-        120,
+        300,
         "the job to finish on the third worker",
     )
     assert job["state"] == "succeeded", job
