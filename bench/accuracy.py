@@ -41,7 +41,7 @@ from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.artifact import load_artifact  # noqa: E402
 from trainer.data import Dataset, read_xc  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
-from trainer.train import train  # noqa: E402
+from trainer.train import QuietHooks, train  # noqa: E402
 
 SETS = ("bibtex", "corel5k")
 OVEX = ("ovex-ove", "ovex-ove-subset", "ovex-softmax")
@@ -52,17 +52,6 @@ REPORTED = ("p@1", "p@3", "p@5", "ndcg@5", "psp@1", "psp@5")
 RESULTS = ROOT / "bench" / "results"
 
 Top = np.ndarray  # [n, K] int64 label ids, -1 = padding
-
-
-class _Quiet:
-    def on_progress(self, progress: Any) -> None:
-        pass
-
-    def on_log(self, message: str) -> None:
-        pass
-
-    def should_stop(self) -> bool:
-        return False
 
 
 def _pad(rows: list[list[int]], k: int = K) -> Top:
@@ -90,7 +79,7 @@ def run_ovex(loss: str, tr: Dataset, te: Dataset, seed: int, train_path: Path) -
     """Default params (only loss and seed set), artifact written and loaded back, scored exactly."""
     params = TrainParams(loss=loss, seed=seed)
     with tempfile.TemporaryDirectory(prefix="ovex-acc-") as tmp:
-        train(params, tr, te, out_dir=Path(tmp) / "model", hooks=_Quiet())
+        train(params, tr, te, out_dir=Path(tmp) / "model", hooks=QuietHooks())
         model = load_artifact(Path(tmp) / "model")
         x = sp.csr_matrix(model.featurizer.transform(te), dtype=np.float32)
         top, _ = model.topk(x, K)

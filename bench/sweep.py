@@ -26,23 +26,10 @@ sys.path.insert(0, str(ROOT))
 
 from trainer.data import Dataset, read_xc  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
-from trainer.train import train  # noqa: E402
+from trainer.train import QuietHooks, train  # noqa: E402
 
 SETS = ("bibtex", "corel5k")
 DEFAULT_LOG = ROOT / "bench" / "results" / "accuracy_sweep.jsonl"
-
-
-class _Quiet:
-    """Hooks that say nothing and never stop (a sweep prints one line per run)."""
-
-    def on_progress(self, progress: Any) -> None:
-        pass
-
-    def on_log(self, message: str) -> None:
-        pass
-
-    def should_stop(self) -> bool:
-        return False
 
 
 def load_sets(data_dir: Path, names: tuple[str, ...]) -> dict[str, tuple[Dataset, Dataset]]:
@@ -53,7 +40,7 @@ def run_one(overrides: dict[str, Any], tr: Dataset, te: Dataset, seed: int) -> d
     """Train with defaults + overrides (no evaluation until the end) and return the test metrics."""
     params = TrainParams(**{"eval_every": 0, **overrides, "seed": seed})
     t0 = time.perf_counter()
-    result = train(params, tr, te, out_dir=None, hooks=_Quiet())
+    result = train(params, tr, te, out_dir=None, hooks=QuietHooks())
     curve = [round(h["metrics"]["p@1"], 4) for h in result.history if "metrics" in h]
     return {"metrics": result.metrics, "seconds": time.perf_counter() - t0, "p1_curve": curve}
 

@@ -79,6 +79,13 @@ class LoggingHooks:
         return False
 
 
+class QuietHooks(LoggingHooks):
+    """Hooks that say nothing: benchmarks and sweeps print one summary line per run instead."""
+
+    def on_log(self, message: str) -> None:
+        pass
+
+
 @dataclass
 class TrainResult:
     out_dir: Path | None
