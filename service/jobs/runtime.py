@@ -149,15 +149,8 @@ class EmbeddedWorker:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        if self.proc is not None:
+            terminate(self.proc, timeout)
 
 
 def settings_env(settings: Any) -> dict[str, str]:
@@ -197,3 +190,15 @@ def runtime_for_app(settings: Any, registry: Any) -> JobsRuntime:
             registry.load_version(model, version, activate=activate)
 
     return JobsRuntime(cfg, publish=publish, worker_env=settings_env(settings))
+
+
+def terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM first so a worker can hand its job back; SIGKILL only if it does not exit in time."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)

@@ -13,7 +13,6 @@ import glob
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from service.jobs.runtime import terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-jobs"
@@ -46,14 +47,7 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
+    terminate(proc, timeout)
 
 
 # -------------------------------------------------------------------------------------- datasets
