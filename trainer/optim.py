@@ -5,11 +5,15 @@ a normal-sized first step, not the inflated one a global count would give). Dens
 code with `rows=None`. Weight decay is decoupled (AdamW-style) and applied lazily to touched rows only.
 The first and second moments of a row sit side by side (`mv[r] = [m_r; v_r]`), so a step reads and writes
 them with one gather and one scatter. State is a flat dict of tensors: checkpoints go straight to safetensors.
+On the CPU both optimizers run as fused kernels (`trainer.row_kernels`); the torch code below is the same
+update for other devices and for builds without numba. Row ids of one step must be distinct.
 """
 
 from __future__ import annotations
 
 import torch
+
+from trainer import row_kernels
 
 
 class RowAdam:
@@ -39,6 +43,13 @@ class RowAdam:
         b1, b2 = self.beta1, self.beta2
         n_rows = param.shape[0] if param.dim() > 0 else 1
         g = grad.reshape(n_rows if rows is None else rows.numel(), -1)
+        if row_kernels.usable(param, mv_all, t_all, g):
+            ids = torch.arange(n_rows) if rows is None else rows
+            row_kernels.adam_rows(
+                param.reshape(n_rows, -1), mv_all, t_all, ids, g,
+                lr, b1, b2, self.eps, weight_decay,
+            )
+            return
         if rows is None:
             t = t_all.add_(1.0)
             mv = mv_all
@@ -96,6 +107,10 @@ class RowAdagrad:
             self.state[key] = torch.full((n_rows,), self.initial, dtype=torch.float32, device=param.device)
         acc_all = self.state[key]
         g = grad.reshape(n_rows if rows is None else rows.numel(), -1)
+        if row_kernels.usable(param, acc_all, g):
+            ids = torch.arange(n_rows) if rows is None else rows
+            row_kernels.adagrad_rows(param.reshape(n_rows, -1), acc_all, ids, g, lr, self.eps, weight_decay)
+            return
         sq = torch.linalg.vector_norm(g, dim=1).square_().div_(g.shape[1])
         if rows is None:
             acc = acc_all.add_(sq)
