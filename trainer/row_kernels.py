@@ -7,8 +7,8 @@ read the gradient, parameter and state of a row once and write them back once. T
 place, in parallel over rows for big updates (safe because a step's row ids are distinct).
 
 `available()` is false when numba is missing (the optimizers then use their torch code, which is also
-the path for GPU tensors). The kernels compute in float64 and store float32, like the eager code's
-results up to rounding.
+the path for GPU tensors). Results equal the eager update's up to float32 rounding
+(tests/test_row_kernels.py).
 """
 
 from __future__ import annotations
@@ -53,7 +53,10 @@ def _kernels(parallel: bool) -> Any:
     that only serves predictions should not pay."""
     import numba
 
-    jit = numba.njit(parallel=parallel, cache=_cache_ok(), nogil=True)
+    # float32 arithmetic with re-association (vectorised reductions, reciprocal square roots), but no
+    # "no NaN / no inf" assumptions: a diverging run must still show NaN, not garbage
+    fast = {"contract", "arcp", "reassoc", "nsz", "afn"}
+    jit = numba.njit(parallel=parallel, cache=_cache_ok(), nogil=True, fastmath=fast)
 
     @jit
     def adam(
@@ -61,41 +64,42 @@ def _kernels(parallel: bool) -> Any:
         lr: float, b1: float, b2: float, eps: float, wd: float,
     ) -> None:  # pragma: no cover - compiled
         n, w = grad.shape
+        c1, c2 = np.float32(b1), np.float32(b2)
+        o1, o2 = np.float32(1.0 - b1), np.float32(1.0 - b2)
+        keep = np.float32(1.0 - lr * wd)
         for i in numba.prange(n):
             r = rows[i]
             tr = t[r] + 1.0
             t[r] = tr
-            bc1 = 1.0 - b1**tr
             sbc2 = math.sqrt(1.0 - b2**tr)
-            step = lr * sbc2 / bc1
-            e = eps * sbc2
-            decay = lr * wd
+            step = np.float32(lr * sbc2 / (1.0 - b1**tr))
+            e = np.float32(eps * sbc2)
+            p, m_, v_, g_ = param[r], mv[r, 0], mv[r, 1], grad[i]
             for j in range(w):
-                g = grad[i, j]
-                m = mv[r, 0, j] * b1 + (1.0 - b1) * g
-                v = mv[r, 1, j] * b2 + (1.0 - b2) * g * g
-                mv[r, 0, j] = m
-                mv[r, 1, j] = v
-                p = param[r, j]
-                param[r, j] = p - step * m / (math.sqrt(v) + e) - decay * p
+                g = g_[j]
+                m = m_[j] * c1 + o1 * g
+                v = v_[j] * c2 + o2 * g * g
+                m_[j] = m
+                v_[j] = v
+                p[j] = p[j] * keep - step * m / (np.sqrt(v) + e)
 
     @jit
     def adagrad(
         param: Any, acc: Any, rows: Any, grad: Any, lr: float, eps: float, wd: float
     ) -> None:  # pragma: no cover - compiled
         n, w = grad.shape
+        keep = np.float32(1.0 - lr * wd)
         for i in numba.prange(n):
             r = rows[i]
-            s = 0.0
+            p, g_ = param[r], grad[i]
+            s = np.float32(0.0)
             for j in range(w):
-                s += grad[i, j] * grad[i, j]
-            a = acc[r] + s / w
+                s += g_[j] * g_[j]
+            a = acc[r] + s / np.float32(w)
             acc[r] = a
-            scale = lr / (math.sqrt(a) + eps)
-            decay = lr * wd
+            scale = np.float32(lr / (math.sqrt(a) + eps))
             for j in range(w):
-                p = param[r, j]
-                param[r, j] = p - scale * grad[i, j] - decay * p
+                p[j] = p[j] * keep - scale * g_[j]
 
     return numba, adam, adagrad
 
