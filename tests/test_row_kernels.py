@@ -61,3 +61,30 @@ def test_non_cpu_float32_tensors_take_the_eager_path() -> None:
     assert not row_kernels.usable(torch.zeros(2, 2, dtype=torch.float64))
     assert not row_kernels.usable(torch.zeros(4, 4)[:, :2])  # a strided view
     assert row_kernels.usable(torch.zeros(2, 2)) == row_kernels.available()
+
+
+def test_threads_updating_different_tables_at_once_get_the_serial_result() -> None:
+    """Two trainings in one process (worker threads) may step at the same moment: no crash, same maths."""
+    import threading
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # big updates take the parallel kernels
+    try:
+        tables = [torch.zeros(3000, 128) for _ in range(4)]
+        opts = [RowAdam() for _ in range(4)]
+        grads = [torch.full((3000, 128), float(i + 1)) for i in range(4)]
+        rows = torch.arange(3000)
+
+        def work(i: int) -> None:
+            for _ in range(5):
+                opts[i].step("w", tables[i], grads[i], 0.1, rows=rows)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        torch.set_num_threads(before)
+    for table in tables:  # a constant positive gradient: Adam moves every entry by -lr per step
+        torch.testing.assert_close(table, torch.full_like(table, -0.5), rtol=0, atol=1e-4)

@@ -13,10 +13,13 @@ the path for GPU tensors). Results equal the eager update's up to float32 roundi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import math
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,18 +118,29 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().numpy()
 
 
-def _pick(work: int) -> Any:
+# numba's default thread pool (workqueue, used where no OpenMP/TBB library is found) aborts the process
+# when two threads launch parallel kernels at once: parallel launches are serialised, and a thread that
+# finds the pool busy runs the serial kernel instead of waiting
+_PARALLEL = threading.Lock()
+
+
+@contextlib.contextmanager
+def _chosen(work: int) -> Iterator[Any]:
     """Serial kernels for small updates or one torch thread; parallel ones (as many threads as torch
     uses: tests and workers pin torch to one) for the big tables."""
     threads = torch.get_num_threads()
-    if threads <= 1 or work < PARALLEL_MIN:
-        return _kernels(False)
-    kernels = _kernels(True)
-    numba = kernels[0]
-    n = min(threads, numba.config.NUMBA_NUM_THREADS)
-    if numba.get_num_threads() != n:
-        numba.set_num_threads(n)
-    return kernels
+    if threads <= 1 or work < PARALLEL_MIN or not _PARALLEL.acquire(blocking=False):
+        yield _kernels(False)
+        return
+    try:
+        kernels = _kernels(True)
+        numba = kernels[0]
+        n = min(threads, numba.config.NUMBA_NUM_THREADS)
+        if numba.get_num_threads() != n:
+            numba.set_num_threads(n)
+        yield kernels
+    finally:
+        _PARALLEL.release()
 
 
 def adam_rows(
@@ -134,8 +148,8 @@ def adam_rows(
     lr: float, b1: float, b2: float, eps: float, wd: float,
 ) -> None:
     """In place: Adam (per-row step counts, decoupled decay) on `param[rows]` ([N, w]) with grad [R, w]."""
-    _, adam, _ = _pick(grad.numel())
-    adam(_np(param), _np(mv), _np(t), _np(rows), _np(grad), lr, b1, b2, eps, wd)
+    with _chosen(grad.numel()) as (_, adam, _):
+        adam(_np(param), _np(mv), _np(t), _np(rows), _np(grad), lr, b1, b2, eps, wd)
 
 
 def adagrad_rows(
@@ -143,5 +157,5 @@ def adagrad_rows(
     lr: float, eps: float, wd: float,
 ) -> None:
     """In place: row-wise Adagrad (one accumulator per row) on `param[rows]` with grad [R, w]."""
-    _, _, adagrad = _pick(grad.numel())
-    adagrad(_np(param), _np(acc), _np(rows), _np(grad), lr, eps, wd)
+    with _chosen(grad.numel()) as (_, _, adagrad):
+        adagrad(_np(param), _np(acc), _np(rows), _np(grad), lr, eps, wd)
