@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trainer.errors import ParamsError
 
@@ -74,12 +74,29 @@ class TrainParams(BaseModel):
         description="hold out this fraction of the training rows (seeded split) to pick the epoch whose "
         "weights are kept: the one with the best P@1 on them (0 = off, keep the last epoch)",
     )
+    refit: bool = Field(
+        default=False,
+        description="with valid_fraction > 0: train again on all training rows and stop after the "
+        "selected epoch (same schedule); the saved model is that second run",
+    )
+    stop_epoch: int = Field(
+        default=0,
+        ge=0,
+        description="end training after this epoch while the learning-rate schedule still spans "
+        "`epochs` (0 = all epochs; refit sets it)",
+    )
     patience: int = Field(
         default=0,
         ge=0,
         description="with valid_fraction > 0: stop after this many epochs without a better validation "
         "P@1 (0 = train every epoch, still keeping the best one)",
     )
+
+    @model_validator(mode="after")
+    def _stop_within_epochs(self) -> TrainParams:
+        if self.stop_epoch > self.epochs:
+            raise ValueError(f"stop_epoch {self.stop_epoch} is after the last epoch ({self.epochs})")
+        return self
 
     @field_validator("loss")
     @classmethod

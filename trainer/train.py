@@ -98,6 +98,7 @@ class TrainResult:
     resumed_from_step: int | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     best_epoch: int | None = None  # with params.valid_fraction > 0: the epoch whose weights were kept
+    metrics_valid_p1: float | None = None  # P@1 of that epoch on the held-out training rows
 
 
 # ------------------------------------------------------------------------------------ model selection
@@ -427,9 +428,48 @@ def train(
 
     With `params.valid_fraction > 0` a seeded share of the training rows is held out (featurizer and
     model never train on it), scored after every epoch, and the weights of the best epoch by P@1 on
-    it are the ones saved and reported; `test_ds` is only ever reported, never used to decide.
+    it are the ones saved and reported; `test_ds` is only ever reported, never used to decide. With
+    `params.refit` as well, a second run on all training rows stops at that epoch (same schedule) and
+    is the one saved: the held-out rows then only choose how long to train, and are not lost.
     """
     hooks = hooks or LoggingHooks()
+    if params.valid_fraction > 0 and params.refit:
+        ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        select = _fit(params, train_ds, test_ds, out_dir=None, hooks=hooks,
+                      checkpoint_dir=None if ckpt is None else ckpt / "select",
+                      checkpoint_every=checkpoint_every)
+        assert select.best_epoch is not None and select.metrics_valid_p1 is not None
+        hooks.on_log(f"refit on all {train_ds.n_rows} training rows, stop after epoch {select.best_epoch}")
+        refit = params.model_copy(
+            update={"valid_fraction": 0.0, "refit": False, "patience": 0, "stop_epoch": select.best_epoch}
+        )
+        result = _fit(refit, train_ds, test_ds, out_dir=out_dir, hooks=hooks,
+                      checkpoint_dir=None if ckpt is None else ckpt / "refit",
+                      checkpoint_every=checkpoint_every, artifact_params=params,
+                      extra_summary={"best_epoch": float(select.best_epoch),
+                                     "valid_p@1": float(select.metrics_valid_p1)})
+        result.best_epoch = select.best_epoch
+        result.metrics_valid_p1 = select.metrics_valid_p1
+        result.history = [{**h, "phase": "select"} for h in select.history] + result.history
+        result.seconds += select.seconds
+        return result
+    return _fit(params, train_ds, test_ds, out_dir=out_dir, hooks=hooks,
+                checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
+
+
+def _fit(
+    params: TrainParams,
+    train_ds: Dataset,
+    test_ds: Dataset | None,
+    *,
+    out_dir: str | Path | None,
+    hooks: TrainHooks,
+    checkpoint_dir: str | Path | None,
+    checkpoint_every: int,
+    artifact_params: TrainParams | None = None,
+    extra_summary: dict[str, float] | None = None,
+) -> TrainResult:
+    """One training run (the body of `train`); the artifact records `artifact_params` when given."""
     tune_malloc()
     t_start = time.perf_counter()
     device = resolve_device(params.device)
@@ -498,8 +538,9 @@ def train(
     last_report = 0.0
     epochs_run = start_epoch
     best = stepper.best
+    last_epoch = params.stop_epoch or params.epochs  # the schedule stays that of params.epochs
     try:
-        for epoch in range(start_epoch, params.epochs):
+        for epoch in range(start_epoch, last_epoch):
             if xv is not None and params.patience > 0 and best.epoch > 0 and best.stale >= params.patience:
                 break  # resumed after the patience ran out
             perm = np.random.default_rng([params.seed, epoch]).permutation(n)
@@ -536,7 +577,7 @@ def train(
             mean_loss = epoch_loss / max(epoch_examples, 1)
             record: dict[str, Any] = {"epoch": epoch + 1, "loss": mean_loss, "examples_per_s": rate}
             evaluated = None
-            is_last = epoch + 1 == params.epochs
+            is_last = epoch + 1 == last_epoch
             due = params.eval_every > 0 and (epoch + 1) % params.eval_every == 0
             if xt is not None and yt is not None and (due or is_last):
                 evaluated = evaluate_model(model, xt, yt, prop)
@@ -576,6 +617,7 @@ def train(
     summary = dict(last_metrics)
     if best_epoch is not None:
         summary.update({"best_epoch": float(best_epoch), "valid_p@1": float(best.score)})
+    summary.update(extra_summary or {})
     summary.update(
         {
             "train_loss": float(final_loss),
@@ -589,7 +631,7 @@ def train(
         from trainer.artifact import save_artifact
 
         out_path = save_artifact(
-            out_dir, model, featurizer, label_names, params, summary,
+            out_dir, model, featurizer, label_names, artifact_params or params, summary,
             label_counts=label_counts(y), n_train_rows=n,
         )
         hooks.on_log(f"model written to {out_path}")
@@ -604,6 +646,7 @@ def train(
         resumed_from_step=resumed,
         history=history,
         best_epoch=best_epoch,
+        metrics_valid_p1=float(best.score) if best_epoch is not None else None,
     )
 
 
