@@ -161,3 +161,31 @@ def test_resume_carries_the_best_epoch(data: tuple[Dataset, Dataset], tmp_path: 
     assert resumed.best_epoch == full.best_epoch
     w_full, w_res = (load_artifact(tmp_path / n).head_weight for n in ("full", "res"))
     np.testing.assert_allclose(w_full, w_res, rtol=1e-5, atol=1e-6)
+
+
+def test_refit_trains_all_rows_up_to_the_selected_epoch(
+    data: tuple[Dataset, Dataset], tmp_path: Path
+) -> None:
+    train_ds, test_ds = data
+    params = _params(lr=1.0, schedule="constant", refit=True)
+    result = train(params, train_ds, test_ds, out_dir=tmp_path / "refit", hooks=QuietHooks())
+    assert result.best_epoch is not None and result.best_epoch < params.epochs
+    assert result.epochs == result.best_epoch
+    assert [h.get("phase") for h in result.history].count("select") == params.epochs
+    # the same as asking for that epoch on all rows directly
+    direct = params.model_copy(
+        update={"valid_fraction": 0.0, "refit": False, "stop_epoch": result.best_epoch}
+    )
+    train(direct, train_ds, None, out_dir=tmp_path / "direct", hooks=QuietHooks())
+    saved, ref = load_artifact(tmp_path / "refit"), load_artifact(tmp_path / "direct")
+    np.testing.assert_array_equal(saved.head_weight, ref.head_weight)
+    assert saved.config["n_train_rows"] == train_ds.n_rows
+    # the artifact records what the user asked for, and what the selection found
+    assert saved.params.refit and saved.params.valid_fraction == 0.2 and saved.params.stop_epoch == 0
+    assert saved.metrics["best_epoch"] == result.best_epoch and "valid_p@1" in saved.metrics
+
+
+def test_stop_epoch_must_be_within_epochs() -> None:
+    with pytest.raises(ParamsError):
+        TrainParams.from_json_dict({"epochs": 3, "stop_epoch": 4})
+    assert TrainParams(epochs=3, stop_epoch=3).stop_epoch == 3
