@@ -99,14 +99,17 @@ def test_training_keeps_the_best_validation_epoch(data: tuple[Dataset, Dataset],
     assert saved.config["params"]["valid_fraction"] == 0.2
 
 
-def test_selection_never_looks_at_the_test_split(data: tuple[Dataset, Dataset], tmp_path: Path) -> None:
+@pytest.mark.parametrize("refit", [False, True])
+def test_selection_never_looks_at_the_test_split(
+    data: tuple[Dataset, Dataset], tmp_path: Path, refit: bool
+) -> None:
     train_ds, test_ds = data
     rng = np.random.default_rng(0)
     scrambled = Dataset(
         Y=sp.csr_matrix(test_ds.Y[rng.permutation(test_ds.n_rows)]),
         n_features=test_ds.n_features, n_labels=test_ds.n_labels, X=test_ds.X,
     )
-    params = _params(lr=0.05, eval_every=1)
+    params = _params(lr=0.05, eval_every=1, refit=refit)
     a = train(params, train_ds, test_ds, out_dir=tmp_path / "a", hooks=QuietHooks())
     b = train(params, train_ds, scrambled, out_dir=tmp_path / "b", hooks=QuietHooks())
     c = train(params, train_ds, None, out_dir=tmp_path / "c", hooks=QuietHooks())

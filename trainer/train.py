@@ -435,7 +435,8 @@ def train(
     hooks = hooks or LoggingHooks()
     if params.valid_fraction > 0 and params.refit:
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
-        select = _fit(params, train_ds, test_ds, out_dir=None, hooks=hooks,
+        # the selection run never sees the test split, not even to report it
+        select = _fit(params, train_ds, None, out_dir=None, hooks=hooks,
                       checkpoint_dir=None if ckpt is None else ckpt / "select",
                       checkpoint_every=checkpoint_every)
         assert select.best_epoch is not None and select.metrics_valid_p1 is not None
