@@ -65,8 +65,8 @@ class TrainParams(BaseModel):
     eval_every: int = Field(default=1, ge=0, description="evaluate every N epochs (0 = only at the end)")
     # model selection on held-out TRAINING rows (never the test split). Off by default: on Bibtex and
     # Corel5k it does not raise `ove` (its P@1 curve has no early peak) and the held-out rows cost
-    # Bibtex accuracy; exact softmax, which peaks after 3-4 epochs on Corel5k, gains from it
-    # (bench/results/accuracy_sweep.md, round v5).
+    # Bibtex accuracy; `softmax` and `ove-log`, which peak after a few epochs on Corel5k, gain 3-5
+    # points there with `refit` (bench/results/accuracy_sweep.md, round v5).
     valid_fraction: float = Field(
         default=0.0,
         ge=0.0,
