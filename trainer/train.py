@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trainer import metrics as xc_metrics
+from trainer import row_kernels
 from trainer.data import Dataset, check_compatible, label_counts
 from trainer.errors import ParamsError, TrainingCancelled
 from trainer.losses import (
@@ -263,6 +264,13 @@ class Stepper:
         self.best = BestEpoch()  # used when params.valid_fraction > 0; saved with checkpoints
 
     def step(self, ep: EpochData, i: int, j: int, lr: float) -> float:
+        """One SGD step on rows [i, j); returns the loss."""
+        if self.model.head.device.type != "cpu" or self.exhaustive:  # exact steps: K-wide GEMMs use threads
+            return self._step(ep, i, j, lr)
+        with row_kernels.training_threads():
+            return self._step(ep, i, j, lr)
+
+    def _step(self, ep: EpochData, i: int, j: int, lr: float) -> float:
         model, params = self.model, self.params
         a, b = int(ep.x_ptr_np[i]), int(ep.x_ptr_np[j])
         ind, val = ep.x_ind[a:b], ep.x_val[a:b]
