@@ -88,3 +88,14 @@ def test_threads_updating_different_tables_at_once_get_the_serial_result() -> No
         torch.set_num_threads(before)
     for table in tables:  # a constant positive gradient: Adam moves every entry by -lr per step
         torch.testing.assert_close(table, torch.full_like(table, -0.5), rtol=0, atol=1e-4)
+
+
+def test_a_kernel_launch_leaves_the_torch_thread_count_alone() -> None:
+    """numba's OpenMP pool shares libgomp with torch: a big (parallel) update must not undo a pin."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        RowAdam().step("w", torch.zeros(4000, 128), torch.ones(4000, 128), 0.1, rows=torch.arange(4000))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

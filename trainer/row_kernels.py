@@ -154,9 +154,15 @@ def _launch(work: int) -> Iterator[Any]:
     threads = getattr(_local, "threads", None) or torch.get_num_threads()
     n = 1 if work < PARALLEL_MIN else max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
     with _LAUNCH:
+        torch_threads = torch.get_num_threads()
         if numba.get_num_threads() != n:
             numba.set_num_threads(n)
-        yield adam, adagrad
+        try:
+            yield adam, adagrad
+        finally:
+            # numba's OpenMP layer shares libgomp with torch, and a launch resets its thread count
+            if torch.get_num_threads() != torch_threads:
+                torch.set_num_threads(torch_threads)
 
 
 def adam_rows(
