@@ -38,13 +38,9 @@ def _cache_ok() -> bool:
 
 
 @functools.cache
-def _numba_installed() -> bool:
-    return importlib.util.find_spec("numba") is not None
-
-
 def available() -> bool:
-    """Fused kernels can run (numba installed, and not switched off with OVEX_NO_KERNELS=1)."""
-    return _numba_installed() and os.environ.get("OVEX_NO_KERNELS", "") != "1"
+    """Fused kernels can run: numba is installed (a declared dependency; its absence is not an error)."""
+    return importlib.util.find_spec("numba") is not None
 
 
 PARALLEL_MIN = 1 << 18  # elements; below this one thread is quicker than waking a second
