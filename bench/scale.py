@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--negatives", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=None, help="default: TrainParams' default")
+    ap.add_argument("--optimizer", choices=["adam", "adagrad"], default=None, help="default: TrainParams'")
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale"))
     args = ap.parse_args()
@@ -69,7 +70,9 @@ def main() -> None:
     print(f"data: {args.rows:,} rows, {labels_per_row:.2f} labels/row, {seen:,} distinct labels seen, "
           f"{t_data:.1f}s", flush=True)
 
-    extra = {} if args.lr is None else {"lr": args.lr}
+    extra: dict[str, Any] = {} if args.lr is None else {"lr": args.lr}
+    if args.optimizer is not None:
+        extra["optimizer"] = args.optimizer
     params = TrainParams(
         dim=args.dim, epochs=args.epochs, batch_size=args.batch_size, negatives=args.negatives, eval_every=0,
         **extra,
@@ -126,7 +129,7 @@ def main() -> None:
         f"Synthetic data (trainer.synth, seed 7): {args.labels:,} labels, {args.features:,} features, "
         f"{args.rows:,} training rows ({labels_per_row:.2f} labels/row, {seen:,} distinct labels seen), "
         f"{args.test_rows:,} test rows. d={args.dim}, {args.epochs} epochs, batch {args.batch_size}, "
-        f"{args.negatives} negatives, loss ove.",
+        f"{args.negatives} negatives, loss ove, table optimizer {params.optimizer} lr {params.lr}.",
         "",
         "| P@1 | P@3 | P@5 | chance P@1 | most-frequent P@1 | top-5 frequent P@5 | train s | examples/s "
         "| artifact MB | load s |",
