@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from trainer.losses import LOSSES, CandidateBatch, exhaustive_candidates, ove_log_loss, ove_loss
@@ -61,10 +62,11 @@ def test_gradient_is_the_ove_gradient_divided_by_one_plus_the_bound() -> None:
     assert abs(a.grad[0, 3].item()) < 1.0 < abs(b.grad[0, 3].item())
 
 
-def test_registered_sampled_and_trains() -> None:
-    spec = LOSSES["ove-log"]
+@pytest.mark.parametrize("loss", ["ove-log", "ove-norm"])
+def test_registered_sampled_and_trains(loss: str) -> None:
+    spec = LOSSES[loss]
     assert spec.sampled_scores_only and not spec.needs_all_labels
     tr, te = synth_dataset(40, 300, 600, seed=2), synth_dataset(40, 300, 200, seed=2, part=1)
-    params = TrainParams(loss="ove-log", dim=16, epochs=3, batch_size=64, negatives=16, eval_every=0)
+    params = TrainParams(loss=loss, dim=16, epochs=3, batch_size=64, negatives=16, eval_every=0)
     result = train(params, tr, te, out_dir=None, hooks=QuietHooks())
     assert result.metrics["p@1"] > 0.3

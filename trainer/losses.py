@@ -341,6 +341,16 @@ def ove_subset_loss(batch: CandidateBatch) -> torch.Tensor:
     return (head + rest) @ pair_weights(c, s.dtype)
 
 
+def pair_margins(batch: CandidateBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(z, w), both [P, n]: f_m − f_y for every positive pair and sampled column, and that column's
+    importance weight, 0 where the column is a positive of the pair's row (the per-pair OVE terms)."""
+    c = batch.cand
+    n = c.n_sampled
+    z = batch.scores[:, :n].index_select(0, c.pos_rows) - batch.positive_scores().unsqueeze(1)
+    keep = (~c.pos_mask[:, :n]).index_select(0, c.pos_rows)
+    return z, torch.exp(c.neg_logw).to(z.dtype).unsqueeze(0) * keep
+
+
 def ove_normalized_loss(batch: CandidateBatch) -> torch.Tensor:
     """OVE with each positive pair's gradient scaled to at most the pair's weight (NOT the OVE bound).
 
@@ -353,17 +363,12 @@ def ove_normalized_loss(batch: CandidateBatch) -> torch.Tensor:
     OVE never shows, so it pairs with `valid_fraction`. It minimises no fixed bound: `ove-log` (same
     effect, a proper objective) is its principled sibling; kept for the sweep's record.
     """
-    c = batch.cand
-    s = batch.scores
-    n = c.n_sampled
-    if c.pos_rows.numel() == 0:
-        return s.sum() * 0.0
-    sp = batch.positive_scores()
-    z = s[:, :n].index_select(0, c.pos_rows) - sp.unsqueeze(1)
-    w = torch.exp(c.neg_logw).to(s.dtype).unsqueeze(0) * (~c.pos_mask[:, :n]).index_select(0, c.pos_rows)
+    if batch.cand.pos_rows.numel() == 0:
+        return batch.scores.sum() * 0.0
+    z, w = pair_margins(batch)
     per_pair = (F.softplus(z) * w).sum(1)
     pull = (torch.sigmoid(z) * w).sum(1).detach().clamp(min=1.0)
-    return (per_pair / pull) @ pair_weights(c, s.dtype)
+    return (per_pair / pull) @ pair_weights(batch.cand, z.dtype)
 
 
 def ove_log_loss(batch: CandidateBatch) -> torch.Tensor:
@@ -376,15 +381,10 @@ def ove_log_loss(batch: CandidateBatch) -> torch.Tensor:
     exact softmax has on Corel5k (accuracy_sweep.md, round v5). With all labels as candidates the value
     is exact; with sampled negatives log(1 + estimate) is biased low (Jensen), unlike `ove`.
     """
-    c = batch.cand
-    s = batch.scores
-    n = c.n_sampled
-    if c.pos_rows.numel() == 0:
-        return s.sum() * 0.0
-    sp = batch.positive_scores()
-    z = s[:, :n].index_select(0, c.pos_rows) - sp.unsqueeze(1)
-    w = torch.exp(c.neg_logw).to(s.dtype).unsqueeze(0) * (~c.pos_mask[:, :n]).index_select(0, c.pos_rows)
-    return torch.log1p((F.softplus(z) * w).sum(1)) @ pair_weights(c, s.dtype)
+    if batch.cand.pos_rows.numel() == 0:
+        return batch.scores.sum() * 0.0
+    z, w = pair_margins(batch)
+    return torch.log1p((F.softplus(z) * w).sum(1)) @ pair_weights(batch.cand, z.dtype)
 
 
 register_loss(
