@@ -16,10 +16,32 @@ import torch
 from trainer import row_kernels
 
 
-class RowAdam:
-    def __init__(self, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> None:
-        self.beta1, self.beta2, self.eps = beta1, beta2, eps
+class _RowOptimizer:
+    """What both row-wise optimizers share: named state tensors (checkpointed as they are) and the view
+    of a parameter as rows."""
+
+    def __init__(self) -> None:
         self.state: dict[str, torch.Tensor] = {}
+
+    @staticmethod
+    def _as_rows(
+        param: torch.Tensor, grad: torch.Tensor, rows: torch.Tensor | None
+    ) -> tuple[int, torch.Tensor]:
+        """(rows in `param`, the gradient as one line per updated row)."""
+        n_rows = param.shape[0] if param.dim() > 0 else 1
+        return n_rows, grad.reshape(n_rows if rows is None else rows.numel(), -1)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return dict(self.state)
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.state = {k: v.clone() for k, v in tensors.items()}
+
+
+class RowAdam(_RowOptimizer):
+    def __init__(self, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> None:
+        super().__init__()
+        self.beta1, self.beta2, self.eps = beta1, beta2, eps
 
     def _ensure(self, name: str, param: torch.Tensor) -> None:
         if f"{name}.mv" not in self.state:
@@ -41,8 +63,7 @@ class RowAdam:
         self._ensure(name, param)
         mv_all, t_all = self.state[f"{name}.mv"], self.state[f"{name}.t"]
         b1, b2 = self.beta1, self.beta2
-        n_rows = param.shape[0] if param.dim() > 0 else 1
-        g = grad.reshape(n_rows if rows is None else rows.numel(), -1)
+        n_rows, g = self._as_rows(param, grad, rows)
         if row_kernels.usable(param, mv_all, t_all, g):
             ids = torch.arange(n_rows) if rows is None else rows
             row_kernels.adam_rows(
@@ -76,20 +97,14 @@ class RowAdam:
         else:
             param.index_add_(0, rows, update.reshape((-1, *param.shape[1:])), alpha=-1.0)
 
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        return dict(self.state)
 
-    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.state = {k: v.clone() for k, v in tensors.items()}
-
-
-class RowAdagrad:
+class RowAdagrad(_RowOptimizer):
     """Row-wise Adagrad: one accumulator per row (mean squared gradient), as used for huge embedding
     tables — the optimizer state and update cost are a few passes over the touched rows, not ten."""
 
     def __init__(self, eps: float = 1e-8, initial: float = 0.0) -> None:
+        super().__init__()
         self.eps, self.initial = eps, initial
-        self.state: dict[str, torch.Tensor] = {}
 
     @torch.no_grad()
     def step(
@@ -101,12 +116,11 @@ class RowAdagrad:
         rows: torch.Tensor | None = None,
         weight_decay: float = 0.0,
     ) -> None:
-        n_rows = param.shape[0] if param.dim() > 0 else 1
+        n_rows, g = self._as_rows(param, grad, rows)
         key = f"{name}.acc"
         if key not in self.state:
             self.state[key] = torch.full((n_rows,), self.initial, dtype=torch.float32, device=param.device)
         acc_all = self.state[key]
-        g = grad.reshape(n_rows if rows is None else rows.numel(), -1)
         if row_kernels.usable(param, acc_all, g):
             ids = torch.arange(n_rows) if rows is None else rows
             row_kernels.adagrad_rows(param.reshape(n_rows, -1), acc_all, ids, g, lr, self.eps, weight_decay)
@@ -127,9 +141,3 @@ class RowAdagrad:
             param.add_(update.reshape(param.shape))
         else:
             param.index_add_(0, rows, update.reshape((-1, *param.shape[1:])))
-
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        return dict(self.state)
-
-    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.state = {k: v.clone() for k, v in tensors.items()}
