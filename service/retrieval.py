@@ -401,6 +401,16 @@ def _build_ivf(weight: F32, bias: F32, cfg: RetrievalConfig) -> tuple[Any, dict[
     return index, meta, arrays
 
 
+def _ivf_retriever(
+    index: Any, meta: dict[str, Any], arrays: dict[str, F32], nprobe: int, weight: F32, bias: F32
+) -> IVFRetriever:
+    """An `IVFRetriever` over a built or cached index (its bounds come from `_build_ivf`'s arrays)."""
+    return IVFRetriever(
+        index, arrays["centroids"], arrays["radii"], arrays["sq_err"], float(meta["max_norm"]),
+        nprobe, weight, bias,
+    )
+
+
 def _tune_nprobe(retr: IVFRetriever, exact: ExactScorer, cfg: RetrievalConfig) -> tuple[int, float]:
     """Smallest power-of-two nprobe whose recall@10 on proxy queries (label vectors) meets the target."""
     rng = np.random.default_rng(cfg.seed + 1)
@@ -504,16 +514,7 @@ def build_retriever(
         return HNSWRetriever(index, cfg.hnsw_ef_search, weight, bias)
     if cached is not None:
         index, meta, arrays = cached
-        retr = IVFRetriever(
-            index,
-            arrays["centroids"],
-            arrays["radii"],
-            arrays["sq_err"],
-            float(meta["max_norm"]),
-            int(cfg.ivf_nprobe or meta["nprobe"]),
-            weight,
-            bias,
-        )
+        retr = _ivf_retriever(index, meta, arrays, int(cfg.ivf_nprobe or meta["nprobe"]), weight, bias)
         log.info(
             "ivf index loaded from cache",
             extra={"labels": int(weight.shape[0]), "nlist": retr.nlist, "nprobe": retr.nprobe},
@@ -523,16 +524,7 @@ def build_retriever(
             log.info("ivf nprobe re-tuned", extra={"nprobe": retr.nprobe, "proxy_recall_at_10": recall})
         return retr
     index, meta, arrays = _build_ivf(weight, bias, cfg)
-    retr = IVFRetriever(
-        index,
-        arrays["centroids"],
-        arrays["radii"],
-        arrays["sq_err"],
-        float(meta["max_norm"]),
-        1,
-        weight,
-        bias,
-    )
+    retr = _ivf_retriever(index, meta, arrays, 1, weight, bias)
     if cfg.ivf_nprobe:
         retr.nprobe, recall = min(cfg.ivf_nprobe, retr.nlist), float("nan")
     else:
