@@ -16,7 +16,7 @@ from trainer.data import Dataset
 from trainer.errors import ParamsError
 from trainer.params import TrainParams
 from trainer.synth import synth_dataset
-from trainer.train import BestEpoch, QuietHooks, TrainHooks, split_validation, subset_dataset, train
+from trainer.train import BestEpoch, QuietHooks, TrainHooks, split_validation, train
 
 K, D = 40, 300
 
@@ -49,10 +49,10 @@ def test_split_is_disjoint_complete_seeded_and_sized() -> None:
         split_validation(1, 0.1, seed=0)
 
 
-def test_subset_dataset_keeps_rows_and_spaces(data: tuple[Dataset, Dataset]) -> None:
+def test_dataset_take_keeps_rows_and_spaces(data: tuple[Dataset, Dataset]) -> None:
     ds = data[0]
     rows = np.array([3, 1, 7])
-    sub = subset_dataset(ds, rows)
+    sub = ds.take(rows)
     assert sub.n_rows == 3 and sub.n_labels == ds.n_labels and sub.n_features == ds.n_features
     assert ds.X is not None and sub.X is not None
     assert abs(sub.X - ds.X[rows]).sum() == 0 and abs(sub.Y - ds.Y[rows]).sum() == 0
@@ -75,7 +75,7 @@ def test_best_epoch_keeps_the_best_weights_earliest_on_ties() -> None:
 
 def _valid_p1_of_artifact(path: Path, train_ds: Dataset, params: TrainParams) -> float:
     _, val_rows = split_validation(train_ds.n_rows, params.valid_fraction, params.seed)
-    val = subset_dataset(train_ds, val_rows)
+    val = train_ds.take(val_rows)
     lm = load_artifact(path)
     top, _ = lm.topk(lm.featurizer.transform(val), 5)
     return xc_metrics.precision_at_k(top, sp.csr_matrix(val.Y), 1)

@@ -77,6 +77,19 @@ class Dataset:
     def is_text(self) -> bool:
         return self.texts is not None
 
+    def take(self, rows: np.ndarray) -> Dataset:
+        """The given rows (features or texts), in the same label and feature space."""
+        return Dataset(
+            Y=self.Y[rows],
+            n_features=self.n_features,
+            n_labels=self.n_labels,
+            X=None if self.X is None else self.X[rows],
+            texts=None if self.texts is None else [self.texts[int(i)] for i in rows],
+            label_names=self.label_names,
+            path=self.path,
+            meta=dict(self.meta),
+        )
+
 
 # ---------------------------------------------------------------------------------------------
 # XC format

@@ -121,20 +121,6 @@ def split_validation(n_rows: int, fraction: float, seed: int) -> tuple[np.ndarra
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
-def subset_dataset(ds: Dataset, rows: np.ndarray) -> Dataset:
-    """The given rows of a dataset (features or texts), same label/feature space."""
-    return Dataset(
-        Y=ds.Y[rows],
-        n_features=ds.n_features,
-        n_labels=ds.n_labels,
-        X=None if ds.X is None else ds.X[rows],
-        texts=None if ds.texts is None else [ds.texts[int(i)] for i in rows],
-        label_names=ds.label_names,
-        path=ds.path,
-        meta=dict(ds.meta),
-    )
-
-
 class BestEpoch:
     """Keeps the weights of the epoch with the best validation score (early stopping / model selection).
 
@@ -488,8 +474,8 @@ def _fit(
     valid_ds: Dataset | None = None
     if params.valid_fraction > 0:
         fit_rows, valid_rows = split_validation(train_ds.n_rows, params.valid_fraction, params.seed)
-        valid_ds = subset_dataset(train_ds, valid_rows)
-        train_ds = subset_dataset(train_ds, fit_rows)
+        valid_ds = train_ds.take(valid_rows)
+        train_ds = train_ds.take(fit_rows)
     featurizer = fit_featurizer(params, train_ds)
     x = _as_csr32(featurizer.transform(train_ds))
     y = _as_csr32(train_ds.Y)
