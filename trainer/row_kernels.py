@@ -61,28 +61,51 @@ def _kernels() -> Any:
 
     @jit
     def adam(
-        param: Any, mv: Any, t: Any, rows: Any, grad: Any,
+        param: Any, mv: Any, last: Any, rows: Any, grad: Any, table: Any, step: float,
         lr: float, b1: float, b2: float, eps: float, wd: float,
     ) -> None:  # pragma: no cover - compiled
         n, w = grad.shape
+        top = table.shape[0] - 1
+        log_b1, log_b2 = math.log(b1), math.log(b2)
+        log_keep = math.log(1.0 - lr * wd) if wd > 0.0 else 0.0
         c1, c2 = np.float32(b1), np.float32(b2)
         o1, o2 = np.float32(1.0 - b1), np.float32(1.0 - b2)
         keep = np.float32(1.0 - lr * wd)
+        sbc2 = math.sqrt(1.0 - b2**step)
+        own = np.float32(lr * sbc2 / (1.0 - b1**step))
+        e = np.float32(eps * sbc2)
+        e0 = np.float32(eps)
         for i in numba.prange(n):
             r = rows[i]
-            tr = t[r] + 1.0
-            t[r] = tr
-            sbc2 = math.sqrt(1.0 - b2**tr)
-            step = np.float32(lr * sbc2 / (1.0 - b1**tr))
-            e = np.float32(eps * sbc2)
+            t0 = last[r]
+            missed = step - 1.0 - t0
+            last[r] = step
             p, m_, v_, g_ = param[r], mv[r, 0], mv[r, 1], grad[i]
-            for j in range(w):
-                g = g_[j]
-                m = m_[j] * c1 + o1 * g
-                v = v_[j] * c2 + o2 * g * g
-                m_[j] = m
-                v_[j] = v
-                p[j] = p[j] * keep - step * m / (np.sqrt(v) + e)
+            if missed > 0.0:  # dense Adam's moves over the missed steps (trainer.optim.catch_up_table)
+                h0 = table[min(int(t0), top)]
+                h1 = table[min(int(t0 + missed), top)]
+                f1, f2 = math.exp(missed * log_b1), math.exp(missed * log_b2)
+                move = np.float32(lr * (h0 - f1 / math.sqrt(f2) * h1))  # r^missed = b1^missed / b2^(missed/2)
+                d1, d2 = np.float32(f1 * b1), np.float32(f2 * b2)  # the missed decay and this step's
+                decay = np.float32(math.exp(missed * log_keep) * (1.0 - lr * wd))
+                moved = move * decay
+                for j in range(w):
+                    g = g_[j]
+                    m0, v0 = m_[j], v_[j]
+                    m = m0 * d1 + o1 * g
+                    v = v0 * d2 + o2 * g * g
+                    m_[j] = m
+                    v_[j] = v
+                    a, b = np.sqrt(v0) + e0, np.sqrt(v) + e  # one division for both moves
+                    p[j] = p[j] * decay - (moved * m0 * b + own * m * a) / (a * b)
+            else:
+                for j in range(w):
+                    g = g_[j]
+                    m = m_[j] * c1 + o1 * g
+                    v = v_[j] * c2 + o2 * g * g
+                    m_[j] = m
+                    v_[j] = v
+                    p[j] = p[j] * keep - own * m / (np.sqrt(v) + e)
 
     @jit
     def adagrad(
@@ -162,12 +185,13 @@ def _launch(work: int) -> Iterator[Any]:
 
 
 def adam_rows(
-    param: torch.Tensor, mv: torch.Tensor, t: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor,
-    lr: float, b1: float, b2: float, eps: float, wd: float,
+    param: torch.Tensor, mv: torch.Tensor, last: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor,
+    table: np.ndarray, step: float, lr: float, b1: float, b2: float, eps: float, wd: float,
 ) -> None:
-    """In place: Adam (per-row step counts, decoupled decay) on `param[rows]` ([N, w]) with grad [R, w]."""
+    """In place: Adam step `step` on `param[rows]` ([N, w]) with grad [R, w], first catching each row up
+    on the steps it missed since `last[row]` (`trainer.optim.RowAdam`); decoupled decay."""
     with _launch(grad.numel()) as (adam, _):
-        adam(_np(param), _np(mv), _np(t), _np(rows), _np(grad), lr, b1, b2, eps, wd)
+        adam(_np(param), _np(mv), _np(last), _np(rows), _np(grad), table, step, lr, b1, b2, eps, wd)
 
 
 def adagrad_rows(
