@@ -43,8 +43,9 @@ class TrainParams(BaseModel):
     dropout: float = Field(default=0.6, ge=0.0, lt=1.0, description="dropout on h and hidden layers")
     # optimisation
     epochs: int = Field(default=20, ge=1, le=10_000)
-    # adam: +0.5 P@1 on Bibtex over adagrad (lr 0.1), equal on Corel5k, 3 seeds (accuracy_sweep.md);
-    # adagrad steps are ~2x cheaper (bench/step_cost.py --optimizer adagrad)
+    # adam: +0.35 P@1 on Bibtex and +0.7 on Corel5k over adagrad (lr 0.1), 3 seeds (accuracy_sweep.md);
+    # adagrad: cheaper steps (bench/step_cost.py --optimizer adagrad) and 0.62 vs 0.56 P@1 on the
+    # 10^6-label set of bench/scale.py
     optimizer: Optimizer = Field(default="adam", description="big tables: adam or adagrad (row-wise)")
     lr: float = Field(default=0.01, gt=0.0, le=10.0, description="peak learning rate (adagrad: use ~0.1)")
     dense_lr: float = Field(default=0.002, gt=0.0, le=10.0, description="peak lr of hidden layers (Adam)")
