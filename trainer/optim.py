@@ -72,6 +72,7 @@ class RowAdam(_RowOptimizer):
     def __init__(self, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> None:
         super().__init__()
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
+        self._tables: dict[torch.device, torch.Tensor] = {}  # catch_up_table on each device (eager path)
 
     def _ensure(self, name: str, param: torch.Tensor) -> None:
         if f"{name}.mv" not in self.state:
@@ -127,7 +128,9 @@ class RowAdam(_RowOptimizer):
         m, v = mv[:, 0], mv[:, 1]
         # the steps this row missed (zero gradient): momentum keeps moving it, moments and weights decay
         missed = (step - 1.0 - last).clamp_(min=0.0)
-        h = torch.as_tensor(table, device=param.device)
+        h = self._tables.get(param.device)
+        if h is None:
+            h = self._tables[param.device] = torch.as_tensor(table, device=param.device)
         top = len(table) - 1
         coef = h[last.clamp(max=top).long()] - torch.pow(b1 / math.sqrt(b2), missed) * h[
             (last + missed).clamp(max=top).long()
