@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainer import row_kernels
 from trainer.errors import ParamsError
 from trainer.model import ModelShape, XCModel, csr_to_tensors, project_rows
 from trainer.negatives import NegativeSampler
-from trainer.optim import RowAdagrad, RowAdam
+from trainer.optim import RowAdagrad, RowAdam, catch_up_table
 
 
 def test_project_rows_gradient_matches_embedding_bag_autograd() -> None:
@@ -157,3 +161,18 @@ def test_encoders_and_shapes() -> None:
         assert ids.shape == (5, 3)
     with pytest.raises(ParamsError):
         XCModel(ModelShape(12, 9, 6, encoder="linear", hidden=1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(t0=st.integers(0, 40_000), missed=st.integers(1, 400))
+def test_catch_up_table_gives_the_sum_of_dense_adams_missed_steps(t0: int, missed: int) -> None:
+    """H[t0] − r^s H[t0 + s] = Σ_{i=1..s} r^i c(t0 + i): the factor of m/√v that dense Adam moves a row by
+    over s steps without gradient, also past the table's end (where bias correction is 1)."""
+    b1, b2 = 0.9, 0.999
+    table = catch_up_table(b1, b2)
+    top = len(table) - 1
+    r = b1 / math.sqrt(b2)
+    got = table[min(t0, top)] - r**missed * table[min(t0 + missed, top)]
+    t = np.arange(t0 + 1, t0 + missed + 1, dtype=np.float64)
+    want = float(np.sum(r ** (t - t0) * np.sqrt(1.0 - b2**t) / (1.0 - b1**t)))
+    assert got == pytest.approx(want, rel=1e-9)
