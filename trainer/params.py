@@ -43,7 +43,7 @@ class TrainParams(BaseModel):
     dropout: float = Field(default=0.6, ge=0.0, lt=1.0, description="dropout on h and hidden layers")
     # optimisation
     epochs: int = Field(default=20, ge=1, le=10_000)
-    # adam: +0.35 P@1 on Bibtex and +0.7 on Corel5k over adagrad (lr 0.1), 3 seeds (accuracy_sweep.md);
+    # adam: 0.6374 / 0.3687 P@1 on Bibtex / Corel5k (accuracy.md), adagrad lr 0.1 0.6335 / 0.3627 (sweep 9);
     # on the 10^6-label set of bench/scale.py adam reaches P@1 0.69 in 4 epochs (adagrad 0.63), but
     # adagrad leads after 2 (0.62 vs 0.56); adagrad steps are cheaper (bench/step_cost.py --optimizer adagrad)
     optimizer: Optimizer = Field(default="adam", description="big tables: adam or adagrad (row-wise)")

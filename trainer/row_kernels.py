@@ -98,7 +98,7 @@ def _kernels() -> Any:
                     v_[j] = v
                     a, b = np.sqrt(v0) + e0, np.sqrt(v) + e  # one division for both moves
                     p[j] = p[j] * decay - (moved * m0 * b + own * m * a) / (a * b)
-            else:
+            else:  # touched at the previous step: no catch-up, one square root and division, not two
                 for j in range(w):
                     g = g_[j]
                     m = m_[j] * c1 + o1 * g
