@@ -144,3 +144,14 @@ def test_each_corruption_gets_its_artifact_error(
 def test_missing_directory(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match="not a model directory"):
         load_artifact(tmp_path / "nothing")
+
+
+def test_params_saved_before_group_size_existed_read_as_pairwise_ove(tmp_path: Path) -> None:
+    """Models and stored jobs written before `group_size` were trained with the pairwise bound."""
+    root, _, _ = _save(tmp_path)
+    config = json.loads((root / "config.json").read_text())
+    assert config["params"]["group_size"] == TrainParams().group_size
+    del config["params"]["group_size"]
+    (root / "config.json").write_text(json.dumps(config))
+    assert load_artifact(root).params.group_size == 1
+    assert TrainParams.from_json_dict({"group_size": 16}).group_size == 16

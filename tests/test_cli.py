@@ -70,3 +70,8 @@ def test_bad_artifact_and_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "dim" in capsys.readouterr().err
     assert main(["train", "--train", str(data), "--out", str(tmp_path / "m"), "--loss", "nope"]) == 2
     assert "unknown loss" in capsys.readouterr().err
+    unigram = ["train", "--train", str(data), "--out", str(tmp_path / "m"), "--sampler", "unigram"]
+    assert main(unigram) == 2
+    err = capsys.readouterr().err
+    assert "group_size 128 needs sampler 'uniform'" in err and "set group_size 1" in err
+    assert not (tmp_path / "m").exists()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -164,3 +166,118 @@ def test_single_label_softmax_is_cross_entropy() -> None:
 def test_registry_has_builtin_losses() -> None:
     assert {"ove", "ove-subset", "softmax"} <= set(LOSSES)
     assert LOSSES["softmax"].needs_all_labels and not LOSSES["ove"].needs_all_labels
+
+
+# ------------------------------------------------------------------------------ grouped OVE (G > 1)
+
+
+def _grouped_bound(scores: torch.Tensor, rows: list[list[int]], cols: list[int], group: int) -> torch.Tensor:
+    """Mean over positive pairs of Σ_g log(1 + Σ_{m∈g, m∉P_b} e^{f_m − f_y}), groups = chunks of `cols`."""
+    terms = []
+    for b, pos in enumerate(rows):
+        for y in pos:
+            acc = scores.new_zeros(())
+            for start in range(0, len(cols), group):
+                neg = [m for m in cols[start : start + group] if m not in pos]
+                if neg:
+                    acc = acc + torch.log1p(torch.exp(scores[b, neg] - scores[b, y]).sum())
+            terms.append(acc)
+    return torch.stack(terms).mean()
+
+
+@pytest.mark.parametrize(("group", "m"), [(2, 40), (3, 40), (8, 60), (64, 40)])
+def test_grouped_ove_value_and_gradient_match_the_plain_formula(group: int, m: int) -> None:
+    torch.manual_seed(5)
+    k = 50
+    rows = [[1, 7], [3], [7, 20, 21], [], [49]]
+    sampler = NegativeSampler(k, "uniform", seed=3)
+    for _ in range(4):
+        cand = sampled_candidates(*_labels(rows), sampler, m, group_size=group)
+        full = (torch.randn(len(rows), k, dtype=torch.float64) * 3).requires_grad_()
+        got = ove_loss(_batch(cand, full))
+        ids = cand.label_ids[: cand.n_sampled].tolist()
+        scale = k / m if m < k else 1.0
+        want = _grouped_bound(full, rows, ids, group) * scale
+        (g1,) = torch.autograd.grad(got, full)
+        (g2,) = torch.autograd.grad(want, full)
+        assert torch.allclose(got, want)
+        assert torch.allclose(g1, g2)
+        ref = ove_loss_reference(_batch(cand, full))
+        assert torch.allclose(got, ref)
+
+
+def test_grouped_columns_are_a_random_order_of_the_sample_with_positives_mapped() -> None:
+    sampler = NegativeSampler(100, "uniform", seed=0)
+    rows = [[5, 9], [9, 50]]
+    orders = set()
+    for _ in range(5):
+        cand = sampled_candidates(*_labels(rows), sampler, 30, group_size=4)
+        ids = cand.label_ids.tolist()
+        assert len(set(ids)) == len(ids) and cand.group_size == 4
+        orders.add(ids[: cand.n_sampled] == sorted(ids[: cand.n_sampled]))
+        for r, c in zip(cand.pos_rows.tolist(), cand.pos_cols.tolist(), strict=True):
+            assert ids[c] in rows[r] and bool(cand.pos_mask[r, c])
+        assert int(cand.pos_mask.sum()) == 4
+    assert orders == {False}  # shuffled every time (30! orders: a sorted draw would be a bug)
+
+
+def test_grouped_negatives_refuse_a_non_uniform_sampler() -> None:
+    sampler = NegativeSampler(20, "unigram", 0.75, np.arange(20), seed=0)
+    with pytest.raises(ValueError, match="uniform"):
+        sampled_candidates(*_labels([[1]]), sampler, 5, group_size=2)
+
+
+def test_one_group_holding_every_label_is_the_exact_softmax() -> None:
+    torch.manual_seed(6)
+    s = torch.randn(len(ROWS), 7, dtype=torch.float64)
+    cand = sampled_candidates(*_labels(ROWS), NegativeSampler(7, "uniform", seed=1), 7, group_size=7)
+    assert torch.allclose(ove_loss(_batch(cand, s)), direct_softmax_nll(s, ROWS))
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(2, 9), group=st.integers(1, 10), data=st.data(), scale=st.floats(0.1, 8.0))
+def test_grouped_bound_lies_between_softmax_and_pairwise_ove(
+    k: int, group: int, data: st.DataObject, scale: float
+) -> None:
+    """For every partition of the negatives: −log p ≤ Σ_g log(1 + a_g) ≤ Σ_m log(1 + a_m) (OVE)."""
+    n_rows = data.draw(st.integers(1, 4))
+    rows = [
+        sorted(data.draw(st.sets(st.integers(0, k - 1), min_size=1, max_size=max(1, k - 1))))
+        for _ in range(n_rows)
+    ]
+    seed = data.draw(st.integers(0, 10_000))
+    s = torch.randn(n_rows, k, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * scale
+    cand = sampled_candidates(*_labels(rows), NegativeSampler(k, "uniform", seed=seed), k, group_size=group)
+    grouped = ove_loss(_batch(cand, s)).item()
+    assert direct_softmax_nll(s, rows).item() <= grouped + 1e-9
+    assert grouped <= direct_ove_bound(s, rows).item() + 1e-9
+
+
+def test_sampled_grouped_ove_has_the_expected_value_of_a_bound() -> None:
+    """Mean of the estimate = (K/M) Σ_chunks E[log(1 + a_g)] over random chunks, and it lies between
+    −log p and the OVE bound (the docstring's concavity argument, checked by enumeration)."""
+    torch.manual_seed(7)
+    k, m, group = 8, 5, 2  # chunks of sizes 2, 2, 1
+    rows = [[2], [0, 5], [6, 7]]
+    s = torch.randn(len(rows), k, dtype=torch.float64) * 2
+    sizes = [min(group, m - start) for start in range(0, m, group)]
+    per_pair = []
+    for b, pos in enumerate(rows):
+        for y in pos:
+            acc = 0.0
+            for size in sizes:
+                subsets = list(itertools.combinations(range(k), size))
+                acc += sum(
+                    math.log1p(sum(math.exp(float(s[b, j] - s[b, y])) for j in sub if j not in pos))
+                    for sub in subsets
+                ) / len(subsets)
+            per_pair.append(acc * k / m)
+    expected = float(np.mean(per_pair))
+    assert direct_softmax_nll(s, rows).item() < expected < direct_ove_bound(s, rows).item()
+    sampler = NegativeSampler(k, "uniform", seed=11)
+    draws = [
+        ove_loss(_batch(sampled_candidates(*_labels(rows), sampler, m, group_size=group), s)).item()
+        for _ in range(3000)
+    ]
+    mean, sem = float(np.mean(draws)), float(np.std(draws) / math.sqrt(len(draws)))
+    assert abs(mean - expected) < 5 * sem, (mean, expected, sem)

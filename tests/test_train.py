@@ -74,9 +74,15 @@ def test_should_stop_cancels(data: tuple[Dataset, Dataset], tmp_path: Path) -> N
     assert not (tmp_path / "m").exists()
 
 
-def test_checkpoint_resume_continues_the_same_run(data: tuple[Dataset, Dataset], tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "negatives", [{"sampler": "unigram", "group_size": 1}, {"sampler": "uniform", "group_size": 8}]
+)
+def test_checkpoint_resume_continues_the_same_run(
+    data: tuple[Dataset, Dataset], tmp_path: Path, negatives: dict[str, object]
+) -> None:
+    """Grouped negatives shuffle the sampled columns with the sampler's generator: resuming restores it."""
     train_ds, _ = data
-    params = _params(epochs=2, dropout=0.2, sampler="unigram")
+    params = _params(epochs=2, dropout=0.2, **negatives)
     full = train(params, train_ds, None, out_dir=tmp_path / "full", hooks=Recorder())
 
     ckpt = tmp_path / "ckpt"

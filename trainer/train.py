@@ -273,7 +273,8 @@ class Stepper:
             head_rows = model.head.detach().requires_grad_()
             rows: torch.Tensor | None = None
         else:
-            cand = sampled_candidates(y_ptr, y_ind, self.sampler, params.negatives)
+            group = params.group_size if self.spec.grouped else 1
+            cand = sampled_candidates(y_ptr, y_ind, self.sampler, params.negatives, group)
             rows = cand.label_ids
             head_rows = model.head.index_select(0, rows).requires_grad_()
         if params.label_weighting == "row":
