@@ -55,8 +55,10 @@ def measure(
     seconds: float,
     max_steps: int,
     warmup: int,
+    label: str | None = None,
 ) -> dict[str, Any]:
     """Examples/s of the training step alone (sampling, scoring, backward, row updates)."""
+    label = label or loss
     spec = get_loss(loss)
     shape = ModelShape(n_features=x.shape[1], n_labels=k, dim=params.dim, extra_heads=spec.extra_heads)
     model = XCModel(shape, seed=params.seed)
@@ -81,10 +83,10 @@ def measure(
     run(warmup, 0)
     steps, dt, cpu = run(max_steps, warmup)
     rate, cpu_rate = steps * bs / dt, steps * bs / cpu
-    print(f"  {loss:8s} K={k:>9,d}: {steps:5d} steps in {dt:6.2f}s wall, {cpu:6.2f}s cpu -> "
+    print(f"  {label:9s} K={k:>9,d}: {steps:5d} steps in {dt:6.2f}s wall, {cpu:6.2f}s cpu -> "
           f"{rate:10,.0f} examples/s wall, {cpu_rate:10,.0f} examples per cpu-second", flush=True)
-    return {"loss": loss, "k": k, "steps": steps, "seconds": dt, "cpu_seconds": cpu,
-            "examples_per_s": rate, "examples_per_cpu_s": cpu_rate}
+    return {"loss": label, "group_size": params.group_size, "k": k, "steps": steps, "seconds": dt,
+            "cpu_seconds": cpu, "examples_per_s": rate, "examples_per_cpu_s": cpu_rate}
 
 
 def main() -> None:
@@ -99,6 +101,7 @@ def main() -> None:
     ap.add_argument("--softmax-seconds", type=float, default=6.0)
     ap.add_argument("--skip-softmax", action="store_true", help="OVE only (exploring settings)")
     ap.add_argument("--optimizer", default=TrainParams().optimizer, choices=["adam", "adagrad"])
+    ap.add_argument("--group-size", type=int, default=TrainParams().group_size, help="ove's group size")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default: all cores)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "step_cost"))
     args = ap.parse_args()
@@ -109,8 +112,10 @@ def main() -> None:
     torch.manual_seed(0)
     ks = [int(v) for v in args.ks.split(",")]
     params = TrainParams(
-        dim=args.dim, batch_size=args.batch_size, negatives=args.negatives, lr=0.01, optimizer=args.optimizer
+        dim=args.dim, batch_size=args.batch_size, negatives=args.negatives, lr=0.01, optimizer=args.optimizer,
+        group_size=args.group_size,
     )
+    pairs = params.model_copy(update={"group_size": 1})
     results: list[dict[str, Any]] = []
     x = l2_rows(synth(max(ks), args.features, args.rows, seed=0)[0])
     nnz = x.nnz / x.shape[0]
@@ -120,6 +125,8 @@ def main() -> None:
         print(f"K={k:,}: data {time.perf_counter() - t0:.1f}s, {nnz:.1f} nnz/row, "
               f"{y.nnz / y.shape[0]:.2f} labels/row", flush=True)
         results.append(measure("ove", x, y, k, params, args.seconds, 100_000, warmup=5))
+        # the pairwise bound beside it: grouping must not change the step cost
+        results.append(measure("ove", x, y, k, pairs, args.seconds, 100_000, warmup=5, label="ove-pairs"))
         if args.skip_softmax:
             continue
         results.append(measure("softmax", x, y, k, params, args.softmax_seconds, 100_000, warmup=1))
@@ -146,6 +153,7 @@ def main() -> None:
             "batch_size": args.batch_size,
             "negatives": args.negatives,
             "optimizer": args.optimizer,
+            "group_size": args.group_size,
             "rows": args.rows,
             "features": args.features,
             "nnz_per_row": nnz,
@@ -166,17 +174,21 @@ def main() -> None:
         "# Step cost vs number of labels K",
         "",
         f"d={args.dim}, batch {args.batch_size}, {args.negatives} negatives (OVE), ~{nnz:.0f} nnz/row over "
-        f"{args.features:,} features, table optimizer {args.optimizer}, "
+        f"{args.features:,} features, OVE in groups of {args.group_size} (`ove-pairs`: groups of 1), "
+        f"table optimizer {args.optimizer}, "
         f"{torch.get_num_threads()} torch threads, the same input rows at every K, "
         f"torch {torch.__version__}. Load average {load_before[0]:.1f} before / {load_after[0]:.1f} after on "
         f"{os.cpu_count()} CPUs: wall-clock rates depend on what else runs; examples per CPU-second do not.",
         "",
-        "| K | OVE ex/s (wall) | softmax ex/s (wall) | OVE ex/cpu-s | softmax ex/cpu-s | OVE/softmax (cpu) |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| K | OVE ex/s (wall) | ove-pairs ex/s (wall) | softmax ex/s (wall) | OVE ex/cpu-s "
+        "| ove-pairs ex/cpu-s | softmax ex/cpu-s | OVE/softmax (cpu) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for k in ks:
         o, s_, oc, sc = rate[("ove", k)], rate[("softmax", k)], cpu_rate[("ove", k)], cpu_rate[("softmax", k)]
-        lines.append(f"| {k:,} | {o:,.0f} | {s_:,.0f} | {oc:,.0f} | {sc:,.0f} | {oc / sc:,.1f}x |")
+        pw, pc = rate[("ove-pairs", k)], cpu_rate[("ove-pairs", k)]
+        lines.append(f"| {k:,} | {o:,.0f} | {pw:,.0f} | {s_:,.0f} | {oc:,.0f} | {pc:,.0f} | {sc:,.0f} "
+                     f"| {oc / sc:,.1f}x |")
     lines += [
         "",
         f"OVE at K={kmax:,} keeps {summary['ove_flatness_cpu']:.2f}x (cpu) / "
