@@ -129,7 +129,8 @@ def main() -> None:
         f"Synthetic data (trainer.synth, seed 7): {args.labels:,} labels, {args.features:,} features, "
         f"{args.rows:,} training rows ({labels_per_row:.2f} labels/row, {seen:,} distinct labels seen), "
         f"{args.test_rows:,} test rows. d={args.dim}, {args.epochs} epochs, batch {args.batch_size}, "
-        f"{args.negatives} negatives, loss ove, table optimizer {params.optimizer} lr {params.lr}.",
+        f"{args.negatives} negatives, loss {params.loss} in groups of {params.group_size}, "
+        f"table optimizer {params.optimizer} lr {params.lr}.",
         "",
         "| P@1 | P@3 | P@5 | chance P@1 | most-frequent P@1 | top-5 frequent P@5 | train s | examples/s "
         "| artifact MB | load s |",

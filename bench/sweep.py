@@ -67,7 +67,13 @@ def base_of(rec: dict[str, Any]) -> str:
     if params is None:
         return str(rec.get("base", "?"))
     p = params
-    return f"{p['optimizer']} lr {p['lr']}, {p['label_weighting']}"
+    base = f"{p['optimizer']} lr {p['lr']}, {p['label_weighting']}"
+    if "group_size" in p:  # round v7 on: grouped ove; show the base values, not the overridden ones
+        cfg, now = rec.get("config", {}), TrainParams()
+        group = now.group_size if "group_size" in cfg else p["group_size"]
+        epochs = now.epochs if "epochs" in cfg else p["epochs"]
+        base += f", groups {group}, {epochs} ep"
+    return base
 
 
 def table(log_path: Path) -> str:

@@ -250,6 +250,14 @@ def masked_negative_pairs(cand: Candidates) -> tuple[torch.Tensor, torch.Tensor]
     return first + within, cols
 
 
+def _pair_grads(ctx: Any, go: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """d/d(negative scores [B, n]) and d/d(positive scores [P]) from the saved dLoss/dz, z = s_neg − s_pos."""
+    grad_z, pos_rows = ctx.saved_tensors
+    g_neg = grad_z.new_zeros(ctx.n_rows, grad_z.shape[1])
+    g_neg.index_add_(0, pos_rows, grad_z)
+    return g_neg * go, grad_z.sum(1).neg_() * go
+
+
 class _OveSum(torch.autograd.Function):
     """Σ_p Σ_j w_j · softplus(s[row_p, j] − s_p) with masked entries left out, in few passes.
 
@@ -279,11 +287,7 @@ class _OveSum(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, go: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        grad_z, pos_rows = ctx.saved_tensors
-        g_neg = grad_z.new_zeros(ctx.n_rows, grad_z.shape[1])
-        g_neg.index_add_(0, pos_rows, grad_z)
-        g_pos = grad_z.sum(1).neg_()
-        return g_neg * go, g_pos * go, None, None, None, None, None
+        return (*_pair_grads(ctx, go), None, None, None, None, None)
 
 
 class _OveGroupSum(torch.autograd.Function):
@@ -325,11 +329,7 @@ class _OveGroupSum(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, go: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        grad_z, pos_rows = ctx.saved_tensors
-        g_neg = grad_z.new_zeros(ctx.n_rows, grad_z.shape[1])
-        g_neg.index_add_(0, pos_rows, grad_z)
-        g_pos = grad_z.sum(1).neg_()
-        return g_neg * go, g_pos * go, None, None, None, None, None, None
+        return (*_pair_grads(ctx, go), None, None, None, None, None, None)
 
 
 def ove_loss(batch: CandidateBatch) -> torch.Tensor:

@@ -55,9 +55,9 @@ class TrainParams(BaseModel):
     # grouped ove (like softmax) peaks after 6-8 epochs on Bibtex and Corel5k and over-fits Corel5k's
     # noisy tags after that; pairwise ove needed 20 (accuracy_sweep.md, round v7)
     epochs: int = Field(default=7, ge=1, le=10_000)
-    # adam: 0.6374 / 0.3687 P@1 on Bibtex / Corel5k (accuracy.md), adagrad lr 0.1 0.6335 / 0.3627 (sweep 9);
-    # on the 10^6-label set of bench/scale.py adam reaches P@1 0.69 in 4 epochs (adagrad 0.63), but
-    # adagrad leads after 2 (0.62 vs 0.56); adagrad steps are cheaper (bench/step_cost.py --optimizer adagrad)
+    # measured with pairwise ove (group_size 1, 20 epochs): adam 0.6374 / 0.3687 P@1 on Bibtex / Corel5k,
+    # adagrad lr 0.1 0.6335 / 0.3627 (sweep 9); on the 10^6-label set of bench/scale.py adam reached 0.69
+    # in 4 epochs (adagrad 0.63), adagrad led after 2 (0.62 vs 0.56); adagrad steps are cheaper
     optimizer: Optimizer = Field(default="adam", description="big tables: adam or adagrad (row-wise)")
     lr: float = Field(default=0.01, gt=0.0, le=10.0, description="peak learning rate (adagrad: use ~0.1)")
     dense_lr: float = Field(default=0.002, gt=0.0, le=10.0, description="peak lr of hidden layers (Adam)")
@@ -76,10 +76,10 @@ class TrainParams(BaseModel):
     min_df: int = Field(default=1, ge=1, description="text: minimum document frequency of a vocabulary term")
     # evaluation
     eval_every: int = Field(default=1, ge=0, description="evaluate every N epochs (0 = only at the end)")
-    # model selection on held-out TRAINING rows (never the test split). Off by default: on Bibtex and
-    # Corel5k it does not raise `ove` (its P@1 curve has no early peak) and the held-out rows cost
-    # Bibtex accuracy; `softmax` and `ove-log`, which peak after a few epochs on Corel5k, gain 3-5
-    # points there with `refit` (bench/results/accuracy_sweep.md, round v5).
+    # model selection on held-out TRAINING rows (never the test split). Off by default: with the 7-8 epoch
+    # schedule of grouped ove it gains nothing on Bibtex or Corel5k (8 epochs + valid 0.1 + refit:
+    # 0.6469 / 0.4007 against 0.6478 / 0.3989 without, 3 and 7 seeds; accuracy_sweep.md, round v7), and
+    # the held-out rows cost accuracy when there is no refit
     valid_fraction: float = Field(
         default=0.0,
         ge=0.0,
