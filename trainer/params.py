@@ -28,8 +28,8 @@ class TrainParams(BaseModel):
     # objective
     loss: str = Field(default="ove", description="loss name (trainer.losses.LOSSES)")
     negatives: int = Field(default=1024, ge=1, le=1_000_000, description="negatives drawn per step (shared)")
-    # groups of 128 against pairs (1): P@1 0.646 / 0.404 on Bibtex / Corel5k against 0.634 / 0.371
-    # (pairs at their best schedule, 20 epochs), and 0.71 against 0.54 on the 10^6-label set of
+    # groups of 128 against pairs (1): P@1 0.642 / 0.408 on Bibtex / Corel5k against 0.634 / 0.369
+    # (pairs at their best schedule, 20 epochs; 7 seeds), and 0.70 against 0.56 on the 10^6-label set of
     # bench/scale.py (bench/results/accuracy_sweep.md, round v7); a step costs the same for any G
     group_size: int = Field(
         default=128,
@@ -76,10 +76,10 @@ class TrainParams(BaseModel):
     min_df: int = Field(default=1, ge=1, description="text: minimum document frequency of a vocabulary term")
     # evaluation
     eval_every: int = Field(default=1, ge=0, description="evaluate every N epochs (0 = only at the end)")
-    # model selection on held-out TRAINING rows (never the test split). Off by default: with the 7-8 epoch
+    # model selection on held-out TRAINING rows (never the test split). Off by default: with the short
     # schedule of grouped ove it gains nothing on Bibtex or Corel5k (8 epochs + valid 0.1 + refit:
-    # 0.6469 / 0.4007 against 0.6478 / 0.3989 without, 3 and 7 seeds; accuracy_sweep.md, round v7), and
-    # the held-out rows cost accuracy when there is no refit
+    # 0.6428 / 0.4067, the 7-epoch defaults 0.6424 / 0.4077; accuracy_sweep.md rows 149, 161) for about
+    # twice the training time, and without refit the held-out rows cost accuracy
     valid_fraction: float = Field(
         default=0.0,
         ge=0.0,
