@@ -132,6 +132,18 @@ def test_candidate_layout_sampled_first_positives_after() -> None:
     assert {ids[c] for c in range(len(ids)) if cand.in_batch_pos[c]} == {5, 9, 50}
 
 
+def _random_case(data: st.DataObject, k: int, scale: float) -> tuple[list[list[int]], torch.Tensor, int]:
+    """1-4 rows with 1..K-1 positives each, and their scores (hypothesis draws the seed)."""
+    n_rows = data.draw(st.integers(1, 4))
+    rows = [
+        sorted(data.draw(st.sets(st.integers(0, k - 1), min_size=1, max_size=max(1, k - 1))))
+        for _ in range(n_rows)
+    ]
+    seed = data.draw(st.integers(0, 10_000))
+    s = torch.randn(n_rows, k, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * scale
+    return rows, s, seed
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     k=st.integers(2, 9),
@@ -140,13 +152,7 @@ def test_candidate_layout_sampled_first_positives_after() -> None:
 )
 def test_bounds_are_ordered_softmax_le_subset_le_ove(k: int, data: st.DataObject, scale: float) -> None:
     """−log p ≤ eq.6 bound ≤ OVE bound (as losses), with all negatives, for any scores and label sets."""
-    n_rows = data.draw(st.integers(1, 4))
-    rows = [
-        sorted(data.draw(st.sets(st.integers(0, k - 1), min_size=1, max_size=max(1, k - 1))))
-        for _ in range(n_rows)
-    ]
-    seed = data.draw(st.integers(0, 10_000))
-    s = torch.randn(n_rows, k, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * scale
+    rows, s, _ = _random_case(data, k, scale)
     cand = exhaustive_candidates(*_labels(rows), k)
     b = _batch(cand, s)
     nll, sub, ove = softmax_loss(b).item(), ove_subset_loss(b).item(), ove_loss(b).item()
@@ -240,13 +246,7 @@ def test_grouped_bound_lies_between_softmax_and_pairwise_ove(
     k: int, group: int, data: st.DataObject, scale: float
 ) -> None:
     """For every partition of the negatives: −log p ≤ Σ_g log(1 + a_g) ≤ Σ_m log(1 + a_m) (OVE)."""
-    n_rows = data.draw(st.integers(1, 4))
-    rows = [
-        sorted(data.draw(st.sets(st.integers(0, k - 1), min_size=1, max_size=max(1, k - 1))))
-        for _ in range(n_rows)
-    ]
-    seed = data.draw(st.integers(0, 10_000))
-    s = torch.randn(n_rows, k, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * scale
+    rows, s, seed = _random_case(data, k, scale)
     cand = sampled_candidates(*_labels(rows), NegativeSampler(k, "uniform", seed=seed), k, group_size=group)
     grouped = ove_loss(_batch(cand, s)).item()
     assert direct_softmax_nll(s, rows).item() <= grouped + 1e-9

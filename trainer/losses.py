@@ -250,6 +250,21 @@ def masked_negative_pairs(cand: Candidates) -> tuple[torch.Tensor, torch.Tensor]
     return first + within, cols
 
 
+def _masked_margins(
+    s_neg: torch.Tensor,
+    s_pos: torch.Tensor,
+    pos_rows: torch.Tensor,
+    mask_p: torch.Tensor,
+    mask_j: torch.Tensor,
+) -> torch.Tensor:
+    """z[p, j] = s_neg[row_p, j] − s_p, −inf where column j is a positive of pair p's row (a fresh tensor)."""
+    z = s_neg.index_select(0, pos_rows)
+    z.sub_(s_pos.unsqueeze(1))
+    if mask_p.numel():
+        z.index_put_((mask_p, mask_j), z.new_tensor(-math.inf))
+    return z
+
+
 def _pair_grads(ctx: Any, go: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """d/d(negative scores [B, n]) and d/d(positive scores [P]) from the saved dLoss/dz, z = s_neg − s_pos."""
     grad_z, pos_rows = ctx.saved_tensors
@@ -275,10 +290,7 @@ class _OveSum(torch.autograd.Function):
         mask_j: torch.Tensor,
         pair_w: torch.Tensor,
     ) -> torch.Tensor:
-        z = s_neg.index_select(0, pos_rows)
-        z.sub_(s_pos.unsqueeze(1))
-        if mask_p.numel():
-            z.index_put_((mask_p, mask_j), z.new_tensor(-math.inf))
+        z = _masked_margins(s_neg, s_pos, pos_rows, mask_p, mask_j)
         total = (F.softplus(z) @ weights) @ pair_w
         grad_z = torch.sigmoid_(z).mul_(weights).mul_(pair_w.unsqueeze(1))
         ctx.save_for_backward(grad_z, pos_rows)
@@ -310,10 +322,7 @@ class _OveGroupSum(torch.autograd.Function):
         group: int,
     ) -> torch.Tensor:
         n = s_neg.shape[1]
-        z = s_neg.index_select(0, pos_rows)
-        z.sub_(s_pos.unsqueeze(1))
-        if mask_p.numel():
-            z.index_put_((mask_p, mask_j), z.new_tensor(-math.inf))
+        z = _masked_margins(s_neg, s_pos, pos_rows, mask_p, mask_j)
         pad = (-n) % group
         if pad:
             z = F.pad(z, (0, pad), value=-math.inf)
