@@ -364,7 +364,7 @@ def ove_loss(batch: CandidateBatch) -> torch.Tensor:
     mask_p, mask_j = masked_negative_pairs(c)
     pw = pair_weights(c, batch.scores.dtype)
     if c.group_size > 1:
-        scale = math.exp(float(c.neg_logw[0])) if n else 1.0  # uniform: every column weighs K/M
+        scale = c.n_labels / min(c.n_draws, c.n_labels)  # uniform: every column weighs K/M (1 if M ≥ K)
         total: torch.Tensor = _OveGroupSum.apply(
             batch.scores[:, :n], batch.positive_scores(), c.pos_rows, scale, mask_p, mask_j, pw,
             c.group_size,

@@ -29,8 +29,8 @@ class TrainParams(BaseModel):
     loss: str = Field(default="ove", description="loss name (trainer.losses.LOSSES)")
     negatives: int = Field(default=1024, ge=1, le=1_000_000, description="negatives drawn per step (shared)")
     # groups of 128 against pairs (1): P@1 0.642 / 0.408 on Bibtex / Corel5k against 0.634 / 0.369
-    # (pairs at their best schedule, 20 epochs; 7 seeds), and 0.70 against 0.56 on the 10^6-label set of
-    # bench/scale.py (bench/results/accuracy_sweep.md, round v7); a step costs the same for any G
+    # (pairs at their best schedule, 20 epochs; 7 seeds), and 0.71 against 0.54 on the 10^6-label set of
+    # bench/scale.py (one run each; bench/results/accuracy_sweep.md, round v7); a step costs the same
     group_size: int = Field(
         default=128,
         ge=1,
