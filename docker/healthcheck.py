@@ -1,7 +1,7 @@
 """Container healthcheck for both roles of the ovex image (API and worker).
 
 One image serves both roles, so the check looks at the container's main process: an API is healthy when
-`/readyz` answers 200; a worker when the queue (Redis) and the database it needs answer.
+`/readyz` answers 200; a worker when the job database (its queue) answers.
 Exit 0 healthy, 1 unhealthy (Docker's convention).
 """
 
@@ -34,14 +34,6 @@ def check_api() -> str | None:
 
 
 def check_worker() -> str | None:
-    if os.environ.get("OVEX_QUEUE", "sqlite") == "redis":
-        import redis
-
-        try:
-            redis.Redis.from_url(os.environ.get("OVEX_REDIS_URL", "redis://localhost:6379/0"),
-                                 socket_timeout=3).ping()
-        except Exception as exc:
-            return f"redis: {exc}"
     db_url = os.environ.get("OVEX_DB_URL", "")
     if db_url.startswith("postgresql"):
         import psycopg

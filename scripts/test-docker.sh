@@ -2,7 +2,7 @@
 # End-to-end test of the Docker deployment, from outside the containers:
 #   lint the Dockerfiles (hadolint; errors fail) -> validate docker-compose.yml -> build the images ->
 #   `docker compose up -d --pull never` -> wait for /readyz -> predict with the demo model ->
-#   upload a small dataset -> train a model through the worker (Redis queue, PostgreSQL metadata) ->
+#   upload a small dataset -> train a model through the worker (PostgreSQL: job records and queue) ->
 #   predict with the new version -> `docker compose down -v`.
 # Uses the Docker engine the environment gives; where none answers and ../shared/tools/docker-sandbox
 # exists (this project's CI machines), it starts that one and stops it again at the end.
@@ -64,7 +64,7 @@ docker info --format 'engine {{.ServerVersion}} ({{.OperatingSystem}})'
 
 # --- lint and validate ------------------------------------------------------------------------------
 say "hadolint (errors fail)"
-dockerfiles=(docker/Dockerfile docker/redis/Dockerfile docker/postgres/Dockerfile)
+dockerfiles=(docker/Dockerfile docker/postgres/Dockerfile)
 if command -v hadolint >/dev/null; then
   hadolint --failure-threshold error "${dockerfiles[@]}"
 elif docker image inspect hadolint/hadolint >/dev/null 2>&1; then
@@ -143,7 +143,8 @@ state=queued
 for _ in $(seq 1 600); do
   curl -fsS "$URL/v1/jobs/$job_id" -H "X-API-Key: $API_KEY" > "$WORK/job.json"
   state=$(json_get '["state"]' < "$WORK/job.json")
-  case "$state" in succeeded|failed|cancelled) break ;; esac
+  activated=$(json_get '["activated"]' < "$WORK/job.json")
+  case "$state" in succeeded) [ "$activated" = True ] && break ;; failed|cancelled) break ;; esac
   sleep 1
 done
 train_s=$(( $(date +%s) - t_job ))

@@ -20,7 +20,7 @@ from service.api.errors import document_errors, install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import Metrics, MetricsMiddleware
 from service.batching import MicroBatcher
-from service.jobs.runtime import runtime_for_app
+from service.jobs.runtime import JobsRuntime
 from service.registry import ModelRegistry
 from service.retrieval import configure_threads
 from service.settings import Settings
@@ -53,7 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await batcher.start()
         loader = threading.Thread(target=registry.start, name="ovex-model-loader", daemon=True)
         loader.start()
-        jobs_runtime = runtime_for_app(settings, registry)  # job DB migrations; embedded worker
+        jobs_runtime = JobsRuntime(settings, registry)  # job DB migrations; embedded worker
         app.state.jobs = jobs_runtime
         jobs_runtime.start()
         log.info("serving", extra={"models_dir": str(settings.models_dir), "threads": settings.threads})
@@ -79,6 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         BodyLimitMiddleware,
         default_limit=settings.max_body_bytes,
         prefix_limits={"/v1/datasets": settings.max_upload_bytes},
+        body_timeout_s=settings.body_timeout_s,
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     for r in (predict.router, models.router, health.router, metrics_api.router, datasets.router, jobs.router):

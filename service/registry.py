@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -22,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.api.errors import Conflict, NotFound, Unavailable
 from service.api.metrics import Metrics
+from service.errors import Conflict, NotFound, Unavailable
 from service.predictor import Predictor
 from service.retrieval import ExactScorer, RetrievalConfig, Retriever, build_retriever, configure_threads
 from service.settings import Settings
@@ -171,7 +172,7 @@ class ModelRegistry:
         try:
             served = load_served(name, version, path, self.settings)
         except Exception as exc:
-            msg = f"{type(exc).__name__}: {exc}"
+            msg = f"{type(exc).__name__}: {exc}".replace(str(path), f"{name}/{version}")
             self._refused[(name, version)] = msg
             if self.metrics is not None:
                 self.metrics.load_failures.labels(name).inc()
@@ -239,7 +240,7 @@ class ModelRegistry:
         Raises `NotFound` for an unknown directory and `Conflict` when it fails to load."""
         with self._lock:
             if version not in self.scan().get(name, []):
-                raise NotFound(f"model {name!r} has no version {version!r} under {self.models_dir}")
+                raise NotFound(f"model {name!r} has no version {version!r}")
             current = self._active.get(name)
             if current is not None and current.version == version:
                 if activate:
@@ -250,7 +251,7 @@ class ModelRegistry:
             except Exception as exc:
                 raise Conflict(
                     f"version {version!r} of model {name!r} failed to load and was refused: "
-                    f"{exc}; the active version keeps serving"
+                    f"{self._refused.get((name, version))}; the active version keeps serving"
                 ) from exc
             if activate or current is None:
                 self._swap(served)
@@ -266,6 +267,19 @@ class ModelRegistry:
             prev = self._active.get(name)
             served = self.load_version(name, version, activate=True)
             return served, (prev.version if prev else None)
+
+    def delete_version(self, name: str, version: str) -> None:
+        """Remove a version's directory; refused for the version that serves (activate another first)."""
+        with self._lock:
+            if version not in self.scan().get(name, []):
+                raise NotFound(f"model {name!r} has no version {version!r}")
+            served = self._active.get(name)
+            if served is not None and served.version == version:
+                raise Conflict(
+                    f"version {version!r} of model {name!r} is the active one: activate another version first"
+                )
+            shutil.rmtree(self.models_dir / name / version)
+            self._refused.pop((name, version), None)
 
     # -- reads -------------------------------------------------------------------------------------
     def get(self, name: str) -> ServedModel:
@@ -289,14 +303,11 @@ class ModelRegistry:
         if name is None:
             if not self.started.is_set():
                 raise Unavailable("models are still loading", headers={"Retry-After": "1"})
-            raise Unavailable(f"no model is served: {self.models_dir} holds none")
+            raise Unavailable("no model is served: the models directory holds none")
         return self.get(name)
 
     def active(self) -> dict[str, ServedModel]:
         return dict(self._active)
-
-    def ready(self) -> bool:
-        return bool(self._active)
 
     def refused(self, name: str, version: str) -> str | None:
         return self._refused.get((name, version))

@@ -39,10 +39,22 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     api_key: SecretStr | None = Field(
-        default=None, description="key for mutating endpoints (X-API-Key header)"
+        default=None,
+        description="admin key: every mutation (X-API-Key or Authorization: Bearer); None: mutations off",
+    )
+    read_key: SecretStr | None = Field(
+        default=None,
+        description="read key: job logs, dataset details and predictions need it (or the admin key); "
+        "None: those reads are open",
     )
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="request body limit (413 above it)")
     max_upload_bytes: int = Field(default=256 << 20, ge=1024, description="body limit for dataset uploads")
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, description="a request body that sends nothing for this long is dropped (408)"
+    )
+    predict_needs_read_key: bool = Field(
+        default=False, description="predictions also need the read key when one is set (default: open)"
+    )
     access_log: bool = Field(default=False, description="one JSON log line per request")
     log_level: str = "info"
     log_json: bool = True
@@ -76,10 +88,6 @@ class Settings(BaseSettings):
     db_url: str | None = Field(
         default=None, description="job database URL; None: SQLite file <data_dir>/ovex.db"
     )
-    queue: Literal["sqlite", "redis"] = Field(
-        default="sqlite", description="job queue: embedded SQLite file or Redis"
-    )
-    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL when queue=redis")
     embedded_worker: bool = Field(default=True, description="`ovex serve` starts its own worker process")
     worker_concurrency: int = Field(
         default=1, ge=1, le=64, description="jobs one worker process runs at once"
@@ -93,3 +101,6 @@ class Settings(BaseSettings):
         default=15.0, gt=0, description="a running job whose lease is older is re-queued"
     )
     job_max_attempts: int = Field(default=3, ge=1, description="worker losses before a job is marked failed")
+    job_poll_s: float = Field(
+        default=0.25, gt=0, le=10, description="how often idle workers and event streams look for news"
+    )

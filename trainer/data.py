@@ -544,6 +544,8 @@ def read_jsonl(path: str | Path, label_names: list[str] | None = None) -> Datase
                 except json.JSONDecodeError as e:
                     raise DataFormatError(spath, lineno, f"invalid JSON: {e.msg} at column {e.colno}"
                                           ) from None
+                except RecursionError:  # the C decoder's nesting guard
+                    raise DataFormatError(spath, lineno, "JSON nested too deeply") from None
                 texts.append(_jsonl_text(obj, spath, lineno))
                 for name in _jsonl_labels(obj, spath, lineno):
                     idx = vocab.get(name)

@@ -441,52 +441,6 @@ def ove_subset_loss(batch: CandidateBatch) -> torch.Tensor:
     return (head + rest) @ pair_weights(c, s.dtype)
 
 
-def pair_margins(batch: CandidateBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(z, w), both [P, n]: f_m − f_y for every positive pair and sampled column, and that column's
-    importance weight, 0 where the column is a positive of the pair's row (the per-pair OVE terms)."""
-    c = batch.cand
-    n = c.n_sampled
-    z = batch.scores[:, :n].index_select(0, c.pos_rows) - batch.positive_scores().unsqueeze(1)
-    keep = (~c.pos_mask[:, :n]).index_select(0, c.pos_rows)
-    return z, torch.exp(c.neg_logw).to(z.dtype).unsqueeze(0) * keep
-
-
-def ove_normalized_loss(batch: CandidateBatch) -> torch.Tensor:
-    """OVE with each positive pair's gradient scaled to at most the pair's weight (NOT the OVE bound).
-
-    Why: the OVE gradient of pair (x, y) is Σ_m σ(f_m − f_y) in total, up to K for a positive scored
-    below most labels, so hard (often noisy) pairs dominate a step where softmax gives every pair at
-    most 1 (Σ_m p_m = 1 − p_y). Dividing the pair's OVE term by the *detached* max(1, Σ_m w_m σ(f_m − f_y))
-    keeps OVE's per-negative shape σ(f_m − f_y) but bounds each pair's total pull like softmax does,
-    with the same sampled, importance-weighted sums (an IRLS-style reweighting, recomputed every step).
-    Measured (accuracy_sweep.md, v5): on Corel5k it gets the early P@1 peak of exact softmax that plain
-    OVE never shows, so it pairs with `valid_fraction`. It minimises no fixed bound: `ove-log` (same
-    effect, a proper objective) is its principled sibling; kept for the sweep's record.
-    """
-    if batch.cand.pos_rows.numel() == 0:
-        return batch.scores.sum() * 0.0
-    z, w = pair_margins(batch)
-    per_pair = (F.softplus(z) * w).sum(1)
-    pull = (torch.sigmoid(z) * w).sum(1).detach().clamp(min=1.0)
-    return (per_pair / pull) @ pair_weights(batch.cand, z.dtype)
-
-
-def ove_log_loss(batch: CandidateBatch) -> torch.Tensor:
-    """Σ_p w_p · log(1 + OVE_p): the OVE bound of each positive pair, compressed by log(1 + ·).
-
-    Why: −log p(y|x) ≤ OVE_p (Titsias) and log(1 + ·) is increasing, so this bounds the robust
-    likelihood loss log(1 − log p(y|x)) from above. Its gradient is ∇OVE_p / (1 + OVE_p): a pair whose
-    positive sits below many labels (OVE_p large, often a noisy tag) no longer pulls up to K times
-    harder than a pair already ranked well, which is what keeps plain OVE from the early P@1 peak that
-    exact softmax has on Corel5k (accuracy_sweep.md, round v5). With all labels as candidates the value
-    is exact; with sampled negatives log(1 + estimate) is biased low (Jensen), unlike `ove`.
-    """
-    if batch.cand.pos_rows.numel() == 0:
-        return batch.scores.sum() * 0.0
-    z, w = pair_margins(batch)
-    return torch.log1p((F.softplus(z) * w).sum(1)) @ pair_weights(batch.cand, z.dtype)
-
-
 register_loss(
     "ove",
     LossSpec(
@@ -495,18 +449,6 @@ register_loss(
         grouped=True,
         doc="one-vs-each bound over sampled negatives (Titsias), in groups of group_size",
     ),
-)
-register_loss(
-    "ove-norm",
-    LossSpec(
-        ove_normalized_loss,
-        sampled_scores_only=True,
-        doc="OVE terms, each pair's gradient capped at its weight like softmax's (not a bound)",
-    ),
-)
-register_loss(
-    "ove-log",
-    LossSpec(ove_log_loss, sampled_scores_only=True, doc="log(1 + OVE bound) per positive pair (robust)"),
 )
 register_loss("ove-subset", LossSpec(ove_subset_loss, doc="softmax over in-batch labels x OVE over the rest"))
 register_loss("softmax", LossSpec(softmax_loss, needs_all_labels=True, doc="exact full softmax (reference)"))

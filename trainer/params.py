@@ -6,6 +6,7 @@ describe training the same way, and the artifact's config can be validated when 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -19,6 +20,11 @@ Device = Literal["auto", "cpu", "cuda"]
 LabelWeighting = Literal["row", "pair"]
 Optimizer = Literal["adam", "adagrad"]
 
+# upper bounds of the per-step sizes: a step holds batch × (negatives + positives) scores
+MAX_BATCH = 65_536
+MAX_NEGATIVES = 262_144
+MAX_SEED = (1 << 32) - 1
+
 
 class TrainParams(BaseModel):
     """Every knob of a training run, with defaults chosen to work on the XC benchmark sets untuned."""
@@ -27,14 +33,16 @@ class TrainParams(BaseModel):
 
     # objective
     loss: str = Field(default="ove", description="loss name (trainer.losses.LOSSES)")
-    negatives: int = Field(default=1024, ge=1, le=1_000_000, description="negatives drawn per step (shared)")
+    negatives: int = Field(
+        default=1024, ge=1, le=MAX_NEGATIVES, description="negatives drawn per step (shared)"
+    )
     # groups of 128 against pairs (1): P@1 0.642 / 0.408 on Bibtex / Corel5k against 0.634 / 0.369
     # (pairs at their best schedule, 20 epochs; 7 seeds), and 0.71 against 0.54 on the 10^6-label set of
     # bench/scale.py (one run each; bench/results/accuracy_sweep.md, round v7); a step costs the same
     group_size: int = Field(
         default=128,
         ge=1,
-        le=1_000_000,
+        le=MAX_NEGATIVES,
         description="ove: compare each positive with groups of this many sampled negatives under a "
         "softmax (a tighter bound of the same family; 1 = the one-vs-each bound over pairs)",
     )
@@ -63,19 +71,23 @@ class TrainParams(BaseModel):
     dense_lr: float = Field(default=0.002, gt=0.0, le=10.0, description="peak lr of hidden layers (Adam)")
     warmup: float = Field(default=0.05, ge=0.0, lt=1.0, description="fraction of steps with linear warmup")
     schedule: Schedule = Field(default="cosine", description="decay after warmup")
-    batch_size: int = Field(default=256, ge=1, le=1_000_000)
+    batch_size: int = Field(default=256, ge=1, le=MAX_BATCH)
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="decoupled L2 on touched rows")
     init_scale: float = Field(default=1.0, gt=0.0, le=100.0, description="init scale of input projection")
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="random seed (numpy takes 32 bits)")
     device: Device = "auto"
     # featurizer
     tfidf: bool = Field(default=True, description="re-weight features by inverse document frequency")
     l2: bool = Field(default=True, description="L2-normalise each input row")
     hash_size: int = Field(default=0, ge=0, le=1 << 26, description="text: hash buckets (0 = vocab)")
-    max_vocab: int = Field(default=200_000, ge=1, description="text: vocabulary size cap")
-    min_df: int = Field(default=1, ge=1, description="text: minimum document frequency of a vocabulary term")
+    max_vocab: int = Field(default=200_000, ge=1, le=1 << 26, description="text: vocabulary size cap")
+    min_df: int = Field(
+        default=1, ge=1, le=1_000_000_000, description="text: minimum document frequency of a vocabulary term"
+    )
     # evaluation
-    eval_every: int = Field(default=1, ge=0, description="evaluate every N epochs (0 = only at the end)")
+    eval_every: int = Field(
+        default=1, ge=0, le=10_000, description="evaluate every N epochs (0 = only at the end)"
+    )
     # model selection on held-out TRAINING rows (never the test split). Off by default: with the short
     # schedule of grouped ove it gains nothing on Bibtex or Corel5k (8 epochs + valid 0.1 + refit:
     # 0.6428 / 0.4067, the 7-epoch defaults 0.6424 / 0.4077; accuracy_sweep.md rows 149, 161) for about
@@ -95,15 +107,24 @@ class TrainParams(BaseModel):
     stop_epoch: int = Field(
         default=0,
         ge=0,
+        le=10_000,
         description="end training after this epoch while the learning-rate schedule still spans "
         "`epochs` (0 = all epochs; refit sets it)",
     )
     patience: int = Field(
         default=0,
         ge=0,
+        le=10_000,
         description="with valid_fraction > 0: stop after this many epochs without a better validation "
         "P@1 (0 = train every epoch, still keeping the best one)",
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _finite(cls, value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"must be a finite number, got {'NaN' if math.isnan(value) else value}")
+        return value
 
     @model_validator(mode="after")
     def _stop_within_epochs(self) -> TrainParams:

@@ -1,17 +1,16 @@
-"""`/v1/datasets`: upload (streamed, size-capped, validated, stored by checksum), list, get."""
+"""`/v1/datasets`: upload (streamed, size-capped, validated, stored by checksum), list, get, delete."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
-from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
+from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import BaseModel, Field
 
-from service.api.auth import require_api_key
-from service.jobs.datasets import DatasetInvalid, UploadError, ingest, receive_file
+from service.api.auth import ApiKey, ReadKey
+from service.errors import Unavailable
 from service.jobs.models import DatasetRow
-from service.jobs.runtime import JobsRuntime
+from service.jobs.service import JobsService
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 
@@ -31,6 +30,7 @@ class DatasetOut(BaseModel):
 
 class DatasetList(BaseModel):
     datasets: list[DatasetOut]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last")
 
 
 def dataset_out(row: DatasetRow) -> DatasetOut:
@@ -48,25 +48,25 @@ def dataset_out(row: DatasetRow) -> DatasetOut:
     )
 
 
-def jobs_runtime(request: Request) -> JobsRuntime:
+def jobs_service(request: Request) -> JobsService:
     rt = getattr(request.app.state, "jobs", None)
     if rt is None:
-        raise HTTPException(503, "the job system is not running in this process")
-    return rt
+        raise Unavailable("the job system is not running in this process")
+    service: JobsService = rt.service
+    return service
 
 
-Runtime = Annotated[JobsRuntime, Depends(jobs_runtime)]
-
+Jobs = Annotated[JobsService, Depends(jobs_service)]
+Limit = Annotated[int, Query(ge=1, le=1000, description="most items on one page")]
+Cursor = Annotated[
+    str | None, Query(max_length=200, description="`next_cursor` of the previous page; omitted: the first")
+]
 
 KEYED: dict[int | str, dict[str, Any]] = {
-    401: {"description": "missing API key"},
-    403: {"description": "wrong API key (or none configured on the server)"},
+    401: {"description": "missing key"},
+    403: {"description": "the key does not allow this call (or none is configured on the server)"},
 }
-
-
-def _error(status: int, loc: list[str | int], msg: str, kind: str, **extra: Any) -> HTTPException:
-    return HTTPException(status, [{"loc": loc, "msg": msg, "type": kind, **extra}])
-
+UNKNOWN: dict[int | str, dict[str, Any]] = {404: {"description": "unknown dataset"}}
 
 _UPLOAD_BODY = {
     "requestBody": {
@@ -93,50 +93,49 @@ _UPLOAD_BODY = {
 
 @router.post(
     "",
-    dependencies=[Depends(require_api_key)],
     status_code=201,
     response_model=DatasetOut,
     openapi_extra=_UPLOAD_BODY,
     responses={
         **KEYED,
-        400: {"description": "malformed multipart body"},
+        200: {"model": DatasetOut, "description": "the same bytes were uploaded before: that record"},
+        400: {"description": "malformed or cut-short multipart body"},
         413: {"description": "upload over the size limit"},
         415: {"description": "not multipart/form-data"},
         422: {"description": "not a valid dataset (file and line named)"},
     },
 )
-async def upload_dataset(request: Request, response: Response, rt: Runtime) -> DatasetOut:
+async def upload_dataset(request: Request, response: Response, jobs: Jobs, _: ApiKey) -> DatasetOut:
     """Stream the `file` part to disk (413 over the limit), validate it with the trainer's reader (422 with
     the line at fault), and store it under its SHA-256. Uploading the same bytes again returns the record."""
-    try:
-        received = await receive_file(
-            request.headers.get("content-type"),
-            request.headers.get("content-length"),
-            request.stream(),
-            rt.cfg.uploads_dir,
-            rt.cfg.max_upload_bytes,
-        )
-    except UploadError as e:
-        raise _error(e.status, ["body", e.field], e.message, "upload_error") from None
-    try:
-        row, created = await run_in_threadpool(ingest, rt.cfg, rt.store, received)
-    except DatasetInvalid as e:
-        raise _error(
-            422, ["body", "file"], f"{e.filename}:{e.line}: {e.message}", "dataset_invalid", line=e.line
-        ) from None
+    row, created = await jobs.upload(
+        request.headers.get("content-type"), request.headers.get("content-length"), request.stream()
+    )
     if not created:
         response.status_code = 200
     return dataset_out(row)
 
 
-@router.get("", response_model=DatasetList)
-def list_datasets(rt: Runtime) -> DatasetList:
-    return DatasetList(datasets=[dataset_out(r) for r in rt.store.list_datasets()])
+@router.get("", response_model=DatasetList, responses=KEYED)
+def list_datasets(jobs: Jobs, _: ReadKey, limit: Limit = 100, cursor: Cursor = None) -> DatasetList:
+    """Newest first, one page at a time."""
+    rows, nxt = jobs.list_datasets(limit, cursor)
+    return DatasetList(datasets=[dataset_out(r) for r in rows], next_cursor=nxt)
 
 
-@router.get("/{dataset_id}", response_model=DatasetOut, responses={404: {"description": "unknown dataset"}})
-def get_dataset(dataset_id: str, rt: Runtime) -> DatasetOut:
-    row = rt.store.get_dataset(dataset_id)
-    if row is None:
-        raise _error(404, ["path", "dataset_id"], f"dataset {dataset_id!r} not found", "not_found")
-    return dataset_out(row)
+@router.get("/{dataset_id}", response_model=DatasetOut, responses={**KEYED, **UNKNOWN})
+def get_dataset(dataset_id: str, jobs: Jobs, _: ReadKey) -> DatasetOut:
+    return dataset_out(jobs.get_dataset(dataset_id))
+
+
+@router.delete(
+    "/{dataset_id}",
+    status_code=204,
+    response_class=Response,
+    responses={**KEYED, **UNKNOWN, 409: {"description": "a job still names the dataset"}},
+)
+def delete_dataset(dataset_id: str, jobs: Jobs, _: ApiKey) -> Response:
+    """Remove the dataset and its file; refused (409) while any job names it — queued, running or ended
+    (delete ended jobs first), so no job record loses its data."""
+    jobs.delete_dataset(dataset_id)
+    return Response(status_code=204)

@@ -1,7 +1,8 @@
 """Every error → HTTP status, in one place. Bodies are FastAPI's shape: `{"detail": str | [field errors]}`.
 
 Field errors are `{"loc": [...], "msg": str, "type": str}` with `loc` naming the field and list index
-(`["body", "inputs", 2, "features", "indices", 5]`), so a client can point at what to fix.
+(`["body", "inputs", 2, "features", "indices", 5]`), so a client can point at what to fix. The domain
+raises the kinds of `service.errors`; `STATUS` below is the only place they meet HTTP.
 """
 
 from __future__ import annotations
@@ -14,85 +15,64 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
+from service.errors import (
+    Conflict,
+    DomainError,
+    Forbidden,
+    InputError,
+    Invalid,
+    Loc,
+    Malformed,
+    NotFound,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    Unsupported,
+)
 from service.predictor import InputRowError
 from trainer.errors import ArtifactError, DataFormatError, OvexError, ParamsError
 
 log = logging.getLogger("ovex.api")
 
-Loc = Sequence[str | int]
+__all__ = ["Conflict", "Forbidden", "InputError", "Loc", "NotFound", "Unauthorized", "Unavailable"]
 
-
-class ApiError(OvexError):
-    """An error with its HTTP status; subclasses fix the status, the message says what to do."""
-
-    status_code = 400
-
-    def __init__(
-        self, message: str, *, status_code: int | None = None, headers: dict[str, str] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        if status_code is not None:
-            self.status_code = status_code
-        self.headers = headers
-
-    def detail(self) -> Any:
-        return self.message
-
-
-class NotFound(ApiError):
-    status_code = 404
-
-
-class Conflict(ApiError):
-    """The request is valid but the current state refuses it (e.g. a version that fails to load)."""
-
-    status_code = 409
-
-
-class Unavailable(ApiError):
-    """Not ready yet (no model loaded) or the request could not be served in time; retry later."""
-
-    status_code = 503
-
-
-class Unauthorized(ApiError):
-    status_code = 401
-
-
-class Forbidden(ApiError):
-    status_code = 403
-
-
-class InputError(ApiError):
-    """A request field is invalid in a way only the model can tell (e.g. a feature index ≥ its dim)."""
-
-    status_code = 422
-
-    def __init__(self, errors: list[tuple[Loc, str]]):
-        self.errors = errors
-        super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in errors))
-
-    def detail(self) -> Any:
-        return [{"loc": list(loc), "msg": msg, "type": "value_error"} for loc, msg in self.errors]
-
-
-# Errors raised by the trainer package (no HTTP there): their status here.
-TRAINER_STATUS: dict[type[OvexError], int] = {
-    DataFormatError: 422,
-    ParamsError: 422,
-    ArtifactError: 409,
-}
+# The one mapping from error kinds (domain and trainer) to statuses; the first matching class wins.
+STATUS: tuple[tuple[type[OvexError], int], ...] = (
+    (Malformed, 400),
+    (Unauthorized, 401),
+    (Forbidden, 403),
+    (NotFound, 404),
+    (Conflict, 409),
+    (TooLarge, 413),
+    (Unsupported, 415),
+    (Invalid, 422),
+    (Unavailable, 503),
+    (DataFormatError, 422),
+    (ParamsError, 422),
+    (ArtifactError, 409),
+)
 
 
 def status_for(exc: OvexError) -> int:
-    if isinstance(exc, ApiError):
-        return exc.status_code
-    for cls, code in TRAINER_STATUS.items():
+    for cls, code in STATUS:
         if isinstance(exc, cls):
             return code
     return 400
+
+
+def detail_for(exc: OvexError) -> Any:
+    """A string, or a list of field errors when the error names the field(s) at fault."""
+    if isinstance(exc, InputError):
+        return [{"loc": list(loc), "msg": msg, "type": "value_error"} for loc, msg in exc.errors]
+    if isinstance(exc, InputRowError):
+        return [{"loc": ["body", "inputs", exc.row, exc.field], "msg": exc.message, "type": "value_error"}]
+    if isinstance(exc, DomainError):
+        if exc.loc is None:
+            return exc.message
+        return [{"loc": exc.loc, "msg": exc.message, "type": exc.kind, **exc.extra}]
+    return str(exc)
 
 
 def _clean_validation_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
@@ -114,15 +94,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OvexError)
     async def _ovex(request: Request, exc: OvexError) -> JSONResponse:
-        if isinstance(exc, InputRowError):
-            loc: list[str | int] = ["body", "inputs", exc.row, exc.field]
-            return JSONResponse(
-                {"detail": [{"loc": loc, "msg": exc.message, "type": "value_error"}]}, status_code=422
-            )
-        code = status_for(exc)
-        detail = exc.detail() if isinstance(exc, ApiError) else str(exc)
-        headers = exc.headers if isinstance(exc, ApiError) else None
-        return JSONResponse({"detail": detail}, status_code=code, headers=headers)
+        headers = exc.headers if isinstance(exc, DomainError) else None
+        return JSONResponse({"detail": detail_for(exc)}, status_code=status_for(exc), headers=headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # the client left mid-body: nobody reads this answer, and it is not a server fault
+        log.info("client disconnected before its body was read", extra={"path": request.url.path})
+        return JSONResponse({"detail": "client disconnected"}, status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

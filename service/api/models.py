@@ -1,14 +1,14 @@
-"""GET /v1/models, GET /v1/models/{name}, POST /v1/models/{name}/versions/{version}/activate."""
+"""GET /v1/models, GET /v1/models/{name}, activate and delete a version."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import ApiKey
 from service.api.deps import RegistryDep
-from service.api.errors import NotFound
 from service.api.schemas import ActivateResponse, ErrorBody, ModelInfo, ModelList, VersionInfo
+from service.errors import NotFound
 from service.registry import ModelRegistry
 
 router = APIRouter(tags=["models"])
@@ -75,3 +75,20 @@ async def activate(name: str, version: str, registry: RegistryDep, _: ApiKey) ->
     """Hot swap: load and warm `version`, then route new requests to it; in-flight ones finish on theirs."""
     served, prev = await run_in_threadpool(registry.activate, name, version)
     return ActivateResponse(name=name, active_version=served.version, previous_version=prev)
+
+
+@router.delete(
+    "/v1/models/{name}/versions/{version}",
+    status_code=204,
+    response_class=Response,
+    responses={
+        401: {"model": ErrorBody},
+        403: {"model": ErrorBody},
+        404: {"model": ErrorBody},
+        409: {"model": ErrorBody, "description": "the version is the active one"},
+    },
+)
+async def delete_version(name: str, version: str, registry: RegistryDep, _: ApiKey) -> Response:
+    """Remove a version's files; the active version cannot be deleted (activate another one first)."""
+    await run_in_threadpool(registry.delete_version, name, version)
+    return Response(status_code=204)

@@ -7,11 +7,12 @@ import json
 import numpy as np
 from fastapi import APIRouter, Response
 
+from service.api.auth import PredictKey
 from service.api.deps import BatcherDep, MetricsDep, RegistryDep, SettingsDep
-from service.api.errors import InputError, Loc, Unavailable
 from service.api.metrics import Metrics
 from service.api.schemas import ErrorBody, PredictRequest, PredictResponse
 from service.batching import MicroBatcher
+from service.errors import InputError, Loc, Unavailable
 from service.predictor import InputRow, Job, Options
 from service.registry import ServedModel
 from service.settings import Settings
@@ -110,6 +111,7 @@ async def predict_model(
     batcher: BatcherDep,
     settings: SettingsDep,
     metrics: MetricsDep,
+    _: PredictKey,
 ) -> Response:
     """Top labels with sparse probabilities from the active version of `name`."""
     return await _predict(registry.get(name), req, batcher, settings, metrics)
@@ -122,6 +124,7 @@ async def predict_default(
     batcher: BatcherDep,
     settings: SettingsDep,
     metrics: MetricsDep,
+    _: PredictKey,
 ) -> Response:
     """Same as `/v1/models/{name}/predict` for the default model."""
     return await _predict(registry.default(), req, batcher, settings, metrics)

@@ -1,1 +1,1 @@
-"""Training jobs behind the API: SQL job records, a huey queue (SQLite or Redis) and worker processes."""
+"""Training jobs behind the API: SQL job records (the jobs table is the queue) and worker processes."""

@@ -1,8 +1,11 @@
 """Memory a training job will need, estimated before it is queued, so an impossible job fails at once.
 
-The dominant terms are the label head (labels × (dim + 1) floats) and the input projection (features ×
-dim); the optimizer keeps state per parameter (Adam two floats, row-wise Adagrad one), so each parameter
-costs (1 + state) × 4 bytes.
+Two kinds of terms. Tables that live for the whole run: the label head (labels × (dim + 1)), the input
+projection (features × dim) and the hidden layers, each weight with its optimizer state (Adam keeps two
+floats per weight, row-wise Adagrad one). And what one step allocates: the batch's scores against its
+candidate labels (batch × (negatives + batch positives), with their gradient and the loss's working copies),
+the gathered candidate rows of the head and the encoder's activations, each with its gradient. The gathered
+input rows are bounded by the whole projection, which is how they are counted.
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ from trainer.params import TrainParams
 
 BYTES_PER_FLOAT = 4
 # the weight itself + the optimizer's state per weight
-OPTIMIZER_MULTIPLIER = {"adam": 3, "adagrad": 2, "sgd": 1}
-DEFAULT_MULTIPLIER = 3  # an optimizer we do not know: assume Adam-sized state
+OPTIMIZER_MULTIPLIER = {"adam": 3, "adagrad": 2}
+# B × C float tensors alive at once in a step: scores, their gradient, the loss's exp/softmax and weights
+SCORE_COPIES = 4
+# a tensor and its gradient
+WITH_GRAD = 2
 
 
 @dataclass(frozen=True)
@@ -22,16 +28,52 @@ class MemoryEstimate:
     labels: int
     features: int
     dim: int
-    parameters: int
-    bytes: int
-    multiplier: int = DEFAULT_MULTIPLIER
-    optimizer: str = "adam"
+    optimizer: str
+    multiplier: int
+    head: int  # floats, each term below
+    projection: int
+    hidden: int
+    scores: int
+    candidate_rows: int
+    activations: int
+    input_rows: int
+    input_param: str | None = None  # the param that sets the input width (None: the dataset does)
+
+    @property
+    def tables(self) -> int:
+        return (self.head + self.projection + self.hidden) * self.multiplier
+
+    @property
+    def step(self) -> int:
+        return self.scores + self.candidate_rows + self.activations + self.input_rows
+
+    @property
+    def bytes(self) -> int:
+        return (self.tables + self.step) * BYTES_PER_FLOAT
+
+    def culprit(self) -> str:
+        """The parameter to lower first: the one behind the largest term."""
+        terms: dict[str, int] = {}
+        for name, floats in (
+            ("dim", self.head * self.multiplier + self.candidate_rows),
+            (self.input_param or "dim", self.projection * self.multiplier + self.input_rows),
+            ("hidden", self.hidden * self.multiplier + self.activations),
+            ("batch_size", self.scores),
+        ):
+            terms[name] = terms.get(name, 0) + floats
+        return max(terms, key=lambda k: terms[k])
 
     def explain(self) -> str:
+        b = BYTES_PER_FLOAT
         return (
-            f"about {human_bytes(self.bytes)} ({self.labels} labels × {self.dim} dims for the label head, "
-            f"{self.features} features × {self.dim} dims for the input projection, × {BYTES_PER_FLOAT} bytes "
-            f"× {self.multiplier} for weights and {self.optimizer} state)"
+            f"about {human_bytes(self.bytes)}: {self.labels} labels × {self.dim} dims for the label head "
+            f"({human_bytes(self.head * b)}), {self.features} features × {self.dim} dims for the input "
+            f"projection ({human_bytes(self.projection * b)}), hidden layers "
+            f"({human_bytes(self.hidden * b)}), all × {self.multiplier} for weights and {self.optimizer} "
+            f"state; per step {human_bytes(self.scores * b)} of batch × candidate scores, "
+            f"{human_bytes(self.candidate_rows * b)} of candidate head rows, "
+            f"{human_bytes(self.activations * b)} of activations and {human_bytes(self.input_rows * b)} "
+            "of gathered input rows"
         )
 
 
@@ -43,16 +85,28 @@ def input_features(params: TrainParams, features: int | None) -> int:
 
 
 def estimate(params: TrainParams, labels: int, features: int | None) -> MemoryEstimate:
-    d = params.dim
+    d, batch = params.dim, params.batch_size
     n_in = input_features(params, features)
-    head = labels * (d + 1)
-    projection = n_in * d
     width = d * (params.pieces if params.encoder == "maxout" else 1)
-    hidden = params.hidden * (d * width + width) if params.encoder != "linear" or params.hidden else 0
-    n_params = head + projection + hidden
-    optimizer = str(getattr(params, "optimizer", "adam"))
-    mult = OPTIMIZER_MULTIPLIER.get(optimizer, DEFAULT_MULTIPLIER)
-    return MemoryEstimate(labels, n_in, d, n_params, n_params * BYTES_PER_FLOAT * mult, mult, optimizer)
+    hidden = params.hidden * (d * width + width)
+    # candidate columns: the sampled negatives plus at least one positive per row, never more than K
+    candidates = min(labels, params.negatives + batch)
+    mult = OPTIMIZER_MULTIPLIER[params.optimizer]
+    return MemoryEstimate(
+        labels=labels,
+        features=n_in,
+        dim=d,
+        optimizer=params.optimizer,
+        multiplier=mult,
+        head=labels * (d + 1),
+        projection=n_in * d,
+        hidden=hidden,
+        scores=batch * candidates * SCORE_COPIES,
+        candidate_rows=candidates * (d + 1) * WITH_GRAD,
+        activations=batch * (d + width * params.hidden) * WITH_GRAD,
+        input_rows=n_in * d * WITH_GRAD,
+        input_param=None if features is not None else ("hash_size" if params.hash_size > 0 else "max_vocab"),
+    )
 
 
 def human_bytes(n: float) -> str:

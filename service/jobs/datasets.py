@@ -22,6 +22,7 @@ from typing import IO
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from service.errors import DomainError, Invalid, Malformed, TooLarge, Unsupported
 from service.jobs.config import JobsConfig
 from service.jobs.models import DatasetRow
 from service.jobs.runner import dataset_path
@@ -32,20 +33,9 @@ _FIELD_LIMIT = 4096  # bytes of a plain (non-file) form field such as `name`
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._ -]+")
 
 
-class UploadError(Exception):
-    """The request is not an acceptable upload; `status` is the HTTP code to answer with."""
-
-    def __init__(self, status: int, message: str, field: str = "file") -> None:
-        super().__init__(message)
-        self.status, self.message, self.field = status, message, field
-
-
-class DatasetInvalid(Exception):
-    """The uploaded file is not a valid dataset; carries the reader's line-level error."""
-
-    def __init__(self, filename: str, line: int, message: str) -> None:
-        super().__init__(f"{filename}:{line}: {message}")
-        self.filename, self.line, self.message = filename, line, message
+def _invalid_file(filename: str, line: int, message: str) -> Invalid:
+    """The uploaded file is not a valid dataset: the reader's line-level error, under the upload's name."""
+    return Invalid(f"{filename}:{line}: {message}", loc=["body", "file"], kind="dataset_invalid", line=line)
 
 
 @dataclass
@@ -73,6 +63,7 @@ class _MultipartSink:
         self._name: str | None = None
         self._is_file = False
         self._buf = bytearray()
+        self.ended = False  # the closing boundary arrived
 
     def on_part_begin(self) -> None:
         self._headers, self._name, self._is_file, self._buf = {}, None, False, bytearray()
@@ -92,7 +83,7 @@ class _MultipartSink:
         self._name = opts.get(b"name", b"").decode("utf-8", "replace")
         if self._name == self.file_field:
             if self.seen_file:
-                raise UploadError(422, f"more than one `{self.file_field}` part in the upload")
+                raise Invalid(f"more than one `{self.file_field}` part in the upload", loc=["body", "file"])
             self.seen_file = self._is_file = True
             raw = opts.get(b"filename", b"").decode("utf-8", "replace")
             self.filename = os.path.basename(raw.replace("\\", "/")) or "upload"
@@ -102,21 +93,23 @@ class _MultipartSink:
         if self._is_file:
             self.size += len(chunk)
             if self.size > self.max_bytes:
-                raise UploadError(413, f"upload exceeds the limit of {self.max_bytes} bytes")
+                raise TooLarge(f"upload exceeds the limit of {self.max_bytes} bytes", loc=["body", "file"])
             self.hash.update(chunk)
             self.out.write(chunk)
         else:
             self._buf += chunk
             if len(self._buf) > _FIELD_LIMIT:
-                raise UploadError(
-                    422,
+                raise Invalid(
                     f"form field {self._name!r} is longer than {_FIELD_LIMIT} bytes",
-                    self._name or "body",
+                    loc=["body", self._name or "body"],
                 )
 
     def on_part_end(self) -> None:
         if not self._is_file and self._name:
             self.fields[self._name] = self._buf.decode("utf-8", "replace")
+
+    def on_end(self) -> None:
+        self.ended = True
 
 
 async def receive_file(
@@ -127,19 +120,24 @@ async def receive_file(
     max_bytes: int,
     file_field: str = "file",
 ) -> ReceivedFile:
-    """Stream a multipart/form-data body into a temp file in `dest_dir`; raises `UploadError`."""
+    """Stream a multipart/form-data body into a temp file in `dest_dir`; raises a `DomainError`."""
     mime, opts = parse_options_header(content_type or "")
     boundary = opts.get(b"boundary")
     if mime != b"multipart/form-data" or not boundary:
-        raise UploadError(415, f"send the dataset as multipart/form-data with a `{file_field}` field")
+        raise Unsupported(
+            f"send the dataset as multipart/form-data with a `{file_field}` field",
+            loc=["header", "content-type"],
+        )
     envelope = max_bytes + (1 << 20)  # room for part headers and small fields around the file
     if content_length is not None:
         try:
             declared = int(content_length)
         except ValueError:
-            raise UploadError(400, "invalid Content-Length header", "content-length") from None
+            raise Malformed("invalid Content-Length header", loc=["header", "content-length"]) from None
         if declared > envelope:
-            raise UploadError(413, f"upload of {declared} bytes exceeds the limit of {max_bytes} bytes")
+            raise TooLarge(
+                f"upload of {declared} bytes exceeds the limit of {max_bytes} bytes", loc=["body", "file"]
+            )
     dest_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix="upload-", suffix=".part", dir=dest_dir)
     tmp = Path(tmp_name)
@@ -151,11 +149,15 @@ async def receive_file(
             async for chunk in chunks:
                 total += len(chunk)
                 if total > envelope:
-                    raise UploadError(413, f"upload exceeds the limit of {max_bytes} bytes")
+                    raise TooLarge(f"upload exceeds the limit of {max_bytes} bytes", loc=["body", "file"])
                 _feed(parser, chunk)
             _feed(parser, None)
+        if not sink.ended:
+            raise Malformed(
+                "the multipart body ends before its closing boundary: the upload was cut short", loc=["body"]
+            )
         if not sink.seen_file:
-            raise UploadError(422, f"no `{file_field}` part in the multipart body")
+            raise Invalid(f"no `{file_field}` part in the multipart body", loc=["body", file_field])
         return ReceivedFile(tmp, sink.filename or "upload", sink.size, sink.hash.hexdigest(), sink.fields)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -169,10 +171,10 @@ def _feed(parser: MultipartParser, chunk: bytes | None) -> None:
             parser.finalize()
         else:
             parser.write(chunk)
-    except UploadError:
+    except DomainError:
         raise
     except (MultipartParseError, ValueError, TypeError, IndexError) as e:
-        raise UploadError(400, f"malformed multipart body: {e}", "body") from None
+        raise Malformed(f"malformed multipart body: {e}", loc=["body"]) from None
 
 
 def _callbacks(sink: _MultipartSink) -> dict[str, object]:
@@ -184,6 +186,7 @@ def _callbacks(sink: _MultipartSink) -> dict[str, object]:
         "on_header_value": sink.on_header_value,
         "on_header_end": sink.on_header_end,
         "on_headers_finished": sink.on_headers_finished,
+        "on_end": sink.on_end,
     }
 
 
@@ -208,11 +211,11 @@ def ingest(cfg: JobsConfig, store: JobStore, received: ReceivedFile) -> tuple[Da
         try:
             ds = read_dataset(received.path)
         except DataFormatError as e:
-            raise DatasetInvalid(received.filename, e.line, e.message) from None
+            raise _invalid_file(received.filename, e.line, e.message) from None
         if ds.n_rows == 0:
-            raise DatasetInvalid(received.filename, 1, "the dataset has no rows")
+            raise _invalid_file(received.filename, 1, "the dataset has no rows")
         if ds.n_labels == 0:
-            raise DatasetInvalid(received.filename, 1, "the dataset has no labels")
+            raise _invalid_file(received.filename, 1, "the dataset has no labels")
         row = DatasetRow(
             id=f"ds_{received.sha256[:20]}",
             name=_display_name(received),

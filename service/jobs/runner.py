@@ -15,14 +15,13 @@ import os
 import shutil
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from service.jobs.config import JobsConfig
-from service.jobs.models import CANCELLED, FAILED, SUCCEEDED, DatasetRow
+from service.jobs.models import CANCELLED, FAILED, SUCCEEDED, DatasetRow, JobRow
 from service.jobs.store import JobStore
 from trainer.errors import DataFormatError, OvexError, TrainingCancelled
 
@@ -173,20 +172,14 @@ def _named(row: DatasetRow) -> Iterator[None]:
 
 
 class JobRunner:
-    """Executes job ids handed over by the queue (one at a time per consumer thread)."""
+    """Runs jobs its worker has claimed (one at a time per consumer thread)."""
 
-    def __init__(
-        self, cfg: JobsConfig, store: JobStore, worker: str, shutdown: threading.Event, requeue: Any = None
-    ) -> None:
+    def __init__(self, cfg: JobsConfig, store: JobStore, worker: str, shutdown: threading.Event) -> None:
         self.cfg, self.store, self.worker, self.shutdown = cfg, store, worker, shutdown
-        self.requeue = requeue  # callable(job_id) -> None, to put a released job back on the queue
 
-    def run(self, job_id: str) -> None:
-        job = self.store.claim(job_id, self.worker)
-        if job is None:
-            log.info("job %s not claimable (taken, cancelled or finished); skipping", job_id)
-            return
-        lease = _Lease(self.store, job_id, self.worker, self.cfg.heartbeat_s)
+    def run(self, job: JobRow) -> None:
+        job_id = job.id
+        lease = _Lease(self.store, job_id, self.worker, self.cfg.settings.job_heartbeat_s)
         hooks = _Hooks(self.store, job_id, self.worker, lease, self.shutdown)
         job_dir = self.cfg.job_dir(job_id)
         staging, checkpoints = job_dir / "artifact", job_dir / "checkpoints"
@@ -212,12 +205,13 @@ class JobRunner:
         except OvexError as e:
             self._failed(job_id, job_dir, str(e))
         except Exception as e:
-            self.store.log(job_id, "".join(traceback.format_exception(e)).rstrip())
-            self._failed(job_id, job_dir, f"internal error: {type(e).__name__}: {e}")
+            # the traceback names server paths: it goes to the worker's log, the job gets the kind only
+            log.exception("job %s: internal error", job_id)
+            self._failed(job_id, job_dir, f"internal error ({type(e).__name__}); see the worker log")
         finally:
             lease.stop()
 
-    def _train(self, job: Any, staging: Path, checkpoints: Path, hooks: _Hooks) -> Any:
+    def _train(self, job: JobRow, staging: Path, checkpoints: Path, hooks: _Hooks) -> Any:
         from trainer.data import check_compatible, read_dataset
         from trainer.params import TrainParams
         from trainer.train import train
@@ -246,7 +240,7 @@ class JobRunner:
             out_dir=staging,
             hooks=hooks,
             checkpoint_dir=checkpoints,
-            checkpoint_every=self.cfg.checkpoint_every,
+            checkpoint_every=self.cfg.settings.checkpoint_every,
         )
 
     def _stopped(self, job_id: str, job_dir: Path) -> None:
@@ -260,9 +254,9 @@ class JobRunner:
                 shutil.rmtree(job_dir, ignore_errors=True)
             return
         if self.shutdown.is_set():
-            reason = "worker shutting down; re-queued to resume from checkpoint"
-            if self.store.release(job_id, self.worker, reason) and self.requeue is not None:
-                self.requeue(job_id)
+            self.store.release(
+                job_id, self.worker, "worker shutting down; re-queued to resume from checkpoint"
+            )
             return
         self._failed(job_id, job_dir, "training stopped unexpectedly")
 

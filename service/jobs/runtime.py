@@ -1,9 +1,8 @@
-"""The job system as the API process sees it: store, queue, the registry watcher, the embedded worker.
+"""The job system as the API process sees it: the store, the activation watcher, the embedded worker.
 
 Workers are other processes, so the API learns of a finished job through the database: a watcher thread
-polls for succeeded jobs and hands each new version to the serving registry (activating it when the job
-asked for that). Reads of a job (GET, SSE) call the same idempotent `sync()` first, so a client that sees
-`succeeded` can predict with the new version straight away.
+polls for succeeded jobs and hands each new version to the serving registry, activating it when the job
+asked for that. Requests never do this work: a GET is a read of the store.
 """
 
 from __future__ import annotations
@@ -15,50 +14,53 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from service.jobs.config import JobsConfig
 from service.jobs.db import make_engine, migrate
-from service.jobs.models import SUCCEEDED, JobRow
-from service.jobs.queue import JobQueue
+from service.jobs.service import JobsService
 from service.jobs.store import JobStore
+from service.settings import Settings
 
 log = logging.getLogger("ovex.jobs")
 
-# publish(model, version, activate) -> None; raises if the version cannot be loaded
-PublishFn = Callable[[str, str, bool], None]
+
+class Registry(Protocol):
+    """What the watcher needs of `service.registry.ModelRegistry`."""
+
+    def active(self) -> Mapping[str, Any]: ...
+
+    def load_version(self, name: str, version: str, activate: bool = False) -> Any: ...
 
 
 class JobsRuntime:
     """Everything the jobs/datasets routers need, created once per app."""
 
-    def __init__(
-        self, cfg: JobsConfig, *, publish: PublishFn | None = None, worker_env: dict[str, str] | None = None
-    ) -> None:
-        cfg.ensure_dirs()
-        self.cfg = cfg
-        self.engine = make_engine(cfg.db_url)
+    def __init__(self, settings: Settings, registry: Registry | None = None) -> None:
+        self.cfg = JobsConfig(settings)
+        self.cfg.ensure_dirs()
+        self.settings = settings
+        self.engine = make_engine(self.cfg.db_url)
         migrate(self.engine)
         self.store = JobStore(self.engine)
-        self.queue = JobQueue(cfg)
-        self.publish = publish
-        self._worker_env = worker_env
-        self._seen: set[str] = set()
-        self._started_at = time.time()
-        self._sync_lock = threading.Lock()
+        self.service = JobsService(self.cfg, self.store)
+        self.registry = registry
+        self._since = time.time()  # versions finished earlier are found by the registry's start-up scan
+        self._given_up: set[str] = set()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self.embedded: EmbeddedWorker | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
-        if self.cfg.embedded_worker:
-            self.embedded = EmbeddedWorker(self._worker_env or dict(os.environ), self.cfg.data_dir)
+        if self.settings.embedded_worker:
+            self.embedded = EmbeddedWorker(self.settings)
             self.embedded.start()
-        self._watcher = threading.Thread(target=self._watch, name="jobs-watcher", daemon=True)
-        self._watcher.start()
+        if self.registry is not None:
+            self._watcher = threading.Thread(target=self._watch, name="jobs-watcher", daemon=True)
+            self._watcher.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -66,39 +68,38 @@ class JobsRuntime:
             self._watcher.join(timeout=5)
         if self.embedded is not None:
             self.embedded.stop()
-        self.queue.close()
         self.engine.dispose()
 
-    # -- registry sync ----------------------------------------------------------------------------
-    def sync_job(self, job: JobRow) -> None:
-        """Hand a succeeded job's version to the registry once per process (idempotent)."""
-        if job.state != SUCCEEDED or not job.model_version or self.publish is None:
-            return
-        with self._sync_lock:
-            if job.id in self._seen:
-                return
-            activate = job.activate and not job.activated
-            self._seen.add(job.id)  # once, even on failure: the registry keeps the refusal and its reason
+    # -- registry hand-over -----------------------------------------------------------------------
+    def watch_once(self) -> None:
+        """Activate versions whose job asked for it; load new ones of models that serve nothing yet."""
+        registry = self.registry
+        assert registry is not None
+        for job in self.store.to_activate():
+            if job.id in self._given_up or not job.model_version:
+                continue
             try:
-                self.publish(job.model, job.model_version, activate)
-            except Exception:
-                log.exception(
-                    "could not load %s version %s from job %s", job.model, job.model_version, job.id
+                registry.load_version(job.model, job.model_version, activate=True)
+            except Exception as exc:
+                self._given_up.add(job.id)  # the registry keeps the refusal and its reason
+                log.warning(
+                    "could not activate %s version %s of job %s", job.model, job.model_version, job.id
                 )
-                return
-            if activate:
-                self.store.mark_activated(job.id)
+                self.store.log(job.id, f"activation failed: {exc}")
+                continue
+            self.store.mark_activated(job.id, job.model_version)
+        for job in self.store.succeeded_since(self._since):
+            self._since = max(self._since, job.finished_at or 0.0)
+            if not job.activate and job.model_version and job.model not in registry.active():
+                try:
+                    registry.load_version(job.model, job.model_version)
+                except Exception:
+                    log.warning("could not load %s version %s", job.model, job.model_version)
 
     def _watch(self) -> None:
-        while not self._stop.wait(self.cfg.poll_s * 2):
+        while not self._stop.wait(self.settings.job_poll_s):
             try:
-                for job in self.store.list_jobs(state=SUCCEEDED, limit=50):
-                    if job.id in self._seen:
-                        continue
-                    if (job.finished_at or 0.0) >= self._started_at or (job.activate and not job.activated):
-                        self.sync_job(job)
-                    else:  # finished before this process started: the registry's start-up scan has it
-                        self._seen.add(job.id)
+                self.watch_once()
             except Exception:
                 log.warning("jobs watcher pass failed", exc_info=True)
 
@@ -110,22 +111,29 @@ class EmbeddedWorker:
     misbehave in forked children.
     """
 
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
-        self.env = env
-        self.log_dir = log_dir
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
         self.proc: subprocess.Popen[bytes] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.restarts = 0
 
     def _spawn(self) -> None:
-        env = dict(self.env, OVEX_WORKER_PARENT_PID=str(os.getpid()))  # the worker exits if we die
+        # this checkout's packages, even when not installed
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+        )
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service.jobs.worker"],
+            [sys.executable, "-m", "service.jobs.worker", "--parent-pid", str(os.getpid())],
             env=env,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             start_new_session=True,  # Ctrl-C in the terminal reaches the API, which stops the worker itself
         )
+        assert self.proc.stdin is not None
+        # the one settings object itself (keys left out: a worker needs none)
+        self.proc.stdin.write(self.settings.model_dump_json(exclude={"api_key", "read_key"}).encode())
+        self.proc.stdin.close()
         log.info("embedded worker started (pid %d)", self.proc.pid)
 
     def start(self) -> None:
@@ -151,45 +159,6 @@ class EmbeddedWorker:
             self._thread.join(timeout=5)
         if self.proc is not None:
             terminate(self.proc, timeout)
-
-
-def settings_env(settings: Any) -> dict[str, str]:
-    """The `OVEX_*` environment that rebuilds `settings` in a child process (CLI flags included)."""
-    import json
-
-    env = dict(os.environ)
-    dump = settings.model_dump() if hasattr(settings, "model_dump") else {}
-    for key, value in dump.items():
-        if value is None:
-            continue
-        if hasattr(value, "get_secret_value"):
-            value = value.get_secret_value()
-        if isinstance(value, (dict, list, tuple)):
-            text = json.dumps(value)
-        elif isinstance(value, bool):
-            text = "true" if value else "false"
-        else:
-            text = str(value)
-        env[f"OVEX_{key.upper()}"] = text
-    # the child must import this checkout's packages even when not installed
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    return env
-
-
-def runtime_for_app(settings: Any, registry: Any) -> JobsRuntime:
-    """The runtime `create_app`'s lifespan starts: new versions go to `registry.load_version`.
-
-    A version is loaded in this process only when the job asked for activation or the model has none
-    serving yet; otherwise it just sits on disk (listed by the registry's scan) until activated.
-    """
-    cfg = JobsConfig.from_settings(settings)
-
-    def publish(model: str, version: str, activate: bool) -> None:
-        if activate or model not in registry.active():
-            registry.load_version(model, version, activate=activate)
-
-    return JobsRuntime(cfg, publish=publish, worker_env=settings_env(settings))
 
 
 def terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:

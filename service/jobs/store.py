@@ -1,23 +1,31 @@
-"""All reads and writes of job and dataset records, as short transactions.
+"""All reads and writes of job and dataset records, as short transactions. The jobs table is the queue.
 
 Every state change is a conditional UPDATE (`... WHERE state = 'queued'`, `... WHERE worker = me`), so two
 workers, a reaper and the API can race on one job and exactly one of them wins; the loser sees rowcount 0.
-Each change also appends to `job_events`, which feeds the SSE stream and the log endpoint across processes.
+Workers take the oldest queued job with `claim_next`: on PostgreSQL the candidate row is locked with
+`FOR UPDATE SKIP LOCKED` so concurrent workers pick different rows; SQLite serialises writers, and the
+conditional UPDATE decides a tie. Each change also appends to `job_events`, which feeds the SSE stream and
+the log endpoint across processes.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import CursorResult, Engine, select, update
+from sqlalchemy import CursorResult, Engine, Select, delete, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.errors import Conflict, Invalid, NotFound
 from service.jobs.models import (
+    ACTIVE_STATES,
     CANCELLED,
     FAILED,
     QUEUED,
@@ -29,9 +37,9 @@ from service.jobs.models import (
     JobRow,
 )
 
-
-class JobConflict(Exception):
-    """The job is not in a state that allows the request (e.g. cancelling a finished job)."""
+# the largest event id either database stores (BIGINT); a Last-Event-ID above it names nothing
+MAX_EVENT_ID = (1 << 63) - 1
+Row = TypeVar("Row", JobRow, DatasetRow)
 
 
 @dataclass(frozen=True)
@@ -72,9 +80,54 @@ class JobStore:
         with self.session() as s:
             return s.scalars(select(DatasetRow).where(DatasetRow.checksum == checksum)).first()
 
-    def list_datasets(self, limit: int = 1000) -> list[DatasetRow]:
+    def list_datasets(self, *, limit: int, cursor: str | None = None) -> tuple[list[DatasetRow], str | None]:
+        """Newest first, one page; the second value is the cursor of the next page (None: the last)."""
+        return self._page(select(DatasetRow), DatasetRow, limit, cursor)
+
+    def delete_dataset(self, dataset_id: str) -> DatasetRow:
+        """Remove the record; refused while a job (queued, running or ended) still names the dataset."""
         with self.session() as s:
-            return list(s.scalars(select(DatasetRow).order_by(DatasetRow.created_at.desc()).limit(limit)))
+            row = s.get(DatasetRow, dataset_id)
+            if row is None:
+                raise NotFound(f"dataset {dataset_id!r} not found", loc=["path", "dataset_id"])
+            users = list(
+                s.scalars(
+                    select(JobRow)
+                    .where(or_(JobRow.train_dataset == dataset_id, JobRow.test_dataset == dataset_id))
+                    .order_by(JobRow.created_at)
+                    .limit(20)
+                )
+            )
+            active = [j.id for j in users if j.state in ACTIVE_STATES]
+            if active:
+                raise Conflict(
+                    f"dataset {dataset_id!r} is used by {len(active)} queued or running job(s) "
+                    f"({', '.join(active)}); cancel them or wait until they end",
+                    loc=["path", "dataset_id"],
+                )
+            if users:
+                raise Conflict(
+                    f"dataset {dataset_id!r} is named by ended job(s) {', '.join(j.id for j in users)}; "
+                    "delete those jobs first (DELETE /v1/jobs/{id}) so no job record loses its data",
+                    loc=["path", "dataset_id"],
+                )
+            s.delete(row)
+            return row
+
+    def _page(
+        self, q: Select[Any], table: type[Row], limit: int, cursor: str | None
+    ) -> tuple[list[Row], str | None]:
+        """Keyset paging on (created_at, id), newest first: stable while rows are added or removed."""
+        if cursor is not None:
+            at, last_id = decode_cursor(cursor)
+            q = q.where(or_(table.created_at < at, (table.created_at == at) & (table.id < last_id)))
+        q = q.order_by(table.created_at.desc(), table.id.desc()).limit(limit + 1)
+        with self.session() as s:
+            rows = list(s.scalars(q))
+        if len(rows) <= limit:
+            return rows, None
+        rows = rows[:limit]
+        return rows, encode_cursor(rows[-1].created_at, rows[-1].id)
 
     # -- jobs -----------------------------------------------------------------------------------
     def create_job(
@@ -107,30 +160,51 @@ class JobStore:
             s.add(JobEventRow(job_id=row.id, ts=now, kind="state", data={"state": QUEUED}))
         return row
 
-    def delete_job(self, job_id: str) -> None:
-        """Undo `create_job` when the queue refused the task, so nothing half-made stays behind."""
-        with self.session() as s:
-            s.query(JobEventRow).filter(JobEventRow.job_id == job_id).delete()
-            s.query(JobRow).filter(JobRow.id == job_id).delete()
-
     def get_job(self, job_id: str) -> JobRow | None:
         with self.session() as s:
             return s.get(JobRow, job_id)
 
     def list_jobs(
-        self, *, state: str | None = None, model: str | None = None, limit: int = 100
-    ) -> list[JobRow]:
-        q = select(JobRow).order_by(JobRow.created_at.desc()).limit(limit)
+        self, *, limit: int, cursor: str | None = None, state: str | None = None, model: str | None = None
+    ) -> tuple[list[JobRow], str | None]:
+        q = select(JobRow)
         if state is not None:
             q = q.where(JobRow.state == state)
         if model is not None:
             q = q.where(JobRow.model == model)
-        with self.session() as s:
-            return list(s.scalars(q))
+        return self._page(q, JobRow, limit, cursor)
 
-    def count_jobs(self) -> int:
+    def to_activate(self) -> list[JobRow]:
+        """Succeeded jobs that asked for activation and have not been activated yet."""
         with self.session() as s:
-            return len(list(s.scalars(select(JobRow.id))))
+            return list(
+                s.scalars(
+                    select(JobRow).where(
+                        JobRow.state == SUCCEEDED, JobRow.activate.is_(True), JobRow.activated.is_(False)
+                    )
+                )
+            )
+
+    def succeeded_since(self, ts: float) -> list[JobRow]:
+        """Jobs that succeeded after `ts`, oldest first."""
+        with self.session() as s:
+            q = select(JobRow).where(JobRow.state == SUCCEEDED, JobRow.finished_at > ts)
+            return list(s.scalars(q.order_by(JobRow.finished_at).limit(100)))
+
+    def delete_job(self, job_id: str) -> JobRow:
+        """Remove an ended job and its events; a queued or running one must be cancelled first."""
+        with self.session() as s:
+            row = s.get(JobRow, job_id)
+            if row is None:
+                raise NotFound(f"job {job_id!r} not found", loc=["path", "job_id"])
+            res = s.execute(delete(JobRow).where(JobRow.id == job_id, JobRow.state.in_(TERMINAL_STATES)))
+            if _rowcount(res) != 1:
+                raise Conflict(
+                    f"job {job_id!r} is {row.state}; cancel it and delete it once it has ended",
+                    loc=["path", "job_id"],
+                )
+            s.execute(delete(JobEventRow).where(JobEventRow.job_id == job_id))
+            return row
 
     def _event(
         self, s: Session, job_id: str, kind: str, data: dict[str, Any], ts: float | None = None
@@ -144,28 +218,43 @@ class JobStore:
     def log(self, job_id: str, message: str) -> None:
         self.add_event(job_id, "log", {"message": message})
 
-    def claim(self, job_id: str, worker: str) -> JobRow | None:
-        """queued → running for `worker`; None if another worker has it or it was cancelled meanwhile."""
-        now = time.time()
-        with self.session() as s:
-            res = s.execute(
-                update(JobRow)
-                .where(JobRow.id == job_id, JobRow.state == QUEUED, JobRow.cancel_requested.is_(False))
-                .values(
-                    state=RUNNING,
-                    worker=worker,
-                    heartbeat_at=now,
-                    attempts=JobRow.attempts + 1,
-                    updated_at=now,
+    def claim_next(self, worker: str) -> JobRow | None:
+        """Take the oldest queued job for `worker` (queued → running); None when there is none."""
+        for _ in range(5):  # SQLite: another worker may win the row between our read and our update
+            now = time.time()
+            with self.session() as s:
+                q = (
+                    select(JobRow.id)
+                    .where(JobRow.state == QUEUED, JobRow.cancel_requested.is_(False))
+                    .order_by(JobRow.created_at, JobRow.id)
+                    .limit(1)
                 )
-            )
-            if _rowcount(res) != 1:
-                return None
-            s.execute(
-                update(JobRow).where(JobRow.id == job_id, JobRow.started_at.is_(None)).values(started_at=now)
-            )
-            self._event(s, job_id, "state", {"state": RUNNING, "worker": worker}, now)
-            return s.get(JobRow, job_id)
+                if s.get_bind().dialect.name == "postgresql":
+                    q = q.with_for_update(skip_locked=True)
+                job_id = s.scalar(q)
+                if job_id is None:
+                    return None
+                res = s.execute(
+                    update(JobRow)
+                    .where(JobRow.id == job_id, JobRow.state == QUEUED, JobRow.cancel_requested.is_(False))
+                    .values(
+                        state=RUNNING,
+                        worker=worker,
+                        heartbeat_at=now,
+                        attempts=JobRow.attempts + 1,
+                        updated_at=now,
+                    )
+                )
+                if _rowcount(res) != 1:
+                    continue
+                s.execute(
+                    update(JobRow)
+                    .where(JobRow.id == job_id, JobRow.started_at.is_(None))
+                    .values(started_at=now)
+                )
+                self._event(s, job_id, "state", {"state": RUNNING, "worker": worker}, now)
+                return s.get(JobRow, job_id)
+        return None
 
     def heartbeat(self, job_id: str, worker: str) -> tuple[bool, bool]:
         """Renew the lease. Returns (still ours, cancel requested)."""
@@ -244,7 +333,11 @@ class JobStore:
             return True
 
     def request_cancel(self, job_id: str) -> JobRow:
-        """A queued job is cancelled at once; a running one is flagged and its worker stops it."""
+        """A queued job is cancelled at once; a running one is flagged and its worker stops it.
+
+        One rule, idempotent so a client may retry it: the answer is the job when it is or will be
+        cancelled (queued, running, already cancelled); `Conflict` when it ended another way.
+        """
         now = time.time()
         with self.session() as s:
             res = s.execute(
@@ -255,19 +348,20 @@ class JobStore:
             if _rowcount(res) == 1:
                 self._event(s, job_id, "log", {"message": "cancelled before it started"}, now)
                 self._event(s, job_id, "state", {"state": CANCELLED}, now)
-            else:
-                res = s.execute(
-                    update(JobRow)
-                    .where(JobRow.id == job_id, JobRow.state == RUNNING)
-                    .values(cancel_requested=True, updated_at=now)
-                )
-                if _rowcount(res) == 1:
-                    self._event(s, job_id, "log", {"message": "cancel requested"}, now)
-            row = s.get(JobRow, job_id)
-            if row is None:
-                raise KeyError(job_id)
+                return _get(s, job_id)
+            res = s.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.state == RUNNING, JobRow.cancel_requested.is_(False))
+                .values(cancel_requested=True, updated_at=now)
+            )
+            if _rowcount(res) == 1:
+                self._event(s, job_id, "log", {"message": "cancel requested"}, now)
+            row = _get(s, job_id)
             if row.state in TERMINAL_STATES and row.state != CANCELLED:
-                raise JobConflict(f"job {job_id} already {row.state}")
+                raise Conflict(
+                    f"job {job_id!r} has already {row.state}; only a queued or running job can be cancelled",
+                    loc=["path", "job_id"],
+                )
             return row
 
     def reap_stale(self, lease_s: float, max_attempts: int) -> list[Reaped]:
@@ -312,46 +406,50 @@ class JobStore:
                 out.append(Reaped(job.id, new_state))
         return out
 
-    def queued_ids(self) -> list[str]:
-        with self.session() as s:
-            return list(
-                s.scalars(select(JobRow.id).where(JobRow.state == QUEUED).order_by(JobRow.created_at))
-            )
-
     def events_since(
-        self, job_id: str, after_id: int, kinds: tuple[str, ...] | None = None
+        self, job_id: str, after_id: int, kinds: tuple[str, ...] | None = None, limit: int = 1000
     ) -> list[JobEventRow]:
         q = select(JobEventRow).where(JobEventRow.job_id == job_id, JobEventRow.id > after_id)
         if kinds is not None:
             q = q.where(JobEventRow.kind.in_(kinds))
         with self.session() as s:
-            return list(s.scalars(q.order_by(JobEventRow.id).limit(1000)))
+            return list(s.scalars(q.order_by(JobEventRow.id).limit(limit)))
 
-    def succeeded_to_publish(self) -> list[JobRow]:
-        """Succeeded jobs asking for activation that this deployment has not activated yet."""
+    def mark_activated(self, job_id: str, version: str) -> None:
         with self.session() as s:
-            return list(
-                s.scalars(
-                    select(JobRow).where(
-                        JobRow.state == SUCCEEDED, JobRow.activate.is_(True), JobRow.activated.is_(False)
-                    )
-                )
+            res = s.execute(
+                update(JobRow).where(JobRow.id == job_id, JobRow.activated.is_(False)).values(activated=True)
             )
-
-    def latest_success_at(self) -> float:
-        with self.session() as s:
-            rows = s.scalars(
-                select(JobRow.finished_at)
-                .where(JobRow.state == SUCCEEDED)
-                .order_by(JobRow.finished_at.desc())
-                .limit(1)
-            ).first()
-            return float(rows or 0.0)
-
-    def mark_activated(self, job_id: str) -> None:
-        with self.session() as s:
-            s.execute(update(JobRow).where(JobRow.id == job_id).values(activated=True))
+            if _rowcount(res) == 1:
+                self._event(s, job_id, "log", {"message": f"version {version} activated for serving"})
 
 
 def _rowcount(res: Any) -> int:
     return int(res.rowcount) if isinstance(res, CursorResult) else int(getattr(res, "rowcount", 0))
+
+
+def _get(s: Session, job_id: str) -> JobRow:
+    row = s.get(JobRow, job_id)
+    if row is None:
+        raise NotFound(f"job {job_id!r} not found", loc=["path", "job_id"])
+    return row
+
+
+def encode_cursor(created_at: float, row_id: str) -> str:
+    raw = json.dumps([created_at, row_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    """The position a cursor names; `Invalid` for anything this service did not hand out."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        at, row_id = json.loads(raw)
+        if isinstance(at, bool) or not isinstance(at, int | float) or not isinstance(row_id, str):
+            raise ValueError(cursor)
+        return float(at), row_id
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise Invalid(
+            "cursor is not one this server handed out: pass `next_cursor` from the previous page",
+            loc=["query", "cursor"],
+        ) from None

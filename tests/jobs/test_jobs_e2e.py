@@ -1,10 +1,11 @@
 """End to end against a real `ovex serve` on 127.0.0.1: train over the API, cancel, survive a SIGKILLed
-worker and an API restart. Runs on SQLite + the embedded queue and (marked `services`) on PostgreSQL + Redis.
+worker and a SIGKILLed API. Runs on SQLite and (marked `services`) on PostgreSQL; the jobs table is the queue.
+
+No timing is asserted (the machine may be loaded): waits have generous limits and check states, not speed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -12,6 +13,9 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import httpx
+import pytest
 
 from tests.jobs.conftest import Backend, Server
 
@@ -33,6 +37,15 @@ def _predict_version(srv: Server, model: str, features: dict[str, Any]) -> str:
     assert body["model"] == model
     assert body["predictions"][0]["labels"], body
     return str(body["version"])
+
+
+def _wait_serving(srv: Server, model: str, version: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while (r := srv.client.get(f"/v1/models/{model}")).status_code != 200 or r.json()[
+        "active_version"
+    ] != version:
+        assert time.monotonic() < deadline, f"{model} {version} never served: {r.text}\n{srv.log_tail()}"
+        time.sleep(0.1)
 
 
 def test_train_follow_events_then_predict(
@@ -63,7 +76,8 @@ def test_train_follow_events_then_predict(
     assert progress[-1]["step"] == progress[-1]["steps_total"] > 0
     assert progress[-1]["epochs"] == 4
 
-    job = srv.job(job_id)
+    # the API's watcher activates the version just after the job ends; the job record says when
+    job = srv.wait(job_id, lambda j: j["activated"], 60, "the new version to be activated")
     assert job["state"] == "succeeded" and job["model_version"] == "1" and job["error"] is None
     assert job["started_at"] and job["finished_at"] and job["finished_at"] >= job["started_at"]
     # planted structure: well above chance (40 labels, ~2-3 per row)
@@ -76,13 +90,13 @@ def test_train_follow_events_then_predict(
     # a second job activates version 2 in the running server, no restart
     job2 = srv.submit({**body, "params": {**TINY, "epochs": 2}})
     assert srv.events(job2)[-1][1]["state"] == "succeeded"
-    assert srv.job(job2)["model_version"] == "2"
+    assert srv.wait(job2, lambda j: j["activated"], 60, "version 2 to be activated")["model_version"] == "2"
     assert _predict_version(srv, "demo", row) == "2"
     assert "artifact published as demo version 2" in srv.logs(job2)
 
     # listing and filtering
     jobs = srv.client.get("/v1/jobs", params={"state": "succeeded"}).json()["jobs"]
-    assert {j["id"] for j in jobs} == {job_id, job2}
+    assert [j["id"] for j in jobs] == [job2, job_id]  # newest first
     assert srv.client.get("/v1/jobs", params={"state": "running"}).json()["jobs"] == []
     # a finished job cannot be cancelled
     r = srv.client.post(f"/v1/jobs/{job_id}/cancel")
@@ -108,6 +122,7 @@ def test_train_follow_events_then_predict(
     good = srv.submit({"model": "text", "train_dataset": text["id"], "params": {**TINY, "epochs": 2}})
     srv.events(good)
     assert srv.job(good)["state"] == "succeeded"
+    _wait_serving(srv, "text", "1")  # a model's first version serves once the API's watcher loads it
     r = srv.client.post("/v1/models/text/predict", json={"inputs": [{"text": "w1 w2 w3"}], "top_k": 3})
     assert r.status_code == 200 and r.json()["predictions"][0]["labels"][0]["name"].startswith("topic"), (
         r.text
@@ -129,48 +144,56 @@ def test_cancel_running_job_stops_fast_and_cleans_up(
     ckpt = srv.data_dir / "jobs" / job_id / "checkpoints"
     assert ckpt.is_dir() and any(ckpt.iterdir()), "expected partial files before cancelling"
 
-    t0 = time.monotonic()
     r = srv.client.post(f"/v1/jobs/{job_id}/cancel")
-    assert r.status_code == 202, r.text
-    job = srv.wait(job_id, lambda j: j["state"] != "running", 5, "the job to stop within 5 s")
-    elapsed = time.monotonic() - t0
-    assert job["state"] == "cancelled" and elapsed < 5.0, (job, elapsed)
+    assert r.status_code == 202 and r.json()["cancel_requested"], r.text
+    job = srv.wait(job_id, lambda j: j["state"] != "running", 120, "the job to stop")
+    assert job["state"] == "cancelled", job
     assert job["progress"]["step"] < job["progress"]["steps_total"]
     assert srv.events(job_id)[-1] == ("state", {"state": "cancelled"})
     assert not (srv.data_dir / "jobs" / job_id).exists()
     assert not (srv.models_dir / "long").exists() or not any((srv.models_dir / "long").iterdir())
     assert "cancel requested" in srv.logs(job_id)
-    # idempotent
+    # one rule: 202 whenever the job is or will be cancelled (so a retry is safe), 409 once it ended otherwise
     again = srv.client.post(f"/v1/jobs/{job_id}/cancel")
-    assert again.status_code == 202 and again.json()["state"] == "cancelled"
+    assert again.status_code == 202 and again.json()["state"] == "cancelled", again.text
 
-    # a queued job (no free worker: the first is busy) is cancelled at once
+    # a queued job (no free worker: the first is busy) is cancelled at once and never starts
     busy = srv.submit({"model": "long", "train_dataset": train["id"], "params": LONG})
     queued = srv.submit({"model": "long", "train_dataset": train["id"], "params": LONG})
     srv.wait(busy, lambda j: j["state"] == "running", 60, "the blocking job to start")
     r = srv.client.post(f"/v1/jobs/{queued}/cancel")
     assert r.status_code == 202 and r.json()["state"] == "cancelled", r.text
     assert srv.client.post(f"/v1/jobs/{busy}/cancel").status_code == 202
-    srv.wait(busy, lambda j: j["state"] == "cancelled", 5, "the running job to stop")
-    time.sleep(1.0)
+    srv.wait(busy, lambda j: j["state"] == "cancelled", 120, "the running job to stop")
+    # the worker is free again: were the cancelled job claimable, it would be taken now
+    follow_up = srv.submit({"model": "long", "train_dataset": train["id"], "params": LONG})
+    srv.wait(follow_up, lambda j: j["state"] == "running", 60, "the next job to start")
     assert srv.job(queued)["state"] == "cancelled" and srv.job(queued)["started_at"] is None
 
     # stopping the server while a client follows a running job's events does not hang
-    last = srv.submit({"model": "long", "train_dataset": train["id"], "params": LONG})
-    srv.wait(last, lambda j: j["state"] == "running", 60, "the last job to start")
+    first_event = threading.Event()
+    outcome: list[BaseException | None] = []
 
     def follow() -> None:
-        with contextlib.suppress(Exception):  # the server goes away under it
-            srv.events(last)
+        try:
+            with srv.client.stream("GET", f"/v1/jobs/{follow_up}/events", timeout=120) as r:
+                for line in r.iter_lines():
+                    if line.startswith("event:"):
+                        first_event.set()
+            outcome.append(None)
+        except BaseException as e:  # recorded and asserted on below
+            outcome.append(e)
 
     follower = threading.Thread(target=follow, daemon=True)
     follower.start()
-    time.sleep(1.0)
+    assert first_event.wait(60), "the event stream sent nothing"
     assert srv.proc is not None
-    t0 = time.monotonic()
     srv.proc.send_signal(signal.SIGTERM)
-    srv.proc.wait(30)
-    assert time.monotonic() - t0 < 20
+    assert srv.proc.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
+    follower.join(60)
+    assert not follower.is_alive(), "the follower still hangs after the server stopped"
+    # the stream ends (cleanly, or cut by the server going away), never with a client-side error
+    assert outcome and (outcome[0] is None or isinstance(outcome[0], httpx.TransportError)), outcome
     # its embedded worker stopped with it and handed the job back (resuming it after a restart is shown in
     # test_embedded_worker_is_a_fresh_child_that_follows_ovex_serve)
     from service.jobs.db import make_engine
@@ -178,12 +201,13 @@ def test_cancel_running_job_stops_fast_and_cleans_up(
 
     engine = make_engine(srv.env.get("OVEX_DB_URL") or f"sqlite:///{srv.data_dir / 'ovex.db'}")
     try:
-        row = JobStore(engine).get_job(last)
+        row = JobStore(engine).get_job(follow_up)
         assert row is not None and row.state == "queued" and row.worker is None
     finally:
         engine.dispose()
 
 
+@pytest.mark.timeout(600)
 def test_stopped_and_killed_workers_resume_from_checkpoints(
     backend: Backend, make_server: Any, synth_files: dict[str, Path]
 ) -> None:
@@ -192,12 +216,11 @@ def test_stopped_and_killed_workers_resume_from_checkpoints(
     reaper re-queues the job). Three workers start together so their start-ups overlap.
     (An API restart mid-job is in `test_embedded_worker_is_a_fresh_child_that_follows_ovex_serve`.)"""
     srv = make_server(backend, embedded_worker=False, workers=3)
+    # long enough that the second worker is stopped far from the end (no race between kill and finish)
     by_pid = {w.pid: w for w in srv.workers}
     train = srv.upload(synth_files["train"])
     srv.wait_workers_ready()
-    # 3,800 steps: ~8 s on an idle 2-core box, so the job outlives the second worker's take-over
-    # (760 steps finished on the second worker before the test could see it running)
-    params = {**TINY, "epochs": 200, "eval_every": 0}
+    params = {**TINY, "epochs": 400, "eval_every": 0}
     job_id = srv.submit({"model": "crash", "train_dataset": train["id"], "params": params, "activate": True})
     before = srv.wait(job_id, lambda j: (j["progress"]["step"] or 0) >= 60, 60, "training past step 60")
     first = by_pid[int(before["worker"].split(":")[1])]
@@ -215,13 +238,16 @@ def test_stopped_and_killed_workers_resume_from_checkpoints(
     second = by_pid[int(mid["worker"].split(":")[1])]
     resumed_1 = mid["progress"]["step"] or 0
     srv.wait(job_id, lambda j: (j["progress"]["step"] or 0) >= resumed_1 + 100, 60, "progress on worker 2")
+    os.kill(second.pid, signal.SIGSTOP)  # frozen: it cannot finish the job between our look and the kill
+    frozen = srv.job(job_id)
+    assert frozen["state"] == "running" and frozen["progress"]["step"] < frozen["progress"]["steps_total"]
     os.kill(second.pid, signal.SIGKILL)
     second.wait(10)
     assert srv.job(job_id)["state"] == "running"  # nobody knows yet: the lease has not expired
     job = srv.wait(
         job_id,
         lambda j: j["state"] in ("succeeded", "failed", "cancelled"),
-        300,
+        240,
         "the job to finish on the third worker",
     )
     assert job["state"] == "succeeded", job
@@ -234,6 +260,7 @@ def test_stopped_and_killed_workers_resume_from_checkpoints(
     assert job["resumed_from_step"] == steps[1]
     assert "re-queued to resume from its checkpoint" in logs
     assert job["progress"]["step"] == job["progress"]["steps_total"]
+    srv.wait(job_id, lambda j: j["activated"], 60, "the version to be activated")
     assert _predict_version(srv, "crash", _first_test_row(synth_files["test"])) == job["model_version"]
 
 
@@ -246,11 +273,11 @@ def _alive(pid: int) -> bool:
 
 
 def test_embedded_worker_is_a_fresh_child_that_follows_ovex_serve(
-    make_server: Any, synth_files: dict[str, Path]
+    backend: Backend, make_server: Any, synth_files: dict[str, Path]
 ) -> None:
     """`ovex serve` runs its worker as a separate interpreter (not a fork); if the server is SIGKILLed the
     worker hands its job back and exits, and the next `ovex serve` resumes the job."""
-    srv = make_server(Backend("sqlite"))
+    srv = make_server(backend)
     train = srv.upload(synth_files["train"])
     job_id = srv.submit({"model": "emb", "train_dataset": train["id"], "params": LONG})
     job = srv.wait(
@@ -283,4 +310,4 @@ def test_embedded_worker_is_a_fresh_child_that_follows_ovex_serve(
     assert int(resumed["worker"].split(":")[1]) != pid
     srv.wait(job_id, lambda j: "resumed from step" in srv.logs(job_id), 30, "the resume log line")
     assert srv.client.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
-    srv.wait(job_id, lambda j: j["state"] == "cancelled", 5, "the cancel")
+    srv.wait(job_id, lambda j: j["state"] == "cancelled", 120, "the cancel")

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from service.errors import Conflict, Invalid, NotFound
 from service.jobs.db import make_engine, migrate
 from service.jobs.models import DatasetRow
-from service.jobs.store import JobConflict, JobStore
+from service.jobs.store import JobStore
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.services)])
@@ -61,7 +62,7 @@ def test_exactly_one_of_many_racing_workers_claims(store: JobStore) -> None:
 
     def claim(name: str) -> None:
         barrier.wait()
-        if store.claim(job_id, name) is not None:
+        if store.claim_next(name) is not None:
             winners.append(name)
 
     threads = [threading.Thread(target=claim, args=(f"w{i}",)) for i in range(6)]
@@ -74,14 +75,39 @@ def test_exactly_one_of_many_racing_workers_claims(store: JobStore) -> None:
     assert job is not None and job.state == "running" and job.worker == winners[0] and job.attempts == 1
 
 
+def test_racing_workers_drain_the_queue_oldest_first_each_job_once(store: JobStore) -> None:
+    jobs = [_job(store) for _ in range(12)]
+    taken: dict[str, list[str]] = {}
+    lock = threading.Lock()
+    barrier = threading.Barrier(4)
+
+    def drain(name: str) -> None:
+        barrier.wait()
+        while (job := store.claim_next(name)) is not None:
+            with lock:
+                taken.setdefault(job.id, []).append(name)
+
+    threads = [threading.Thread(target=drain, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(taken) == sorted(jobs) and all(len(v) == 1 for v in taken.values()), taken
+    assert store.claim_next("late") is None
+    first = _job(store)
+    _job(store)
+    claimed = store.claim_next("w")
+    assert claimed is not None and claimed.id == first  # the oldest queued job first
+
+
 def test_lease_loss_fences_the_old_worker(store: JobStore) -> None:
     job_id = _job(store)
-    assert store.claim(job_id, "old") is not None
+    assert store.claim_next("old") is not None
     time.sleep(0.3)
     reaped = store.reap_stale(lease_s=0.2, max_attempts=3)
     assert [(r.job_id, r.new_state) for r in reaped] == [(job_id, "queued")]
     assert store.reap_stale(lease_s=0.2, max_attempts=3) == []  # once only
-    assert store.claim(job_id, "new") is not None
+    assert store.claim_next("new") is not None
     # the old worker wakes up: every write it tries is refused
     assert store.heartbeat(job_id, "old") == (False, False)
     assert not store.update_progress(job_id, "old", {"step": 5}, event=True)
@@ -94,13 +120,13 @@ def test_lease_loss_fences_the_old_worker(store: JobStore) -> None:
 def test_reaper_gives_up_after_max_attempts_and_honours_cancel(store: JobStore) -> None:
     a, b = _job(store), _job(store)
     for _ in range(2):
-        assert store.claim(a, "w") is not None
+        assert store.claim_next("w") is not None
         time.sleep(0.25)
         store.reap_stale(lease_s=0.2, max_attempts=2)
     job = store.get_job(a)
     assert job is not None and job.state == "failed" and "worker lost 2 times" in (job.error or "")
 
-    assert store.claim(b, "w") is not None
+    assert store.claim_next("w") is not None
     store.request_cancel(b)
     time.sleep(0.25)
     assert [r.new_state for r in store.reap_stale(lease_s=0.2, max_attempts=5)] == ["cancelled"]
@@ -109,25 +135,31 @@ def test_reaper_gives_up_after_max_attempts_and_honours_cancel(store: JobStore) 
 def test_cancel_queued_running_and_finished(store: JobStore) -> None:
     queued = _job(store)
     assert store.request_cancel(queued).state == "cancelled"
-    assert store.claim(queued, "w") is None  # a cancelled job never starts
+    assert store.claim_next("w") is None  # a cancelled job never starts
 
     running = _job(store)
-    store.claim(running, "w")
+    store.claim_next("w")
     row = store.request_cancel(running)
     assert row.state == "running" and row.cancel_requested
     assert store.heartbeat(running, "w") == (True, True)
     assert store.finish(running, "w", "cancelled")
 
     done = _job(store)
-    store.claim(done, "w")
+    store.claim_next("w")
     store.finish(done, "w", "succeeded", model_version="1")
-    with pytest.raises(JobConflict):
+    with pytest.raises(Conflict):
         store.request_cancel(done)
+    assert store.request_cancel(queued).state == "cancelled"  # idempotent: a retry gets the same answer
+    failed = _job(store)
+    store.claim_next("w")
+    store.finish(failed, "w", "failed", error="x")
+    with pytest.raises(Conflict, match="already failed"):
+        store.request_cancel(failed)
 
 
 def test_events_are_ordered_and_incremental(store: JobStore) -> None:
     job_id = _job(store)
-    store.claim(job_id, "w")
+    store.claim_next("w")
     for step in range(1, 4):
         store.update_progress(job_id, "w", {"step": step}, event=True)
     store.log(job_id, "hello")
@@ -141,9 +173,50 @@ def test_events_are_ordered_and_incremental(store: JobStore) -> None:
 
 def test_release_requeues_for_resume(store: JobStore) -> None:
     job_id = _job(store)
-    store.claim(job_id, "w")
+    store.claim_next("w")
     assert store.release(job_id, "w", "shutting down")
     assert not store.release(job_id, "w", "twice")
     job = store.get_job(job_id)
     assert job is not None and job.state == "queued" and job.worker is None
-    assert store.claim(job_id, "w2") is not None
+    assert store.claim_next("w2") is not None
+
+
+def test_pages_cover_every_row_once_newest_first(store: JobStore) -> None:
+    made = [_job(store) for _ in range(7)]
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    while True:
+        rows, cursor = store.list_jobs(limit=3, cursor=cursor)
+        seen += [r.id for r in rows]
+        pages += 1
+        if cursor is None:
+            break
+    assert pages == 3 and seen == list(reversed(made))
+    rows, cursor = store.list_jobs(limit=7)
+    assert len(rows) == 7 and cursor is None
+    for bad in ("nope", "W10=", "WzEsMl0"):
+        with pytest.raises(Invalid):
+            store.list_jobs(limit=3, cursor=bad)
+
+
+def test_delete_rules(store: JobStore) -> None:
+    job_id = _job(store)
+    with pytest.raises(Conflict, match="queued"):
+        store.delete_job(job_id)
+    with pytest.raises(Conflict, match="queued or running"):
+        store.delete_dataset("ds_1")
+    store.claim_next("w")
+    with pytest.raises(Conflict, match="running"):
+        store.delete_job(job_id)
+    store.finish(job_id, "w", "failed", error="x")
+    with pytest.raises(Conflict, match="ended job"):  # its record would lose its data
+        store.delete_dataset("ds_1")
+    store.delete_job(job_id)
+    assert store.get_job(job_id) is None and store.events_since(job_id, 0) == []
+    with pytest.raises(NotFound):
+        store.delete_job(job_id)
+    store.delete_dataset("ds_1")
+    assert store.get_dataset("ds_1") is None
+    with pytest.raises(NotFound):
+        store.delete_dataset("ds_1")

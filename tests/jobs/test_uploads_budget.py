@@ -1,4 +1,5 @@
-"""Streaming multipart parsing (size cap, field handling), version publishing and the memory estimate."""
+"""Streaming multipart parsing (size cap, field handling, a missing closing boundary), version publishing and
+the memory estimate (hand-worked cases and properties)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.api.errors import status_for
+from service.errors import DomainError
 from service.jobs import budget
-from service.jobs.datasets import UploadError, receive_file
+from service.jobs.datasets import receive_file
 from service.jobs.runner import next_version, publish
-from trainer.params import TrainParams
+from trainer.params import MAX_BATCH, MAX_NEGATIVES, TrainParams
 
 BOUNDARY = "XyZ123"
 
@@ -53,22 +56,22 @@ def test_file_part_arrives_intact_whatever_the_chunking(
 
 
 def test_over_limit_is_413_and_leaves_no_file(tmp_path: Path) -> None:
-    with pytest.raises(UploadError) as e:
+    with pytest.raises(DomainError) as e:
         _receive(_body([("file", "a.txt", b"z" * 5000)]), tmp_path, 4096, chunk=1000)
-    assert e.value.status == 413
+    assert status_for(e.value) == 413
     assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_file_part_wrong_type_and_garbage(tmp_path: Path) -> None:
-    with pytest.raises(UploadError) as e:
+    with pytest.raises(DomainError) as e:
         _receive(_body([("name", None, b"x")]), tmp_path, 1000)
-    assert e.value.status == 422
-    with pytest.raises(UploadError) as e:
+    assert status_for(e.value) == 422
+    with pytest.raises(DomainError) as e:
         _receive(b"{}", tmp_path, 1000, ctype="application/json")
-    assert e.value.status == 415
-    with pytest.raises(UploadError) as e:
+    assert status_for(e.value) == 415
+    with pytest.raises(DomainError) as e:
         _receive(_body([("file", "a", b"1"), ("file", "b", b"2")]), tmp_path, 1000)
-    assert e.value.status == 422
+    assert status_for(e.value) == 422
     assert list(tmp_path.iterdir()) == []
 
 
@@ -87,15 +90,66 @@ def test_publish_takes_the_next_free_version(tmp_path: Path) -> None:
     assert next_version(models) == 11
 
 
-@given(labels=st.integers(1, 10**7), features=st.integers(1, 10**6), dim=st.integers(1, 4096))
-def test_memory_estimate_counts_head_projection_and_optimizer_state(
-    labels: int, features: int, dim: int
+def test_memory_estimate_by_hand_linear_adam() -> None:
+    """K=1000 labels, D=500 features, d=64, batch 256, 1024 negatives, Adam (weight + 2 states)."""
+    est = budget.estimate(TrainParams(dim=64, batch_size=256, negatives=1024), 1000, 500)
+    head = 1000 * 65  # labels × (d + 1)
+    projection = 500 * 64
+    candidates = 1000  # min(K, negatives + batch) = min(1000, 1280)
+    step = 256 * candidates * 4 + candidates * 65 * 2 + 256 * 64 * 2 + 500 * 64 * 2
+    assert (est.head, est.projection, est.hidden) == (head, projection, 0)
+    assert est.bytes == ((head + projection) * 3 + step) * 4 == 6_167_072
+
+
+def test_memory_estimate_by_hand_mlp_and_maxout_each_optimizer() -> None:
+    """Hidden layers: mlp width d, maxout width d·pieces; Adam keeps 2 states per weight, Adagrad 1."""
+    k, f, d, b, m = 50_000, 20_000, 128, 512, 4096
+    for encoder, pieces, width in (("mlp", 2, 128), ("maxout", 3, 384)):
+        for optimizer, mult in (("adam", 3), ("adagrad", 2)):
+            p = TrainParams(
+                dim=d, batch_size=b, negatives=m, encoder=encoder, hidden=2, pieces=pieces
+            ).model_copy(update={"optimizer": optimizer})
+            est = budget.estimate(p, k, f)
+            hidden = 2 * (d * width + width)
+            tables = (k * (d + 1) + f * d + hidden) * mult
+            cand = b + m  # < K
+            step = b * cand * 4 + cand * (d + 1) * 2 + b * (d + width * 2) * 2 + f * d * 2
+            assert est.hidden == hidden, (encoder, optimizer)
+            assert est.bytes == (tables + step) * 4, (encoder, optimizer)
+
+
+def test_batch_times_negatives_is_counted_and_named() -> None:
+    """The step's batch × candidates scores dominate a large batch with many negatives on many labels."""
+    p = TrainParams(dim=16, batch_size=MAX_BATCH, negatives=MAX_NEGATIVES)
+    est = budget.estimate(p, 10**6, 1000)
+    assert est.scores == MAX_BATCH * (MAX_NEGATIVES + MAX_BATCH) * 4
+    assert est.culprit() == "batch_size" and est.bytes > 80 << 30
+    small = budget.estimate(TrainParams(dim=16), 10**6, 1000)
+    assert small.bytes < est.bytes / 100
+
+
+@given(
+    labels=st.integers(1, 10**7),
+    features=st.integers(1, 10**6),
+    dim=st.integers(1, 4096),
+    batch=st.integers(1, MAX_BATCH),
+    negatives=st.integers(1, MAX_NEGATIVES),
+)
+def test_memory_estimate_grows_with_every_term(
+    labels: int, features: int, dim: int, batch: int, negatives: int
 ) -> None:
-    for optimizer, state in (("adam", 2), ("adagrad", 1)):
-        params = TrainParams(dim=dim, optimizer=optimizer)
+    for optimizer in ("adam", "adagrad"):
+        params = TrainParams(dim=dim, batch_size=batch, negatives=negatives, group_size=1)
+        params = params.model_copy(update={"optimizer": optimizer})
         est = budget.estimate(params, labels, features)
-        assert est.bytes == (labels * (dim + 1) + features * dim) * 4 * (1 + state)
-        assert est.bytes > budget.estimate(params, max(1, labels // 2), features).bytes or labels == 1
+        assert est.bytes == (est.tables + est.step) * 4
+        assert est.tables == (labels * (dim + 1) + features * dim) * est.multiplier
+        for bigger in (
+            budget.estimate(params, labels + 1, features),
+            budget.estimate(params, labels, features + 1),
+            budget.estimate(params.model_copy(update={"batch_size": batch + 1}), labels, features),
+        ):
+            assert bigger.bytes > est.bytes
 
 
 def test_text_datasets_use_hash_size_or_vocabulary_cap() -> None:
@@ -114,8 +168,17 @@ def test_garbage_bodies_are_client_errors(
         got = asyncio.run(
             receive_file(f"multipart/form-data; boundary={boundary}", None, _chunks(body, 13), dest, 10_000)
         )
-    except UploadError as e:
-        assert 400 <= e.status < 500
+    except DomainError as e:
+        assert 400 <= status_for(e) < 500
         assert list(dest.iterdir()) == []
     else:
         assert got.path.exists()
+
+
+def test_body_without_its_closing_boundary_is_refused(tmp_path: Path) -> None:
+    whole = _body([("file", "a.txt", b"1 1 1\n0 0:1\n")])
+    cut = whole[: whole.rindex(f"--{BOUNDARY}--".encode())]
+    with pytest.raises(DomainError) as e:
+        _receive(cut, tmp_path, 1000)
+    assert status_for(e.value) == 400 and "closing boundary" in str(e.value)
+    assert list(tmp_path.iterdir()) == []

@@ -193,8 +193,26 @@ def upload_file(
     return Request("POST", "/v1/datasets", idempotent=False, files=files, data=data), opened
 
 
-def list_datasets() -> Request:
-    return Request("GET", "/v1/datasets", idempotent=True)
+def _page_params(limit: int | None, cursor: str | None, **filters: Any) -> dict[str, Any] | None:
+    params = {k: v for k, v in (("limit", limit), ("cursor", cursor), *filters.items()) if v is not None}
+    return params or None
+
+
+def list_datasets(limit: int | None = None, cursor: str | None = None) -> Request:
+    return Request("GET", "/v1/datasets", idempotent=True, params=_page_params(limit, cursor))
+
+
+def delete_dataset(dataset_id: str | int) -> Request:
+    # Deleting twice leaves the same state (the second answers 404): safe to retry.
+    return Request("DELETE", f"/v1/datasets/{seg(dataset_id)}", idempotent=True)
+
+
+def delete_job(job_id: str | int) -> Request:
+    return Request("DELETE", f"/v1/jobs/{seg(job_id)}", idempotent=True)
+
+
+def delete_version(name: str, version: str | int) -> Request:
+    return Request("DELETE", f"/v1/models/{seg(name)}/versions/{seg(version)}", idempotent=True)
 
 
 def get_dataset(dataset_id: str | int) -> Request:
@@ -224,13 +242,15 @@ def get_job(job_id: str | int) -> Request:
     return Request("GET", f"/v1/jobs/{seg(job_id)}", idempotent=True)
 
 
-def list_jobs(state: str | None, model: str | None = None, limit: int | None = None) -> Request:
-    params = {k: v for k, v in (("state", state), ("model", model), ("limit", limit)) if v is not None}
-    return Request("GET", "/v1/jobs", idempotent=True, params=params or None)
+def list_jobs(
+    state: str | None, model: str | None = None, limit: int | None = None, cursor: str | None = None
+) -> Request:
+    params = _page_params(limit, cursor, state=state, model=model)
+    return Request("GET", "/v1/jobs", idempotent=True, params=params)
 
 
 def cancel_job(job_id: str | int) -> Request:
-    # Cancelling a cancelled job changes nothing: idempotent.
+    # Cancelling a cancelled job answers the same (202): idempotent.
     return Request("POST", f"/v1/jobs/{seg(job_id)}/cancel", idempotent=True)
 
 
@@ -258,3 +278,22 @@ PARSE_DATASET = as_model(DatasetInfo)
 PARSE_DATASETS = as_list(DatasetInfo, "datasets")
 PARSE_JOB = as_model(Job)
 PARSE_JOBS = as_list(Job, "jobs")
+
+
+def next_cursor(r: httpx.Response) -> str | None:
+    """The cursor of the page after this one (None on the last page)."""
+    body = r.json()
+    value = body.get("next_cursor") if isinstance(body, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def as_page(cls: type[M], key: str) -> Callable[[httpx.Response], tuple[list[M], str | None]]:
+    return lambda r: (as_list(cls, key)(r), next_cursor(r))
+
+
+def no_content(r: httpx.Response) -> None:
+    return None
+
+
+PAGE_DATASETS = as_page(DatasetInfo, "datasets")
+PAGE_JOBS = as_page(Job, "jobs")

@@ -138,6 +138,9 @@ class AsyncClient:
     async def activate(self, name: str, version: str | int) -> ActivateResult:
         return await self._call(_api.activate(name, version), _api.PARSE_ACTIVATE)
 
+    async def delete_version(self, name: str, version: str | int) -> None:
+        await self._call(_api.delete_version(name, version), _api.no_content)
+
     # -- datasets ---------------------------------------------------------------------------------
 
     async def upload_dataset(
@@ -160,8 +163,23 @@ class AsyncClient:
             req, _ = _api.upload_file(file.read(), fname, name)
         return await self._call(req, _api.PARSE_DATASET)
 
-    async def list_datasets(self) -> list[DatasetInfo]:
-        return await self._call(_api.list_datasets(), _api.PARSE_DATASETS)
+    async def list_datasets(
+        self, *, limit: int | None = None, cursor: str | None = None
+    ) -> list[DatasetInfo]:
+        """One page, newest first; `iter_datasets` walks every page."""
+        return await self._call(_api.list_datasets(limit, cursor), _api.PARSE_DATASETS)
+
+    async def iter_datasets(self, *, page_size: int = 100) -> AsyncIterator[DatasetInfo]:
+        cursor: str | None = None
+        while True:
+            items, cursor = await self._call(_api.list_datasets(page_size, cursor), _api.PAGE_DATASETS)
+            for item in items:
+                yield item
+            if cursor is None:
+                return
+
+    async def delete_dataset(self, dataset_id: str | int) -> None:
+        await self._call(_api.delete_dataset(dataset_id), _api.no_content)
 
     async def get_dataset(self, dataset_id: str | int) -> DatasetInfo:
         return await self._call(_api.get_dataset(dataset_id), _api.PARSE_DATASET)
@@ -186,9 +204,30 @@ class AsyncClient:
         return await self._call(_api.get_job(job_id), _api.PARSE_JOB)
 
     async def list_jobs(
-        self, state: str | None = None, *, model: str | None = None, limit: int | None = None
+        self,
+        state: str | None = None,
+        *,
+        model: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
     ) -> list[Job]:
-        return await self._call(_api.list_jobs(state, model, limit), _api.PARSE_JOBS)
+        """One page, newest first; `iter_jobs` walks every page."""
+        return await self._call(_api.list_jobs(state, model, limit, cursor), _api.PARSE_JOBS)
+
+    async def iter_jobs(
+        self, state: str | None = None, *, model: str | None = None, page_size: int = 100
+    ) -> AsyncIterator[Job]:
+        cursor: str | None = None
+        while True:
+            req = _api.list_jobs(state, model, page_size, cursor)
+            items, cursor = await self._call(req, _api.PAGE_JOBS)
+            for item in items:
+                yield item
+            if cursor is None:
+                return
+
+    async def delete_job(self, job_id: str | int) -> None:
+        await self._call(_api.delete_job(job_id), _api.no_content)
 
     async def cancel_job(self, job_id: str | int) -> Job:
         return await self._call(_api.cancel_job(job_id), _api.PARSE_JOB)

@@ -70,26 +70,29 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--activate", action="store_true", help="serve the new version as soon as it is trained")
     tr.add_argument("--follow", action="store_true", help="show a progress bar until the job finishes")
 
-    jobs = add(sub, "jobs", help="list, show, cancel, follow training jobs or read their logs")
+    jobs = add(sub, "jobs", help="list, show, cancel, follow, delete training jobs or read their logs")
     jsub = jobs.add_subparsers(dest="action", required=True)
-    jl = add(jsub, "list")
+    jl = add(jsub, "list", help="every job (all pages), newest first")
     jl.add_argument("--state", default=None)
-    for name in ("show", "cancel", "logs", "watch"):
+    jl.add_argument("--model", default=None)
+    for name in ("show", "cancel", "logs", "watch", "delete"):
         add(jsub, name).add_argument("job_id")
 
     models = add(sub, "models", help="list, show or activate models")
     msub = models.add_subparsers(dest="action", required=True)
     add(msub, "list")
     add(msub, "show").add_argument("name")
-    ma = add(msub, "activate")
-    ma.add_argument("name")
-    ma.add_argument("version")
+    for name in ("activate", "delete"):
+        mv = add(msub, name, help=f"{name} one version")
+        mv.add_argument("name")
+        mv.add_argument("version")
 
-    ds = add(sub, "datasets", help="upload or list datasets")
+    ds = add(sub, "datasets", help="upload, list, show or delete datasets")
     dsub = ds.add_subparsers(dest="action", required=True)
     add(dsub, "upload").add_argument("file", type=Path)
-    add(dsub, "list")
-    add(dsub, "show").add_argument("dataset_id")
+    add(dsub, "list", help="every dataset (all pages), newest first")
+    for name in ("show", "delete"):
+        add(dsub, name).add_argument("dataset_id")
 
     add(sub, "health", help="liveness and readiness of the server")
     return p
@@ -324,7 +327,7 @@ def cmd_train(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
     if args.action == "list":
-        jobs = client.list_jobs(args.state)
+        jobs = list(client.iter_jobs(args.state, model=args.model))
         if args.json:
             dump(jobs, sys.stdout)
         else:
@@ -344,6 +347,10 @@ def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
     if args.action == "logs":
         sys.stdout.write(client.job_logs(args.job_id))
         return 0
+    if args.action == "delete":
+        client.delete_job(args.job_id)
+        print(f"job {args.job_id}: deleted")
+        return 0
     final = follow(client, args.job_id)
     return report_final(final)
 
@@ -361,6 +368,10 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
     if args.action == "show":
         dump(client.get_model(args.name), sys.stdout)
         return 0
+    if args.action == "delete":
+        client.delete_version(args.name, args.version)
+        print(f"model {args.name}: version {args.version} deleted")
+        return 0
     answer = client.activate(args.name, args.version)
     if args.json:
         dump(answer, sys.stdout)
@@ -375,7 +386,10 @@ def cmd_datasets(client: Client, args: argparse.Namespace) -> int:
             raise UsageError(f"{args.file}: no such file")
         dump(client.upload_dataset(args.file), sys.stdout)
     elif args.action == "list":
-        dump(client.list_datasets(), sys.stdout)
+        dump(list(client.iter_datasets()), sys.stdout)
+    elif args.action == "delete":
+        client.delete_dataset(args.dataset_id)
+        print(f"dataset {args.dataset_id}: deleted")
     else:
         dump(client.get_dataset(args.dataset_id), sys.stdout)
     return 0

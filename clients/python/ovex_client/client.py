@@ -153,6 +153,10 @@ class Client:
         """Make `version` of `name` the one that answers (hot swap, no restart)."""
         return self._call(_api.activate(name, version), _api.PARSE_ACTIVATE)
 
+    def delete_version(self, name: str, version: str | int) -> None:
+        """Remove a model version's files; 409 for the active version."""
+        self._call(_api.delete_version(name, version), _api.no_content)
+
     # -- datasets ---------------------------------------------------------------------------------
 
     def upload_dataset(
@@ -170,8 +174,22 @@ class Client:
             if opened is not None:
                 opened.close()
 
-    def list_datasets(self) -> list[DatasetInfo]:
-        return self._call(_api.list_datasets(), _api.PARSE_DATASETS)
+    def list_datasets(self, *, limit: int | None = None, cursor: str | None = None) -> list[DatasetInfo]:
+        """One page, newest first; `iter_datasets` walks every page."""
+        return self._call(_api.list_datasets(limit, cursor), _api.PARSE_DATASETS)
+
+    def iter_datasets(self, *, page_size: int = 100) -> Iterator[DatasetInfo]:
+        """Every dataset, newest first, fetched a page at a time."""
+        cursor: str | None = None
+        while True:
+            items, cursor = self._call(_api.list_datasets(page_size, cursor), _api.PAGE_DATASETS)
+            yield from items
+            if cursor is None:
+                return
+
+    def delete_dataset(self, dataset_id: str | int) -> None:
+        """Remove a dataset and its file; 409 (`Conflict`) while a job still names it."""
+        self._call(_api.delete_dataset(dataset_id), _api.no_content)
 
     def get_dataset(self, dataset_id: str | int) -> DatasetInfo:
         return self._call(_api.get_dataset(dataset_id), _api.PARSE_DATASET)
@@ -197,9 +215,30 @@ class Client:
         return self._call(_api.get_job(job_id), _api.PARSE_JOB)
 
     def list_jobs(
-        self, state: str | None = None, *, model: str | None = None, limit: int | None = None
+        self,
+        state: str | None = None,
+        *,
+        model: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
     ) -> list[Job]:
-        return self._call(_api.list_jobs(state, model, limit), _api.PARSE_JOBS)
+        """One page, newest first; `iter_jobs` walks every page."""
+        return self._call(_api.list_jobs(state, model, limit, cursor), _api.PARSE_JOBS)
+
+    def iter_jobs(
+        self, state: str | None = None, *, model: str | None = None, page_size: int = 100
+    ) -> Iterator[Job]:
+        """Every job (matching the filters), newest first, fetched a page at a time."""
+        cursor: str | None = None
+        while True:
+            items, cursor = self._call(_api.list_jobs(state, model, page_size, cursor), _api.PAGE_JOBS)
+            yield from items
+            if cursor is None:
+                return
+
+    def delete_job(self, job_id: str | int) -> None:
+        """Remove an ended job with its logs and checkpoints; 409 while it is queued or running."""
+        self._call(_api.delete_job(job_id), _api.no_content)
 
     def cancel_job(self, job_id: str | int) -> Job:
         return self._call(_api.cancel_job(job_id), _api.PARSE_JOB)

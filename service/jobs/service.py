@@ -1,0 +1,251 @@
+"""The jobs and datasets service: submit, cancel, get, list, follow, delete — and uploads — with no HTTP.
+
+The routers call these and nothing else; every refusal is a `service.errors` kind naming the field at
+fault, which the API maps to a status in one place. Reads only read: nothing here loads a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from service.errors import Invalid, NotFound
+from service.jobs import budget
+from service.jobs.config import JobsConfig
+from service.jobs.datasets import ingest, receive_file
+from service.jobs.models import TERMINAL_STATES, DatasetRow, JobEventRow, JobRow
+from service.jobs.runner import dataset_path
+from service.jobs.store import MAX_EVENT_ID, JobStore
+from trainer.params import TrainParams
+
+# how long an idle event stream stays silent before a keep-alive comment
+KEEPALIVE_S = 10.0
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A validated training request (the API's body, or any other caller's)."""
+
+    model: str
+    train_dataset: str
+    test_dataset: str | None
+    params: TrainParams
+    activate: bool
+
+
+@dataclass(frozen=True)
+class Event:
+    """One item of a job's event stream; `kind` None is a keep-alive with no data."""
+
+    id: int
+    kind: str | None
+    data: dict[str, Any]
+
+
+class JobsService:
+    def __init__(self, cfg: JobsConfig, store: JobStore) -> None:
+        self.cfg, self.store = cfg, store
+
+    # -- datasets ---------------------------------------------------------------------------------
+    async def upload(
+        self, content_type: str | None, content_length: str | None, chunks: AsyncIterator[bytes]
+    ) -> tuple[DatasetRow, bool]:
+        """Stream, validate and store an upload; (record, created). Nothing is stored on any refusal."""
+        received = await receive_file(
+            content_type,
+            content_length,
+            chunks,
+            self.cfg.uploads_dir,
+            self.cfg.settings.max_upload_bytes,
+        )
+        return await asyncio.to_thread(ingest, self.cfg, self.store, received)
+
+    def get_dataset(self, dataset_id: str, loc: list[str | int] | None = None) -> DatasetRow:
+        row = self.store.get_dataset(dataset_id)
+        if row is None:
+            raise NotFound(f"dataset {dataset_id!r} not found", loc=loc or ["path", "dataset_id"])
+        return row
+
+    def list_datasets(self, limit: int, cursor: str | None) -> tuple[list[DatasetRow], str | None]:
+        return self.store.list_datasets(limit=limit, cursor=cursor)
+
+    def delete_dataset(self, dataset_id: str) -> None:
+        """Remove the record, then its file (a crash in between leaves a file no record names, never the
+        reverse; `orphans()` lists such files)."""
+        row = self.store.delete_dataset(dataset_id)
+        dataset_path(self.cfg, row).unlink(missing_ok=True)
+
+    # -- jobs -------------------------------------------------------------------------------------
+    def submit(self, req: JobRequest) -> JobRow:
+        """Check datasets and the memory budget; only then record the job (the row is its queue entry)."""
+        if req.params.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise Invalid(
+                    "device 'cuda' requested but no GPU is available", loc=["body", "params", "device"]
+                )
+        train = self.get_dataset(req.train_dataset, ["body", "train_dataset"])
+        if req.test_dataset is not None:
+            test = self.get_dataset(req.test_dataset, ["body", "test_dataset"])
+            _check_compatible(train, test)
+        need = budget.estimate(req.params, train.labels, train.features)
+        limit = self.cfg.settings.memory_budget_bytes
+        if need.bytes > limit:
+            raise Invalid(
+                f"the job needs {need.explain()}; over the memory budget of {budget.human_bytes(limit)}: "
+                f"lower params.{need.culprit()} or raise OVEX_MEMORY_BUDGET_BYTES",
+                loc=["body", "params", need.culprit()],
+                kind="memory_budget",
+                need_bytes=need.bytes,
+                budget_bytes=limit,
+            )
+        return self.store.create_job(
+            model=req.model,
+            train_dataset=req.train_dataset,
+            test_dataset=req.test_dataset,
+            params=req.params.to_json_dict(),
+            activate=req.activate,
+        )
+
+    def get(self, job_id: str) -> JobRow:
+        job = self.store.get_job(job_id)
+        if job is None:
+            raise NotFound(f"job {job_id!r} not found", loc=["path", "job_id"])
+        return job
+
+    def list_jobs(
+        self, limit: int, cursor: str | None, state: str | None = None, model: str | None = None
+    ) -> tuple[list[JobRow], str | None]:
+        return self.store.list_jobs(limit=limit, cursor=cursor, state=state, model=model)
+
+    def cancel(self, job_id: str) -> JobRow:
+        """Queued: cancelled at once; running: its worker stops at the next step; already cancelled: the
+        same answer again (safe to retry); succeeded or failed: `Conflict`."""
+        return self.store.request_cancel(job_id)
+
+    def delete(self, job_id: str) -> None:
+        """An ended job goes with its events, checkpoints and logs; its published version stays."""
+        self.store.delete_job(job_id)
+        shutil.rmtree(self.cfg.job_dir(job_id), ignore_errors=True)
+
+    def log_lines(self, job_id: str) -> list[str]:
+        """The job's log: one line per message or state change, oldest first."""
+        self.get(job_id)
+        lines: list[str] = []
+        after = 0
+        while events := self.store.events_since(job_id, after, ("log", "state")):
+            lines.extend(_line(e) for e in events)
+            after = events[-1].id
+        return lines
+
+    async def follow(
+        self, job_id: str, last_event_id: str | None, gone: Callable[[], Awaitable[bool]]
+    ) -> AsyncIterator[Event]:
+        """`state` and `progress` events after `last_event_id`, until the job's terminal state (or the
+        client is `gone`). Validates before the first item, so errors surface before a stream starts."""
+        after = parse_last_event_id(last_event_id)
+        await asyncio.to_thread(self.get, job_id)
+        return self._follow(job_id, after, gone)
+
+    async def _follow(
+        self, job_id: str, after: int, gone: Callable[[], Awaitable[bool]]
+    ) -> AsyncIterator[Event]:
+        poll = self.cfg.settings.job_poll_s
+        last_sent = time.monotonic()
+        while True:
+            events = await asyncio.to_thread(self.store.events_since, job_id, after, ("state", "progress"))
+            for e in events:
+                after = e.id
+                yield Event(e.id, e.kind, dict(e.data))
+                last_sent = time.monotonic()
+                if e.kind == "state" and e.data.get("state") in TERMINAL_STATES:
+                    return
+            if events:
+                continue
+            job = await asyncio.to_thread(self.store.get_job, job_id)
+            if job is None:  # deleted while followed
+                return
+            if job.state in TERMINAL_STATES:  # the client resumed past the final event
+                yield Event(after, "state", {"state": job.state, "model_version": job.model_version})
+                return
+            if await gone():
+                return
+            if time.monotonic() - last_sent > KEEPALIVE_S:
+                yield Event(after, None, {})
+                last_sent = time.monotonic()
+            await asyncio.sleep(poll)
+
+    # -- housekeeping -----------------------------------------------------------------------------
+    def orphans(self) -> list[str]:
+        """Files under the data directory that no record names (relative paths); empty when consistent."""
+        out: list[str] = []
+        known_jobs = {j.id for j in self._all_jobs() if j.state not in TERMINAL_STATES}
+        if self.cfg.jobs_dir.is_dir():
+            out += [f"jobs/{p.name}" for p in self.cfg.jobs_dir.iterdir() if p.name not in known_jobs]
+        if self.cfg.datasets_dir.is_dir():
+            known = {dataset_path(self.cfg, d).name for d in self._all_datasets()}
+            out += [f"datasets/{p.name}" for p in self.cfg.datasets_dir.iterdir() if p.name not in known]
+        if self.cfg.uploads_dir.is_dir():
+            out += [f"uploads/{p.name}" for p in self.cfg.uploads_dir.iterdir()]
+        return sorted(out)
+
+    def _all_jobs(self) -> list[JobRow]:
+        return _drain(lambda c: self.store.list_jobs(limit=1000, cursor=c))
+
+    def _all_datasets(self) -> list[DatasetRow]:
+        return _drain(lambda c: self.store.list_datasets(limit=1000, cursor=c))
+
+
+def _drain(page: Callable[[str | None], tuple[list[Any], str | None]]) -> list[Any]:
+    out: list[Any] = []
+    cursor: str | None = None
+    while True:
+        rows, cursor = page(cursor)
+        out += rows
+        if cursor is None:
+            return out
+
+
+def parse_last_event_id(value: str | None) -> int:
+    """`Last-Event-ID` as an event id: a decimal integer 0..2^63-1 (the ids this server hands out)."""
+    if not value:
+        return 0
+    with contextlib.suppress(ValueError):
+        n = int(value.strip())
+        if 0 <= n <= MAX_EVENT_ID:
+            return n
+    raise Invalid(
+        f"Last-Event-ID must be an event id this server sent (an integer 0..{MAX_EVENT_ID})",
+        loc=["header", "last-event-id"],
+    )
+
+
+def _check_compatible(train: DatasetRow, test: DatasetRow) -> None:
+    loc: list[str | int] = ["body", "test_dataset"]
+    if test.format != train.format:
+        raise Invalid(f"test dataset is {test.format} but the training dataset is {train.format}", loc=loc)
+    too_wide = [
+        f"{what} {n} > {m} in the training set"
+        for what, n, m in (("features", test.features, train.features), ("labels", test.labels, train.labels))
+        if train.format == "xc" and n is not None and m is not None and n > m
+    ]
+    if too_wide:
+        raise Invalid(f"test dataset does not fit the training set: {', '.join(too_wide)}", loc=loc)
+
+
+def _line(e: JobEventRow) -> str:
+    stamp = datetime.fromtimestamp(e.ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    if e.kind == "log":
+        return f"{stamp} {e.data.get('message', '')}"
+    if e.kind == "state":
+        extra = "".join(f" {k}={e.data[k]}" for k in ("model_version", "error", "worker") if e.data.get(k))
+        return f"{stamp} state: {e.data.get('state')}{extra}"
+    return f"{stamp} {e.kind}: {json.dumps(e.data, sort_keys=True)}"
