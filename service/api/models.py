@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -12,6 +14,8 @@ from service.errors import NotFound
 from service.registry import ModelRegistry
 
 router = APIRouter(tags=["models"])
+
+VERSION_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (401, 403, 404)}
 
 
 def model_info(registry: ModelRegistry, name: str, versions: list[str]) -> ModelInfo:
@@ -64,12 +68,7 @@ def get_model(name: str, registry: RegistryDep) -> ModelInfo:
 @router.post(
     "/v1/models/{name}/versions/{version}/activate",
     response_model=ActivateResponse,
-    responses={
-        401: {"model": ErrorBody},
-        403: {"model": ErrorBody},
-        404: {"model": ErrorBody},
-        409: {"model": ErrorBody, "description": "the version failed to load; the old one serves"},
-    },
+    responses={**VERSION_ERRORS, 409: {"model": ErrorBody, "description": "failed to load; old one serves"}},
 )
 async def activate(name: str, version: str, registry: RegistryDep, _: ApiKey) -> ActivateResponse:
     """Hot swap: load and warm `version`, then route new requests to it; in-flight ones finish on theirs."""
@@ -81,12 +80,7 @@ async def activate(name: str, version: str, registry: RegistryDep, _: ApiKey) ->
     "/v1/models/{name}/versions/{version}",
     status_code=204,
     response_class=Response,
-    responses={
-        401: {"model": ErrorBody},
-        403: {"model": ErrorBody},
-        404: {"model": ErrorBody},
-        409: {"model": ErrorBody, "description": "the version is the active one"},
-    },
+    responses={**VERSION_ERRORS, 409: {"model": ErrorBody, "description": "the version is the active one"}},
 )
 async def delete_version(name: str, version: str, registry: RegistryDep, _: ApiKey) -> Response:
     """Remove a version's files; the active version cannot be deleted (activate another one first)."""

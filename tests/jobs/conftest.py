@@ -268,7 +268,7 @@ class Server:
 
     def wait_ready(self) -> None:
         assert self.proc is not None
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 240  # a loaded CI box imports torch and faiss slowly
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ovex serve exited {self.proc.returncode}:\n{self.log_tail()}")
