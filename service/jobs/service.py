@@ -174,7 +174,8 @@ class JobsService:
             if job is None:  # deleted while followed
                 return
             if job.state in TERMINAL_STATES:  # the client resumed past the final event
-                yield Event(after, "state", {"state": job.state, "model_version": job.model_version})
+                data = {"state": job.state, "model_version": job.model_version, "error": job.error}
+                yield Event(after, "state", data)
                 return
             if await gone():
                 return

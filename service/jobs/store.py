@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import CursorResult, Engine, Select, delete, or_, select, update
+from sqlalchemy import CursorResult, Engine, Select, delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.errors import Conflict, Invalid, NotFound
@@ -219,42 +219,39 @@ class JobStore:
         self.add_event(job_id, "log", {"message": message})
 
     def claim_next(self, worker: str) -> JobRow | None:
-        """Take the oldest queued job for `worker` (queued → running); None when there is none."""
-        for _ in range(5):  # SQLite: another worker may win the row between our read and our update
-            now = time.time()
-            with self.session() as s:
-                q = (
-                    select(JobRow.id)
-                    .where(JobRow.state == QUEUED, JobRow.cancel_requested.is_(False))
-                    .order_by(JobRow.created_at, JobRow.id)
-                    .limit(1)
+        """Take the oldest queued job for `worker` (queued → running); None when there is none.
+
+        One UPDATE whose WHERE picks the row: on SQLite the statement takes the write lock at once (no
+        read-then-upgrade that a concurrent writer could invalidate); on PostgreSQL the subquery locks
+        its row with SKIP LOCKED, so concurrent workers pick different rows instead of waiting.
+        """
+        now = time.time()
+        oldest = (
+            select(JobRow.id)
+            .where(JobRow.state == QUEUED, JobRow.cancel_requested.is_(False))
+            .order_by(JobRow.created_at, JobRow.id)
+            .limit(1)
+        )
+        with self.session() as s:
+            if s.get_bind().dialect.name == "postgresql":
+                oldest = oldest.with_for_update(skip_locked=True)
+            job_id = s.scalar(
+                update(JobRow)
+                .where(JobRow.id == oldest.scalar_subquery(), JobRow.state == QUEUED)
+                .values(
+                    state=RUNNING,
+                    worker=worker,
+                    heartbeat_at=now,
+                    attempts=JobRow.attempts + 1,
+                    updated_at=now,
+                    started_at=func.coalesce(JobRow.started_at, now),
                 )
-                if s.get_bind().dialect.name == "postgresql":
-                    q = q.with_for_update(skip_locked=True)
-                job_id = s.scalar(q)
-                if job_id is None:
-                    return None
-                res = s.execute(
-                    update(JobRow)
-                    .where(JobRow.id == job_id, JobRow.state == QUEUED, JobRow.cancel_requested.is_(False))
-                    .values(
-                        state=RUNNING,
-                        worker=worker,
-                        heartbeat_at=now,
-                        attempts=JobRow.attempts + 1,
-                        updated_at=now,
-                    )
-                )
-                if _rowcount(res) != 1:
-                    continue
-                s.execute(
-                    update(JobRow)
-                    .where(JobRow.id == job_id, JobRow.started_at.is_(None))
-                    .values(started_at=now)
-                )
-                self._event(s, job_id, "state", {"state": RUNNING, "worker": worker}, now)
-                return s.get(JobRow, job_id)
-        return None
+                .returning(JobRow.id)
+            )
+            if job_id is None:
+                return None
+            self._event(s, job_id, "state", {"state": RUNNING, "worker": worker}, now)
+            return s.get(JobRow, job_id)
 
     def heartbeat(self, job_id: str, worker: str) -> tuple[bool, bool]:
         """Renew the lease. Returns (still ours, cancel requested)."""

@@ -215,7 +215,10 @@ def test_stopped_and_killed_workers_resume_from_checkpoints(
     over: each next worker continues from the last checkpoint (after the SIGKILL the lease expires and the
     reaper re-queues the job). Three workers start together so their start-ups overlap.
     (An API restart mid-job is in `test_embedded_worker_is_a_fresh_child_that_follows_ovex_serve`.)"""
-    srv = make_server(backend, embedded_worker=False, workers=3)
+    # a lease long enough that a busy machine's late heartbeat is not taken for a dead worker
+    srv = make_server(
+        backend, embedded_worker=False, workers=3, OVEX_JOB_LEASE_S="8", OVEX_JOB_MAX_ATTEMPTS="6"
+    )
     # long enough that the second worker is stopped far from the end (no race between kill and finish)
     by_pid = {w.pid: w for w in srv.workers}
     train = srv.upload(synth_files["train"])
@@ -250,14 +253,15 @@ def test_stopped_and_killed_workers_resume_from_checkpoints(
         240,
         "the job to finish on the third worker",
     )
-    assert job["state"] == "succeeded", job
-    assert job["attempts"] == 3
     logs = srv.logs(job_id)
+    assert job["state"] == "succeeded", (job["error"], logs)
+    # three workers took it (more only if a starved heartbeat made the reaper hand it on once more)
+    assert job["attempts"] >= 3, job
     steps = [int(m) for m in re.findall(r"resumed from step (\d+)", logs)]
-    assert len(steps) == 2, logs
+    assert len(steps) == job["attempts"] - 1, logs
     # checkpoint steps (OVEX_CHECKPOINT_EVERY=20), never zero, moving forward
     assert 0 < steps[0] < steps[1] and all(s % 20 == 0 for s in steps), steps
-    assert job["resumed_from_step"] == steps[1]
+    assert job["resumed_from_step"] == steps[-1]
     assert "re-queued to resume from its checkpoint" in logs
     assert job["progress"]["step"] == job["progress"]["steps_total"]
     srv.wait(job_id, lambda j: j["activated"], 60, "the version to be activated")
