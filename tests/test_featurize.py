@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from trainer.data import Dataset
@@ -158,10 +158,7 @@ def test_batch_and_single_row_routes_are_bit_identical(docs: list[str], mode: st
     """A row featurizes the same alone (dict route, as a request) or inside a batch (numpy route)."""
     cfg = FeaturizerConfig(text_mode=mode, ngrams=ngrams, min_df=1, hash_features=buckets,  # type: ignore[arg-type]
                            sublinear_tf=sublinear)
-    try:
-        f = Featurizer(cfg).fit(_texts([*docs, "ab cd"]))
-    except ParamsError:
-        return
+    f = Featurizer(cfg).fit(_texts([*docs, "ab cd"]))  # "ab cd": the vocabulary is never empty
     batch = f.transform_texts(docs)
     for i, doc in enumerate(docs):
         one = f.transform_texts([doc])
@@ -183,10 +180,9 @@ def test_text_save_load_gives_identical_transforms(tmp_path: Path, docs: list[st
                                                    idf: bool) -> None:
     cfg = FeaturizerConfig(text_mode=mode, ngrams=ngrams, min_df=1, hash_features=32,  # type: ignore[arg-type]
                            text_idf=idf)
-    try:
-        f = Featurizer(cfg).fit(_texts(docs))
-    except ParamsError:
-        return  # no token of 2+ characters at all
+    # no token of 2+ characters at all: a vocabulary cannot be built (hashing still fits, to empty rows)
+    assume(mode == "hash" or any(tokenize(d) for d in docs))
+    f = Featurizer(cfg).fit(_texts(docs))
     f.save(tmp_path / "fz")
     g = Featurizer.load(tmp_path / "fz")
     probe = [*docs, "ab cd ef unseen"]

@@ -157,8 +157,9 @@ def test_encoders_and_shapes() -> None:
         torch.testing.assert_close(m.encode(x), h)  # eval mode: dropout off, deterministic
         assert m.score(h).shape == (5, 9)
         ids, vals = m.topk(x, 3, budget=9)  # one row per block
-        torch.testing.assert_close(torch.from_numpy(vals), torch.topk(m.score(h), 3).values)
-        assert ids.shape == (5, 3)
+        want = torch.topk(m.score(h), 3)
+        torch.testing.assert_close(torch.from_numpy(vals), want.values)
+        assert ids.shape == (5, 3) and ids.tolist() == want.indices.tolist()
     with pytest.raises(ParamsError):
         XCModel(ModelShape(12, 9, 6, encoder="linear", hidden=1))
 

@@ -69,8 +69,9 @@ def test_learns_planted_labels_far_above_chance(
 
 def test_should_stop_cancels(data: tuple[Dataset, Dataset], tmp_path: Path) -> None:
     rec = Recorder(stop_after=4)
-    with pytest.raises(TrainingCancelled):
+    with pytest.raises(TrainingCancelled, match=r"stopped at step 4$"):  # asked before every step
         train(_params(), data[0], None, out_dir=tmp_path / "m", hooks=rec)
+    assert rec.calls == 5 and all(p.step <= 4 for p in rec.progress)
     assert not (tmp_path / "m").exists()
 
 

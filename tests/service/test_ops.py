@@ -28,30 +28,37 @@ def test_readyz_lists_active_versions(server: Server) -> None:
     assert r.status_code == 200 and r.json() == {"ready": True, "models": {"small": "1"}}
 
 
-def test_metrics_count_requests_batches_and_models(server: Server) -> None:
-    with server.client() as c:
-        for _ in range(3):
-            c.post(
-                "/v1/models/small/predict", json={"inputs": [{"features": {"indices": [1], "values": [1.0]}}]}
-            )
-        c.post("/v1/models/nope/predict", json={"inputs": [{"features": {"indices": [1], "values": [1.0]}}]})
-        text = c.get("/metrics").text
-    lines = {
+def _scrape(c: httpx.Client) -> dict[str, float]:
+    text = c.get("/metrics").text
+    return {
         ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1])
         for ln in text.splitlines()
         if ln and not ln.startswith("#")
     }
-    assert lines['ovex_requests_total{method="POST",route="/v1/models/{name}/predict",status="200"}'] >= 3
-    assert lines['ovex_requests_total{method="POST",route="/v1/models/{name}/predict",status="404"}'] >= 1
-    assert (
-        lines[
-            'ovex_request_duration_seconds_count{method="POST",route="/v1/models/{name}/predict",status="200"}'
-        ]
-        >= 3
-    )
-    assert lines["ovex_batch_rows_count"] >= 3
-    assert lines['ovex_models_loaded{model="small",version="1"}'] == 1.0
-    assert lines['ovex_predicted_rows_total{model="small",version="1"}'] >= 3
+
+
+def test_metrics_count_requests_batches_and_models(server: Server) -> None:
+    """Counted exactly: the server is shared by the session, so the test reads the change it caused."""
+    route = 'method="POST",route="/v1/models/{name}/predict"'
+    row = {"features": {"indices": [1], "values": [1.0]}}
+    with server.client() as c:
+        before = _scrape(c)
+        for n in (1, 2, 3):  # one request at a time: one predictor call each
+            assert c.post("/v1/models/small/predict", json={"inputs": [row] * n}).status_code == 200
+        assert c.post("/v1/models/nope/predict", json={"inputs": [row]}).status_code == 404
+        after = _scrape(c)
+
+    def added(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert added(f'ovex_requests_total{{{route},status="200"}}') == 3
+    assert added(f'ovex_requests_total{{{route},status="404"}}') == 1
+    assert added(f'ovex_request_duration_seconds_count{{{route},status="200"}}') == 3
+    assert added(f'ovex_request_duration_seconds_sum{{{route},status="200"}}') > 0
+    assert added("ovex_batch_rows_count") == 3 and added("ovex_batch_rows_sum") == 6
+    assert added('ovex_batch_rows_bucket{le="2.0"}') == 2  # the calls with 1 and 2 rows
+    assert added('ovex_predicted_rows_total{model="small",version="1"}') == 6
+    assert after['ovex_models_loaded{model="small",version="1"}'] == 1.0
 
 
 def test_openapi_and_docs(server: Server) -> None:

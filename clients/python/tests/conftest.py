@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from live_server import (
+    CLIENT_ONLY,
     LiveServer,
     live_server,
     make_dataset,
@@ -18,7 +19,7 @@ from live_server import (
 @pytest.fixture(scope="session")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     if not server_available():
-        pytest.skip("the ovex server stack is not installed here (client-only environment)")
+        pytest.skip(f"{CLIENT_ONLY} is set: client-only environment, no live server")
     root = tmp_path_factory.mktemp("ovex-live")
     make_models(root / "models")
     with live_server(root) as server:

@@ -1,7 +1,8 @@
 """A real ovex server on loopback for integration tests: `ovex serve` in a subprocess.
 
 Used by the client's tests and by the README test; it needs the server stack (the main venv). Where only
-the client is installed, `server_available()` is False and those tests skip, saying why.
+the client is installed, say so with `OVEX_CLIENT_ONLY=1`: `server_available()` is then False and those
+tests skip, saying why. Without the switch a server that does not import fails them.
 """
 
 from __future__ import annotations
@@ -23,13 +24,22 @@ import httpx
 API_KEY = "test-key-0123456789"
 
 
+CLIENT_ONLY = "OVEX_CLIENT_ONLY"
+
+
 def server_available() -> bool:
-    """True where the `ovex` command and its `service` package are importable (the main venv)."""
+    """False only where told so (`OVEX_CLIENT_ONLY=1`). Elsewhere a `service` package that does not import
+    or a missing `ovex` command is a broken install: it raises, so the live tests fail instead of skipping."""
+    if os.environ.get(CLIENT_ONLY, "").strip().lower() in ("1", "true", "yes"):
+        return False
+    hint = f"set {CLIENT_ONLY}=1 to skip the live-server tests where only the client is installed"
     try:
         import service.app  # noqa: F401
-    except ImportError:
-        return False
-    return ovex_command() is not None
+    except ImportError as e:
+        raise RuntimeError(f"the ovex server does not import ({e}); {hint}") from e
+    if ovex_command() is None:
+        raise RuntimeError(f"no ovex command next to {sys.executable} or on PATH; {hint}")
+    return True
 
 
 def ovex_command() -> list[str] | None:

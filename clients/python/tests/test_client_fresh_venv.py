@@ -1,5 +1,6 @@
-"""The client installs on its own: a fresh virtual environment, `pip install ./clients/python`, no torch,
-and it still talks to a real server (sync, async and the `ovex-client` command)."""
+"""The client installs on its own: its wheel built from this checkout, installed into a fresh virtual
+environment from local wheels only (no index), no torch, and it still talks to a real server (sync, async
+and the `ovex-client` command)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import httpx
 import pytest
 from live_server import LiveServer
 
@@ -52,17 +54,60 @@ def base_python() -> str:
     return getattr(sys, "_base_executable", None) or sys.executable
 
 
+PIP = [sys.executable, "-m", "pip"]
+
+
+def index_reachable() -> tuple[bool, str]:
+    """Whether the index pip is configured with answers at all (any HTTP status counts), and its URL."""
+    url = os.environ.get("PIP_INDEX_URL", "")
+    if not url:
+        got = subprocess.run([*PIP, "config", "get", "global.index-url"], capture_output=True, text=True)
+        url = got.stdout.strip() if got.returncode == 0 else ""
+    url = url or "https://pypi.org/simple/"
+    try:
+        httpx.get(url.rstrip("/") + "/httpx/", timeout=15)
+    except httpx.TransportError:
+        return False, url
+    return True, url
+
+
+def build_wheelhouse(wheels: Path) -> None:
+    """The client's wheel from the checkout (built by this venv's setuptools, offline), then wheels of its
+    dependencies from pip's cache, its find-links and indexes. Skips only where that fails and the index
+    does not answer; any other failure fails the test."""
+    built = subprocess.run(
+        [*PIP, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(wheels), str(CLIENT_DIR)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-3000:]
+    [client_wheel] = wheels.glob("ovex_client-*.whl")
+    deps = subprocess.run(
+        [*PIP, "wheel", "--wheel-dir", str(wheels), "--find-links", str(wheels), str(client_wheel)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if deps.returncode != 0:
+        reachable, url = index_reachable()
+        last = (deps.stdout + deps.stderr).strip().splitlines()[-1:]
+        if not reachable:
+            pytest.skip(f"the package index {url} is unreachable and pip has no local wheels of the client's "
+                        f"dependencies (httpx, pydantic): {' '.join(last)[:300]}")  # fmt: skip
+        raise AssertionError(f"pip wheel of the client's dependencies failed:\n{deps.stderr[-3000:]}")
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # creating a venv and installing httpx + pydantic into it
+@pytest.mark.timeout(900)  # building wheels, creating a venv and installing into it
 def test_fresh_venv_install_without_torch(live: LiveServer, tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    build_wheelhouse(wheels)
     venv = tmp_path / "client-venv"
     subprocess.run([base_python(), "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    offline = ["--no-index", "--find-links", str(wheels)]  # from the wheels above only
     install = subprocess.run(
-        [str(py), "-m", "pip", "install", "--quiet", str(CLIENT_DIR)],
+        [str(py), "-m", "pip", "install", "--quiet", *offline, "ovex-client"],
         capture_output=True, text=True, timeout=600, env=env,
-    )
+    )  # fmt: skip
     assert install.returncode == 0, install.stderr[-3000:]
 
     no_torch = subprocess.run([str(py), "-c", "import torch"], capture_output=True, text=True, env=env)

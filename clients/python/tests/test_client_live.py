@@ -49,18 +49,21 @@ def test_models_and_predictions(client: Client) -> None:
         {"indices": [2, 3], "values": [1.0, 1.0]},
     ]
     batch = client.predict(rows, model="sparse", top_k=5, normalization="sparsemax")
-    assert len(batch.predictions) == 2
-    for pred in batch.predictions:
-        assert 1 <= len(pred.labels) <= 5
-        scores = [lab.score for lab in pred.labels]
+    whole = client.predict(rows, model="sparse", top_k=24, normalization="sparsemax")  # K = 24: all
+    assert len(batch.predictions) == len(whole.predictions) == 2
+    for pred, full in zip(batch.predictions, whole.predictions, strict=True):
+        # a small model: every label is scored, so both answers are the exact sparsemax
+        assert pred.exact is True and full.exact is True
+        assert 1 <= len(pred.labels) <= 5 and len(pred.labels) == min(5, len(full.labels))
+        top = full.labels[: len(pred.labels)]  # the top 5 of the same distribution
+        assert [lab.id for lab in pred.labels] == [lab.id for lab in top]
+        assert [lab.prob for lab in pred.labels] == pytest.approx([lab.prob for lab in top], abs=1e-6)
+        scores = [lab.score for lab in full.labels]
         assert scores == sorted(scores, reverse=True)
-        probs = [lab.prob for lab in pred.labels]
+        probs = [lab.prob for lab in full.labels]
         assert all(p is not None and p > 0 for p in probs)
-        total = sum(p for p in probs if p is not None)
-        assert total <= 1.0 + 1e-4
-        if pred.exact and len(pred.labels) < 5:  # the whole support was returned: all the mass
-            assert total == pytest.approx(1.0, abs=1e-4)
-        assert all(lab.name for lab in pred.labels)
+        assert sum(p for p in probs if p is not None) == pytest.approx(1.0, abs=1e-4)  # the whole support
+        assert all(lab.name for lab in full.labels)
     exact = client.predict(rows[0], model="sparse", top_k=3, exact=True, normalization="softmax")
     assert exact.predictions[0].exact is True
     default = client.predict("purr", top_k=3)  # the active default model
