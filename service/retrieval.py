@@ -40,14 +40,16 @@ import numpy.typing as npt
 import torch
 from threadpoolctl import threadpool_limits
 
+from service.quantized_scan import Int8Head, quantize_head, rounding_gamma, score_bounds
+
 log = logging.getLogger("ovex.retrieval")
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
-INDEX_FORMAT = 3  # 2: reduced vectors padded to a multiple of 16; 3: radii over [w, b] only
-IndexKind = Literal["exact", "flat", "ivf", "hnsw"]
+INDEX_FORMAT = 4  # 3: radii over [w, b] only; 4: one folder per backend, int8 codes
+IndexKind = Literal["exact", "int8", "flat", "ivf", "hnsw"]
 
 
 def configure_threads(n: int) -> None:
@@ -76,8 +78,9 @@ class TopK:
 class RetrievalConfig:
     """What picks and tunes the index; the service fills it from its settings."""
 
-    kind: Literal["auto", "exact", "flat", "ivf", "hnsw"] = "auto"
-    flat_max_labels: int = 200_000
+    kind: Literal["auto", "exact", "int8", "flat", "ivf", "hnsw"] = "auto"
+    exact_max_weights: int = 4_000_000
+    scan_max_weights: int = 64_000_000
     ivf_nlist: int | None = None
     ivf_nprobe: int | None = None
     recall_target: float = 0.99
@@ -89,11 +92,15 @@ class RetrievalConfig:
 
 
 class Retriever(Protocol):
-    """A top-k backend: `search(h, k)` with `h[n, d]` float32."""
+    """A top-k backend: `search(h, k)` with `h[n, d]` float32.
+
+    `reach=r` asks for every label that may score within r of the best as well (sparsemax's support
+    lies within 1 of it); backends that cannot enumerate those ignore it and the caller widens k.
+    """
 
     kind: str
 
-    def search(self, h: F32, k: int) -> TopK: ...
+    def search(self, h: F32, k: int, reach: float | None = None) -> TopK: ...
 
 
 def _fold_query(h: F32, extra: int) -> F32:
@@ -160,7 +167,7 @@ class ExactScorer:
         out: F64 = (total / self.n_labels).numpy()
         return out
 
-    def search(self, h: F32, k: int) -> TopK:
+    def search(self, h: F32, k: int, reach: float | None = None) -> TopK:
         top, _ = self.search_with_mass(h, k, None)
         return top
 
@@ -192,6 +199,74 @@ class ExactScorer:
         return TopK(ids, scores, bound), (lse.numpy() if t is not None else None)
 
 
+class QuantizedScanner:
+    """Scans the int8 copy of the head for every query of a batch, re-scores candidates exactly.
+
+    `search(h, k)` returns the exact top k and, as `bound`, an upper bound on every label not
+    returned. `search(h, k, reach=r)` returns, beyond the top k, every label whose score may lie
+    within r of the best one (sparsemax needs r = 1), up to `max_candidates` per query.
+    """
+
+    kind = "int8"
+
+    def __init__(self, head: Int8Head, weight: F32, bias: F32, max_candidates: int = 4096) -> None:
+        self.head = head
+        self.weight = weight
+        self.bias = np.ascontiguousarray(bias, dtype=np.float32)
+        self.n_labels = int(weight.shape[0])
+        self.max_candidates = max_candidates
+        self._w = torch.from_numpy(weight)
+        self._b = torch.from_numpy(self.bias)
+
+    def search(self, h: F32, k: int, reach: float | None = None) -> TopK:
+        h = np.ascontiguousarray(h, dtype=np.float32)
+        n = h.shape[0]
+        kk = min(k, self.n_labels)
+        lower, upper = score_bounds(self.head, self.bias, h)
+        # L: k-th largest lower bound; nothing whose upper bound is below it can be in the top k
+        floor = torch.topk(lower, kk, dim=1).values[:, -1] if kk else torch.full((n,), math.inf)
+        if reach is not None and kk:
+            # a rounding margin below best − reach, so a certificate comparing with τ has room to pass
+            best = lower.max(dim=1).values
+            floor = torch.minimum(floor, best - float(reach) - 1e-4 * (1.0 + best.abs()))
+        cand_mask = upper >= floor[:, None]
+        counts = cand_mask.sum(dim=1)
+        rows: list[tuple[I64, F32, float]] = []
+        for i in range(n):
+            cap = max(self.max_candidates, kk + 1)
+            if int(counts[i]) <= cap:
+                cand = torch.nonzero(cand_mask[i]).flatten()
+                rest = upper[i].masked_fill(cand_mask[i], -math.inf)
+                b_rest = float(rest.max()) if self.n_labels > len(cand) else -math.inf
+            else:  # too many near-ties to re-score: the best `cap` by upper bound, the rest bounded
+                top_u = torch.topk(upper[i], cap + 1)
+                cand = top_u.indices[:cap]
+                b_rest = float(top_u.values[cap])
+            s = torch.addmv(self._b[cand], self._w[cand], torch.from_numpy(h[i]))
+            order = torch.argsort(s, descending=True, stable=True)
+            ids, sc = cand[order].numpy().astype(np.int64), s[order].numpy().astype(np.float32)
+            keep = kk if reach is None else max(kk, int((sc >= float(floor[i])).sum()))
+            b_next = -math.inf
+            if len(sc) > keep:
+                b_next = self._rounded_up(int(ids[keep]), float(sc[keep]), h[i])
+            rows.append((ids[:keep], sc[:keep], max(b_rest, b_next)))
+        width = max(kk, max((len(r[0]) for r in rows), default=0), k)
+        ids_out = np.full((n, width), -1, dtype=np.int64)
+        sc_out = np.full((n, width), -np.inf, dtype=np.float32)
+        bound = np.empty(n, dtype=np.float64)
+        for i, (ids, sc, b) in enumerate(rows):
+            ids_out[i, : len(ids)] = ids
+            sc_out[i, : len(sc)] = sc
+            bound[i] = b
+        return TopK(ids_out, sc_out, bound)
+
+    def _rounded_up(self, label: int, score: float, h: F32) -> float:
+        """A float32 re-scored score raised by its rounding error: a bound on the true score."""
+        g = 2.0 * rounding_gamma(h.shape[0])
+        wn = float(np.linalg.norm(self.weight[label].astype(np.float64)))
+        return score + g * (wn * float(np.linalg.norm(h.astype(np.float64))) + abs(float(self.bias[label])))
+
+
 class FlatRetriever:
     """faiss exact inner-product index over [w, b] for small K: every label scored, bound exact."""
 
@@ -202,7 +277,7 @@ class FlatRetriever:
         self.index = faiss.IndexFlatIP(self.dim + 1)
         self.index.add(np.hstack([weight, bias[:, None]]).astype(np.float32))
 
-    def search(self, h: F32, k: int) -> TopK:
+    def search(self, h: F32, k: int, reach: float | None = None) -> TopK:
         kk = min(k + 1, self.n_labels)
         d, i = self.index.search(_fold_query(h, 1), kk)
         bound = d[:, k].astype(np.float64) if kk > k else np.full(h.shape[0], -np.inf)
@@ -261,8 +336,9 @@ class IVFRetriever:
         self.weight = weight
         self.bias = bias
         self.n_labels = int(weight.shape[0])
+        self.tuned_recall = math.nan  # recall@10 on proxy queries at the chosen nprobe
 
-    def search(self, h: F32, k: int, nprobe: int | None = None) -> TopK:
+    def search(self, h: F32, k: int, reach: float | None = None, nprobe: int | None = None) -> TopK:
         n = h.shape[0]
         q2 = _fold_query(h, int(self.index.d) - h.shape[1])
         npr = max(1, min(nprobe or self.nprobe, self.nlist))
@@ -301,7 +377,7 @@ class HNSWRetriever:
         self.bias = bias
         self.n_labels = int(weight.shape[0])
 
-    def search(self, h: F32, k: int) -> TopK:
+    def search(self, h: F32, k: int, reach: float | None = None) -> TopK:
         pool = min(self.n_labels, k + 1 + max(k, 16))
         self.index.hnsw.efSearch = max(self.index.hnsw.efSearch, pool)
         _, cand = self.index.search(_fold_query(h, int(self.index.d) - h.shape[1]), pool)
@@ -341,9 +417,15 @@ def _max_norm(weight: F32, bias: F32, chunk: int) -> float:
     return math.sqrt(m) * (1 + 1e-6)
 
 
-def fingerprint(weight: F32, bias: F32) -> str:
-    """Cheap identity of a head (shape + strided sample of rows + all biases) to validate a cached index."""
+def fingerprint(weight: F32, bias: F32, artifact_dir: Path | None = None) -> str:
+    """Cheap identity of a head to validate a cached index: shape, a strided sample of rows, all biases,
+    and the weights file's size and modification time (a rewritten file never reuses old codes,
+    whose error bounds would no longer hold)."""
     hsh = hashlib.blake2b(digest_size=16)
+    if artifact_dir is not None:
+        for f in sorted(artifact_dir.glob("*.safetensors")):
+            st = f.stat()
+            hsh.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     hsh.update(np.asarray(weight.shape, dtype=np.int64).tobytes())
     step = max(1, weight.shape[0] // 2048)
     hsh.update(np.ascontiguousarray(weight[::step]).tobytes())
@@ -430,38 +512,52 @@ def _tune_nprobe(retr: IVFRetriever, exact: ExactScorer, cfg: RetrievalConfig) -
         nprobe = min(nprobe * 2, retr.nlist)
 
 
-def _write_index_dir(artifact_dir: Path, index: Any, meta: dict[str, Any], arrays: dict[str, F32]) -> None:
-    """Write `<artifact>/index/` atomically: temp dir in the same folder, then rename over."""
-    tmp = Path(tempfile.mkdtemp(prefix=".index.tmp-", dir=artifact_dir))
+def _index_dir(artifact_dir: Path, kind: str) -> Path:
+    """Each backend caches under its own folder, so switching backends never rebuilds the other."""
+    return artifact_dir / "index" / kind
+
+
+def _write_index_dir(
+    artifact_dir: Path, kind: str, index: Any, meta: dict[str, Any], arrays: dict[str, npt.NDArray[Any]]
+) -> None:
+    """Write `<artifact>/index/<kind>/` atomically: temp dir beside it, then rename over."""
+    final = _index_dir(artifact_dir, kind)
+    tmp: Path | None = None
     try:
-        faiss.write_index(index, str(tmp / "index.faiss"))
+        final.parent.mkdir(exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{kind}.tmp-", dir=final.parent))
+        if index is not None:
+            faiss.write_index(index, str(tmp / "index.faiss"))
         for name, arr in arrays.items():
             np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        final = artifact_dir / "index"
+        (tmp / "meta.json").write_text(json.dumps({**meta, "format": INDEX_FORMAT, "kind": kind}, indent=1))
         old: Path | None = None
         if final.exists():
-            old = artifact_dir / f".index.old-{os.getpid()}-{time.time_ns()}"
+            old = final.parent / f".{kind}.old-{os.getpid()}-{time.time_ns()}"
             os.replace(final, old)
         os.replace(tmp, final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        log.warning("index cache not written", extra={"dir": str(artifact_dir), "error": str(exc)})
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.warning("index cache not written", extra={"dir": str(final), "error": str(exc)})
 
 
 def _read_index_dir(
     artifact_dir: Path, kind: str, fp: str
-) -> tuple[Any, dict[str, Any], dict[str, F32]] | None:
-    d = artifact_dir / "index"
+) -> tuple[Any, dict[str, Any], dict[str, npt.NDArray[Any]]] | None:
+    """The cached index of this kind if it was built from this very head, else None (rebuild).
+    Arrays are memory-mapped: pages load as the first queries touch them, and are shared between
+    processes serving the same artifact."""
+    d = _index_dir(artifact_dir, kind)
     try:
         meta = json.loads((d / "meta.json").read_text())
         if meta.get("format") != INDEX_FORMAT or meta.get("kind") != kind or meta.get("fingerprint") != fp:
             log.info("cached index is stale, rebuilding", extra={"dir": str(d)})
             return None
-        index = faiss.read_index(str(d / "index.faiss"))
-        arrays = {p.stem: np.load(p, allow_pickle=False) for p in d.glob("*.npy")}
+        index = faiss.read_index(str(d / "index.faiss")) if (d / "index.faiss").exists() else None
+        arrays = {p.stem: np.load(p, mmap_mode="r", allow_pickle=False) for p in d.glob("*.npy")}
         return index, meta, arrays
     except FileNotFoundError:
         return None
@@ -470,85 +566,141 @@ def _read_index_dir(
         return None
 
 
-def choose_kind(n_labels: int, cfg: RetrievalConfig) -> IndexKind:
-    """`auto`: an exact flat scan up to `flat_max_labels` (the blocked BLAS scorer: for one query at a
-    time it beats faiss's flat index, whose small-batch path skips BLAS), IVF above. HNSW only when
-    asked: it certifies nothing."""
+def choose_kind(n_labels: int, dim: int, cfg: RetrievalConfig) -> IndexKind:
+    """`auto` by the bytes a query must read: a small head is scanned exactly in float32, a mid-sized
+    one through its certified int8 copy (a quarter of the bytes), a large one through IVF — which
+    `build_retriever` still swaps for the int8 scan when the recall measured at build needs so many
+    cells that IVF would read as much. HNSW only when asked: it certifies nothing."""
     if cfg.kind != "auto":
         return cfg.kind
-    return "exact" if n_labels <= cfg.flat_max_labels else "ivf"
+    weights = n_labels * dim
+    if weights <= cfg.exact_max_weights:
+        return "exact"
+    return "int8" if weights <= cfg.scan_max_weights else "ivf"
+
+
+def _int8_scanner(weight: F32, bias: F32, artifact_dir: Path | None, fp: str) -> QuantizedScanner:
+    """The int8 copy of the head, memory-mapped from the cache when it was built from these weights."""
+    t0 = time.perf_counter()
+    cached = _read_index_dir(artifact_dir, "int8", fp) if artifact_dir is not None else None
+    if cached is not None:
+        a = cached[2]
+        head = Int8Head(a["codes"], a["scale"], a["radius"], a["bias_err"])
+    else:
+        head = quantize_head(weight, bias)
+        if artifact_dir is not None:
+            arrays: dict[str, npt.NDArray[Any]] = {
+                "codes": head.codes, "scale": head.scale, "radius": head.radius, "bias_err": head.bias_err
+            }
+            _write_index_dir(artifact_dir, "int8", None, {"fingerprint": fp}, arrays)
+    log.info(
+        "int8 scan ready",
+        extra={
+            "labels": int(weight.shape[0]),
+            "cached": cached is not None,
+            "bytes": head.nbytes,
+            "seconds": round(time.perf_counter() - t0, 2),
+        },
+    )
+    return QuantizedScanner(head, weight, bias)
+
+
+def _ivf_scan_bytes(retr: IVFRetriever) -> float:
+    """Bytes of codes one query reads at the tuned nprobe (cells hold about K / nlist labels each)."""
+    return retr.nprobe / retr.nlist * retr.n_labels * int(retr.index.d)
 
 
 def build_retriever(
     weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, exact: ExactScorer
 ) -> Retriever:
     """The index for this head, loaded from the artifact's cache when it matches, else built and cached."""
-    kind = choose_kind(int(weight.shape[0]), cfg)
-    t0 = time.perf_counter()
+    kind = choose_kind(int(weight.shape[0]), int(weight.shape[1]), cfg)
     if kind == "exact":
         return exact
     if kind == "flat":
         return FlatRetriever(weight, bias)
-    fp = fingerprint(weight, bias)
-    cached = _read_index_dir(artifact_dir, kind, fp) if artifact_dir is not None else None
+    fp = fingerprint(weight, bias, artifact_dir)
+    if kind == "int8":
+        return _int8_scanner(weight, bias, artifact_dir, fp)
     if kind == "hnsw":
-        if cached is not None:
-            index = cached[0]
-        else:
-            max_norm = _max_norm(weight, bias, 65536)
-            index = faiss.IndexHNSWFlat(reduced_width(weight.shape[1]), cfg.hnsw_m)
-            index.hnsw.efConstruction = 80
-            for s in range(0, weight.shape[0], 65536):
-                index.add(_reduced(weight, bias, s, min(s + 65536, weight.shape[0]), max_norm))
-            if artifact_dir is not None:
-                hmeta = {"format": INDEX_FORMAT, "kind": "hnsw", "fingerprint": fp, "hnsw_m": cfg.hnsw_m}
-                _write_index_dir(artifact_dir, index, hmeta, {})
+        return _hnsw(weight, bias, cfg, artifact_dir, fp)
+    ivf = _ivf(weight, bias, cfg, artifact_dir, fp, exact)
+    if cfg.kind == "auto" and (
+        ivf.tuned_recall < cfg.recall_target or _ivf_scan_bytes(ivf) >= weight.shape[0] * weight.shape[1]
+    ):
         log.info(
-            "hnsw index ready",
-            extra={
-                "labels": int(weight.shape[0]),
-                "cached": cached is not None,
-                "seconds": round(time.perf_counter() - t0, 2),
-            },
+            "ivf needs too many cells for the recall target: int8 scan instead",
+            extra={"nprobe": ivf.nprobe, "nlist": ivf.nlist, "proxy_recall_at_10": ivf.tuned_recall},
         )
-        return HNSWRetriever(index, cfg.hnsw_ef_search, weight, bias)
-    if cached is not None:
+        return _int8_scanner(weight, bias, artifact_dir, fp)
+    return ivf
+
+
+def _hnsw(weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str) -> HNSWRetriever:
+    t0 = time.perf_counter()
+    cached = _read_index_dir(artifact_dir, "hnsw", fp) if artifact_dir is not None else None
+    if cached is not None and cached[0] is not None:
+        index = cached[0]
+    else:
+        max_norm = _max_norm(weight, bias, 65536)
+        index = faiss.IndexHNSWFlat(reduced_width(weight.shape[1]), cfg.hnsw_m)
+        index.hnsw.efConstruction = 80
+        for s in range(0, weight.shape[0], 65536):
+            index.add(_reduced(weight, bias, s, min(s + 65536, weight.shape[0]), max_norm))
+        if artifact_dir is not None:
+            _write_index_dir(artifact_dir, "hnsw", index, {"fingerprint": fp, "hnsw_m": cfg.hnsw_m}, {})
+    log.info(
+        "hnsw index ready",
+        extra={
+            "labels": int(weight.shape[0]),
+            "cached": cached is not None,
+            "seconds": round(time.perf_counter() - t0, 2),
+        },
+    )
+    return HNSWRetriever(index, cfg.hnsw_ef_search, weight, bias)
+
+
+def _ivf(
+    weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str, exact: ExactScorer
+) -> IVFRetriever:
+    t0 = time.perf_counter()
+    cached = _read_index_dir(artifact_dir, "ivf", fp) if artifact_dir is not None else None
+    if cached is not None and cached[0] is not None:
         index, meta, arrays = cached
         retr = _ivf_retriever(index, meta, arrays, int(cfg.ivf_nprobe or meta["nprobe"]), weight, bias)
+        retr.tuned_recall = float(meta.get("tuned_recall_at_10", math.nan))
         log.info(
             "ivf index loaded from cache",
             extra={"labels": int(weight.shape[0]), "nlist": retr.nlist, "nprobe": retr.nprobe},
         )
         if not cfg.ivf_nprobe and meta.get("recall_target") != cfg.recall_target:
-            retr.nprobe, recall = _tune_nprobe(retr, exact, cfg)  # the target changed: re-tune, cheap
-            log.info("ivf nprobe re-tuned", extra={"nprobe": retr.nprobe, "proxy_recall_at_10": recall})
+            retr.nprobe, retr.tuned_recall = _tune_nprobe(retr, exact, cfg)  # the target changed: cheap
+            log.info("ivf nprobe re-tuned", extra={"nprobe": retr.nprobe, "recall_at_10": retr.tuned_recall})
         return retr
     index, meta, arrays = _build_ivf(weight, bias, cfg)
     retr = _ivf_retriever(index, meta, arrays, 1, weight, bias)
     if cfg.ivf_nprobe:
-        retr.nprobe, recall = min(cfg.ivf_nprobe, retr.nlist), float("nan")
+        retr.nprobe, retr.tuned_recall = min(cfg.ivf_nprobe, retr.nlist), math.nan
     else:
-        retr.nprobe, recall = _tune_nprobe(retr, exact, cfg)
+        retr.nprobe, retr.tuned_recall = _tune_nprobe(retr, exact, cfg)
     meta.update(
         {
-            "format": INDEX_FORMAT,
-            "kind": "ivf",
             "fingerprint": fp,
             "nprobe": retr.nprobe,
-            "tuned_recall_at_10": recall,
+            "tuned_recall_at_10": retr.tuned_recall,
             "recall_target": cfg.recall_target,
             "n_labels": int(weight.shape[0]),
         }
     )
     if artifact_dir is not None:
-        _write_index_dir(artifact_dir, index, meta, arrays)
+        _write_index_dir(artifact_dir, "ivf", index, meta, arrays)
     log.info(
         "ivf index built",
         extra={
             "labels": int(weight.shape[0]),
             "nlist": retr.nlist,
             "nprobe": retr.nprobe,
-            "proxy_recall_at_10": recall,
+            "proxy_recall_at_10": retr.tuned_recall,
             "seconds": round(time.perf_counter() - t0, 2),
         },
     )
