@@ -18,13 +18,11 @@ everything the support can hold: certified whenever the candidates fit the re-sc
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
@@ -49,27 +47,58 @@ def _round_up32(x: F64) -> F32:
 
 @dataclass(frozen=True)
 class Int8Head:
-    """int8 codes [K, d], per-row scale [K], and per-row error terms: e_k = ‖h‖·radius_k + bias_err_k."""
+    """int8 codes [K, d], per-row scale [K], bias [K] and error terms (e = ‖h‖·radius + bias_err), all in
+    *position* order: labels grouped by cell, `Cells.order[p]` being the label at position p."""
 
     codes: I8
     scale: F32
+    bias: F32
     radius: F32
     bias_err: F32
 
     @property
     def nbytes(self) -> int:
-        return int(self.codes.nbytes + self.scale.nbytes + self.radius.nbytes + self.bias_err.nbytes)
+        return int(sum(a.nbytes for a in (self.codes, self.scale, self.bias, self.radius, self.bias_err)))
 
 
-def quantize_head(weight: F32, bias: F32, chunk: int = 65536) -> Int8Head:
-    """Per-row symmetric int8 codes (scale = max|w|/127) and the exact error terms of the bound."""
+@dataclass(frozen=True)
+class Cells:
+    """k-means cells of the rows [w_k, b_k]: cell c holds positions offsets[c]:offsets[c+1] and every
+    row in it lies within `radius[c]` of `centroids[c]`, so ⟨[h, 1], μ_c⟩ + ‖[h, 1]‖·r_c bounds the
+    score of each of its labels and a query skips the cells whose bound is below its threshold."""
+
+    order: I64
+    offsets: I64
+    centroids: F32
+    radius: F32
+
+    @property
+    def nlist(self) -> int:
+        return int(self.centroids.shape[0])
+
+    def bounds(self, h: F32) -> F64:
+        """[n, nlist] upper bound on every score in each cell (float64, with a rounding margin)."""
+        q = np.hstack([h.astype(np.float64), np.ones((h.shape[0], 1))])
+        qn = np.linalg.norm(q, axis=1)[:, None]
+        mu = self.centroids.astype(np.float64)
+        r = self.radius.astype(np.float64)[None, :]
+        with np.errstate(invalid="ignore"):
+            u = q @ mu.T + qn * r
+            u = u + 1e-9 * (1.0 + np.abs(u) + qn * (np.linalg.norm(mu, axis=1)[None, :] + np.abs(r)))
+        return np.where(np.isneginf(r), -np.inf, np.nan_to_num(u, nan=np.inf))
+
+
+def quantize_head(weight: F32, bias: F32, order: I64 | None = None, chunk: int = 65536) -> Int8Head:
+    """Per-row symmetric int8 codes (scale = max|w|/127) and the exact error terms of the bound, for
+    the rows `weight[order]` (all rows in order when None)."""
     n, d = weight.shape
     codes = np.empty((n, d), dtype=np.int8)
     scale = np.empty(n, dtype=np.float32)
     radius = np.empty(n, dtype=np.float64)
     g4 = 4.0 * rounding_gamma(d)
     for s in range(0, n, chunk):
-        w = weight[s : s + chunk].astype(np.float64)
+        rows = np.arange(s, min(s + chunk, n)) if order is None else order[s : s + chunk]
+        w = weight[rows].astype(np.float64)
         amax = np.abs(w).max(axis=1) if d else np.zeros(w.shape[0])
         sc = (amax / 127.0).astype(np.float32)
         sc = np.where((sc > 0) & np.isfinite(sc), sc, np.float32(1.0)).astype(np.float32)  # zero rows
@@ -80,8 +109,46 @@ def quantize_head(weight: F32, bias: F32, chunk: int = 65536) -> Int8Head:
         r = np.linalg.norm(w - q * sc[:, None].astype(np.float64), axis=1)
         wn = np.linalg.norm(w, axis=1)
         radius[s : s + chunk] = (r + g4 * (wn + r)) * (1.0 + 8 * _U) + 1e-30
-    bias_err = np.abs(bias.astype(np.float64)) * g4 + 1e-30
-    return Int8Head(codes, scale, _round_up32(radius), _round_up32(bias_err))
+    b = np.ascontiguousarray(bias if order is None else bias[order], dtype=np.float32)
+    bias_err = np.abs(b.astype(np.float64)) * g4 + 1e-30
+    return Int8Head(codes, scale, b, _round_up32(radius), _round_up32(bias_err))
+
+
+def build_cells(weight: F32, bias: F32, nlist: int, seed: int = 0, chunk: int = 65536) -> Cells:
+    """k-means (L2) on [w, b]; labels ordered by cell; each cell's radius computed over all its rows."""
+    import faiss
+
+    n, d = weight.shape
+    nlist = max(1, min(nlist, n))
+
+    def rows(s: int, e: int) -> F32:
+        return np.ascontiguousarray(np.hstack([weight[s:e], bias[s:e, None]]), dtype=np.float32)
+
+    rng = np.random.default_rng(seed)
+    sample = np.sort(rng.choice(n, size=min(n, max(40 * nlist, 10_000)), replace=False))
+    x = np.ascontiguousarray(np.hstack([weight[sample], bias[sample, None]]), dtype=np.float32)
+    if nlist > 1:
+        km = faiss.Kmeans(d + 1, nlist, niter=10, seed=seed, max_points_per_centroid=64, verbose=False)
+        km.train(x)
+        centroids = np.asarray(km.centroids, dtype=np.float32)
+    else:
+        centroids = x.astype(np.float64).mean(axis=0, keepdims=True).astype(np.float32)
+    quant = faiss.IndexFlatL2(d + 1)
+    quant.add(centroids)
+    assign = np.empty(n, dtype=np.int64)
+    radius = np.full(nlist, -np.inf)
+    for s in range(0, n, chunk):
+        e = min(s + chunk, n)
+        xs = rows(s, e)
+        _, a = quant.search(xs, 1)
+        a = a[:, 0].astype(np.int64)
+        assign[s:e] = a
+        dist = np.linalg.norm(xs.astype(np.float64) - centroids[a].astype(np.float64), axis=1)
+        np.maximum.at(radius, a, dist)
+    order = np.argsort(assign, kind="stable").astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(assign, minlength=nlist))]).astype(np.int64)
+    r = np.where(np.isfinite(radius), radius * (1 + 1e-9) + 1e-30, -np.inf)
+    return Cells(order, offsets, centroids, _round_up32(r))
 
 
 @functools.cache
@@ -94,22 +161,24 @@ def _kernel() -> Any:
 
     @numba.njit(nogil=True, cache=_cache_ok(), fastmath=fast)
     def scan(
-        codes: Any, scale: Any, bias: Any, radius: Any, bias_err: Any, h: Any, hnorm: Any,
-        lower: Any, upper: Any,
+        codes: Any, scale: Any, bias: Any, radius: Any, bias_err: Any, h: Any, hnorm: float,
+        starts: Any, stops: Any, lower: Any, upper: Any, pos: Any,
     ) -> None:  # pragma: no cover - compiled
-        n, d = h.shape
-        for k in range(codes.shape[0]):
-            row = codes[k]
-            s, b, c, g = scale[k], bias[k], radius[k], bias_err[k]
-            for i in range(n):
-                hi = h[i]
+        d = h.shape[0]
+        p = 0
+        for c in range(starts.shape[0]):
+            for k in range(starts[c], stops[c]):
+                row = codes[k]
                 acc = np.float32(0.0)
                 for j in range(d):
-                    acc += np.float32(row[j]) * hi[j]
-                a = acc * s + b
-                e = hnorm[i] * c + g
-                lower[i, k] = a - e
-                upper[i, k] = a + e
+                    acc += np.float32(row[j]) * h[j]
+                a = acc * scale[k] + bias[k]
+                e = np.float32(hnorm) * radius[k] + bias_err[k]
+                lo, up = a - e, a + e
+                lower[p] = lo if lo == lo else -np.inf  # NaN never hides a label
+                upper[p] = up if up == up else np.inf
+                pos[p] = k
+                p += 1
 
     return scan
 
@@ -126,27 +195,37 @@ def _numba_available() -> bool:
     return available()
 
 
-def score_bounds(head: Int8Head, bias: F32, h: F32) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lower, upper) [n, K] float32 with lower ≤ ⟨w_k, h⟩ + b_k ≤ upper for every label (NaN → ±inf)."""
-    n = h.shape[0]
-    k = head.codes.shape[0]
-    hnorm = _round_up32(np.linalg.norm(h.astype(np.float64), axis=1) * (1.0 + 8 * _U))
-    lower = np.empty((n, k), dtype=np.float32)
-    upper = np.empty((n, k), dtype=np.float32)
+def range_bounds(head: Int8Head, h: F32, starts: I64, stops: I64) -> tuple[F32, F32, I64]:
+    """(lower, upper, position) of every label in the position ranges [starts[i], stops[i]), for one
+    query `h[d]`: lower ≤ ⟨w, h⟩ + b ≤ upper (NaN read as ±inf, so it never hides a label)."""
+    total = int((stops - starts).sum())
+    lower = np.empty(total, dtype=np.float32)
+    upper = np.empty(total, dtype=np.float32)
+    pos = np.empty(total, dtype=np.int64)
+    h = np.ascontiguousarray(h, dtype=np.float32)
+    hn = float(_round_up32(np.array([np.linalg.norm(h.astype(np.float64)) * (1.0 + 8 * _U)]))[0])
+    if total == 0:
+        return lower, upper, pos
     if _numba_available():
-        _kernel()(head.codes, head.scale, bias, head.radius, head.bias_err, h, hnorm, lower, upper)
-    else:  # blocked torch: dequantize a slice, one GEMM, the same bound
-        ht = torch.from_numpy(h)
-        for s in range(0, k, 8192):
-            e = min(s + 8192, k)
-            w = torch.from_numpy(head.codes[s:e]).to(torch.float32)
-            a = (ht @ w.T) * torch.from_numpy(head.scale[s:e]) + torch.from_numpy(bias[s:e])
-            err = torch.from_numpy(hnorm)[:, None] * torch.from_numpy(head.radius[s:e]) + torch.from_numpy(
-                head.bias_err[s:e]
-            )
-            lower[:, s:e] = (a - err).numpy()
-            upper[:, s:e] = (a + err).numpy()
-    lo, up = torch.from_numpy(lower), torch.from_numpy(upper)
-    lo = torch.nan_to_num(lo, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-    up = torch.nan_to_num(up, nan=math.inf, posinf=math.inf, neginf=-math.inf)
+        _kernel()(head.codes, head.scale, head.bias, head.radius, head.bias_err, h, hn, starts, stops,
+                  lower, upper, pos)
+    else:  # numpy: the same arithmetic (float32 products summed in some order, then scale and bias)
+        pos[:] = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops, strict=True)])
+        acc = head.codes[pos].astype(np.float32) @ h
+        a = acc * head.scale[pos] + head.bias[pos]
+        e = np.float32(hn) * head.radius[pos] + head.bias_err[pos]
+        lower[:], upper[:] = a - e, a + e
+        lower[np.isnan(lower)] = -np.inf
+        upper[np.isnan(upper)] = np.inf
+    return lower, upper, pos
+
+
+def score_bounds(head: Int8Head, h: F32) -> tuple[F32, F32]:
+    """[n, K] lower and upper bounds of every label's score for each query (position order)."""
+    k = head.codes.shape[0]
+    lo = np.empty((h.shape[0], k), dtype=np.float32)
+    up = np.empty((h.shape[0], k), dtype=np.float32)
+    whole = np.array([0], dtype=np.int64), np.array([k], dtype=np.int64)
+    for i in range(h.shape[0]):
+        lo[i], up[i], _ = range_bounds(head, h[i], *whole)
     return lo, up

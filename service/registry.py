@@ -69,7 +69,6 @@ def retrieval_config(s: Settings) -> RetrievalConfig:
     return RetrievalConfig(
         kind=s.retrieval,
         exact_max_weights=s.exact_max_weights,
-        scan_max_weights=s.scan_max_weights,
         ivf_nlist=s.ivf_nlist,
         ivf_nprobe=s.ivf_nprobe,
         recall_target=s.index_recall_target,

@@ -40,7 +40,7 @@ import numpy.typing as npt
 import torch
 from threadpoolctl import threadpool_limits
 
-from service.quantized_scan import Int8Head, quantize_head, rounding_gamma, score_bounds
+from service.quantized_scan import Cells, Int8Head, build_cells, quantize_head, range_bounds, rounding_gamma
 
 log = logging.getLogger("ovex.retrieval")
 
@@ -48,7 +48,7 @@ F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
-INDEX_FORMAT = 4  # 3: radii over [w, b] only; 4: one folder per backend, int8 codes
+INDEX_FORMAT = 5  # 3: radii over [w, b] only; 5: one folder per backend, int8 codes in cells
 IndexKind = Literal["exact", "int8", "flat", "ivf", "hnsw"]
 
 
@@ -80,7 +80,6 @@ class RetrievalConfig:
 
     kind: Literal["auto", "exact", "int8", "flat", "ivf", "hnsw"] = "auto"
     exact_max_weights: int = 4_000_000
-    scan_max_weights: int = 64_000_000
     ivf_nlist: int | None = None
     ivf_nprobe: int | None = None
     recall_target: float = 0.99
@@ -200,57 +199,39 @@ class ExactScorer:
 
 
 class QuantizedScanner:
-    """Scans the int8 copy of the head for every query of a batch, re-scores candidates exactly.
+    """The int8 copy of the head in k-means cells, searched best cell first with certified bounds.
 
-    `search(h, k)` returns the exact top k and, as `bound`, an upper bound on every label not
-    returned. `search(h, k, reach=r)` returns, beyond the top k, every label whose score may lie
-    within r of the best one (sparsemax needs r = 1), up to `max_candidates` per query.
+    Per query: the cells' bounds ⟨[h, 1], μ_c⟩ + ‖[h, 1]‖·r_c order the cells; the best cells are
+    scanned (int8, per-label bound) until they hold k labels, which sets the floor L (the k-th best
+    lower bound, or best − reach); then every cell whose bound reaches L is scanned too, and every
+    label whose upper bound reaches L is re-scored from the float32 weights. A label in a skipped cell
+    or below L cannot be in the answer, so the answer is exact by construction and `bound` (the
+    largest bound left out) says so to the sparse maps. On a trained head a query touches a few
+    percent of the cells; on an unclustered one it degrades to the full int8 scan, still exact.
     """
 
     kind = "int8"
 
-    def __init__(self, head: Int8Head, weight: F32, bias: F32, max_candidates: int = 4096) -> None:
+    def __init__(
+        self, head: Int8Head, cells: Cells, weight: F32, bias: F32, max_candidates: int = 4096
+    ) -> None:
         self.head = head
+        self.cells = cells
         self.weight = weight
         self.bias = np.ascontiguousarray(bias, dtype=np.float32)
         self.n_labels = int(weight.shape[0])
         self.max_candidates = max_candidates
         self._w = torch.from_numpy(weight)
         self._b = torch.from_numpy(self.bias)
+        self.scanned = 0  # labels whose int8 bounds were computed, over all queries (for benchmarks)
 
     def search(self, h: F32, k: int, reach: float | None = None) -> TopK:
         h = np.ascontiguousarray(h, dtype=np.float32)
         n = h.shape[0]
         kk = min(k, self.n_labels)
-        lower, upper = score_bounds(self.head, self.bias, h)
-        # L: k-th largest lower bound; nothing whose upper bound is below it can be in the top k
-        floor = torch.topk(lower, kk, dim=1).values[:, -1] if kk else torch.full((n,), math.inf)
-        if reach is not None and kk:
-            # a rounding margin below best − reach, so a certificate comparing with τ has room to pass
-            best = lower.max(dim=1).values
-            floor = torch.minimum(floor, best - float(reach) - 1e-4 * (1.0 + best.abs()))
-        cand_mask = upper >= floor[:, None]
-        counts = cand_mask.sum(dim=1)
-        rows: list[tuple[I64, F32, float]] = []
-        for i in range(n):
-            cap = max(self.max_candidates, kk + 1)
-            if int(counts[i]) <= cap:
-                cand = torch.nonzero(cand_mask[i]).flatten()
-                rest = upper[i].masked_fill(cand_mask[i], -math.inf)
-                b_rest = float(rest.max()) if self.n_labels > len(cand) else -math.inf
-            else:  # too many near-ties to re-score: the best `cap` by upper bound, the rest bounded
-                top_u = torch.topk(upper[i], cap + 1)
-                cand = top_u.indices[:cap]
-                b_rest = float(top_u.values[cap])
-            s = torch.addmv(self._b[cand], self._w[cand], torch.from_numpy(h[i]))
-            order = torch.argsort(s, descending=True, stable=True)
-            ids, sc = cand[order].numpy().astype(np.int64), s[order].numpy().astype(np.float32)
-            keep = kk if reach is None else max(kk, int((sc >= float(floor[i])).sum()))
-            b_next = -math.inf
-            if len(sc) > keep:
-                b_next = self._rounded_up(int(ids[keep]), float(sc[keep]), h[i])
-            rows.append((ids[:keep], sc[:keep], max(b_rest, b_next)))
-        width = max(kk, max((len(r[0]) for r in rows), default=0), k)
+        u_cells = self.cells.bounds(h)
+        rows = [self._one(h[i], u_cells[i], kk, reach) for i in range(n)]
+        width = max(k, max(len(r[0]) for r in rows) if rows else 0)
         ids_out = np.full((n, width), -1, dtype=np.int64)
         sc_out = np.full((n, width), -np.inf, dtype=np.float32)
         bound = np.empty(n, dtype=np.float64)
@@ -259,6 +240,57 @@ class QuantizedScanner:
             sc_out[i, : len(sc)] = sc
             bound[i] = b
         return TopK(ids_out, sc_out, bound)
+
+    def _floor(self, lower: F32, kk: int, reach: float | None) -> float:
+        """The k-th best lower bound (-inf while fewer than k are known), lowered to best − reach (with
+        a rounding margin) when asked. Grows as more labels are scanned, never shrinks."""
+        if len(lower) < kk or not kk:
+            return -math.inf if kk else math.inf
+        floor = float(np.partition(lower, len(lower) - kk)[len(lower) - kk])
+        if reach is not None:
+            best = float(lower.max())
+            floor = min(floor, best - float(reach) - 1e-4 * (1.0 + abs(best)))
+        return floor
+
+    def _one(self, h: F32, u: F64, kk: int, reach: float | None) -> tuple[I64, F32, float]:
+        """Best-first over the cells: scan a batch, raise the floor, stop at the first cell whose bound
+        is below it (cells are sorted by bound, so every later cell is below it too)."""
+        off = self.cells.offsets
+        order = np.argsort(-u, kind="stable")
+        u_sorted = u[order]
+        sizes = (off[1:] - off[:-1])[order]
+        step = int(np.searchsorted(np.cumsum(sizes), max(kk, 1))) + 1  # enough cells for k labels
+        parts: list[tuple[F32, F32, I64]] = []
+        top = np.empty(0, dtype=np.float32)  # the lower bounds that may still matter
+        floor, i, nlist = -math.inf, 0, len(order)
+        while i < nlist and u_sorted[i] >= floor:
+            j = min(i + step, i + int(np.searchsorted(-u_sorted[i:], -floor, side="right")))
+            batch = order[i:j]
+            lo, up, pos = range_bounds(self.head, h, off[batch], off[batch + 1])
+            parts.append((lo, up, pos))
+            top = np.concatenate([top, lo[lo >= floor]])
+            floor = max(floor, self._floor(top, kk, reach))
+            top = top[top >= floor]
+            i, step = j, max(8, 2 * step)
+        b_cells = float(u_sorted[i]) if i < nlist else -math.inf
+        lo = np.concatenate([p[0] for p in parts])
+        up = np.concatenate([p[1] for p in parts])
+        pos = np.concatenate([p[2] for p in parts])
+        self.scanned += len(pos)
+        cand = np.flatnonzero(up >= floor)
+        cap = max(self.max_candidates, kk + 1)
+        if len(cand) > cap:  # too many near-ties to re-score: the best `cap` by upper bound
+            cand = cand[np.argsort(-up[cand], kind="stable")[:cap]]
+        left = np.ones(len(up), dtype=bool)
+        left[cand] = False
+        b_rest = max(b_cells, float(up[left].max()) if left.any() else -math.inf)
+        labels = torch.from_numpy(self.cells.order[pos[cand]])
+        s = torch.addmv(self._b[labels], self._w[labels], torch.from_numpy(h))
+        srt = torch.argsort(s, descending=True, stable=True)
+        ids, sc = labels[srt].numpy(), s[srt].numpy().astype(np.float32)
+        keep = kk if reach is None else max(kk, int((sc >= floor).sum()))
+        b_next = self._rounded_up(int(ids[keep]), float(sc[keep]), h) if len(sc) > keep else -math.inf
+        return ids[:keep].astype(np.int64), sc[:keep], max(b_rest, b_next)
 
     def _rounded_up(self, label: int, score: float, h: F32) -> float:
         """A float32 re-scored score raised by its rounding error: a bound on the true score."""
@@ -567,47 +599,52 @@ def _read_index_dir(
 
 
 def choose_kind(n_labels: int, dim: int, cfg: RetrievalConfig) -> IndexKind:
-    """`auto` by the bytes a query must read: a small head is scanned exactly in float32, a mid-sized
-    one through its certified int8 copy (a quarter of the bytes), a large one through IVF — which
-    `build_retriever` still swaps for the int8 scan when the recall measured at build needs so many
-    cells that IVF would read as much. HNSW only when asked: it certifies nothing."""
+    """`auto` by the bytes a query must read: a small head is scanned exactly in float32; a larger one
+    through its int8 copy in cells, which reads a quarter of the bytes at worst and, on a trained
+    head, a few percent of them — exact either way. IVF and HNSW only when asked: IVF's cell bound
+    certifies few answers, a graph none."""
     if cfg.kind != "auto":
         return cfg.kind
-    weights = n_labels * dim
-    if weights <= cfg.exact_max_weights:
-        return "exact"
-    return "int8" if weights <= cfg.scan_max_weights else "ivf"
+    return "exact" if n_labels * dim <= cfg.exact_max_weights else "int8"
 
 
-def _int8_scanner(weight: F32, bias: F32, artifact_dir: Path | None, fp: str) -> QuantizedScanner:
-    """The int8 copy of the head, memory-mapped from the cache when it was built from these weights."""
+def _int8_scanner(
+    weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str
+) -> QuantizedScanner:
+    """The celled int8 copy of the head, memory-mapped from the cache when built from these weights."""
     t0 = time.perf_counter()
     cached = _read_index_dir(artifact_dir, "int8", fp) if artifact_dir is not None else None
     if cached is not None:
         a = cached[2]
-        head = Int8Head(a["codes"], a["scale"], a["radius"], a["bias_err"])
+        head = Int8Head(a["codes"], a["scale"], a["bias"], a["radius"], a["bias_err"])
+        cells = Cells(a["order"], a["offsets"], a["centroids"], a["cell_radius"])
     else:
-        head = quantize_head(weight, bias)
+        cells = build_cells(weight, bias, cfg.ivf_nlist or default_nlist(int(weight.shape[0])), cfg.seed)
+        head = quantize_head(weight, bias, cells.order)
         if artifact_dir is not None:
             arrays: dict[str, npt.NDArray[Any]] = {
-                "codes": head.codes, "scale": head.scale, "radius": head.radius, "bias_err": head.bias_err
+                "codes": head.codes,
+                "scale": head.scale,
+                "bias": head.bias,
+                "radius": head.radius,
+                "bias_err": head.bias_err,
+                "order": cells.order,
+                "offsets": cells.offsets,
+                "centroids": cells.centroids,
+                "cell_radius": cells.radius,
             }
-            _write_index_dir(artifact_dir, "int8", None, {"fingerprint": fp}, arrays)
+            _write_index_dir(artifact_dir, "int8", None, {"fingerprint": fp, "nlist": cells.nlist}, arrays)
     log.info(
         "int8 scan ready",
         extra={
             "labels": int(weight.shape[0]),
+            "cells": cells.nlist,
             "cached": cached is not None,
             "bytes": head.nbytes,
             "seconds": round(time.perf_counter() - t0, 2),
         },
     )
-    return QuantizedScanner(head, weight, bias)
-
-
-def _ivf_scan_bytes(retr: IVFRetriever) -> float:
-    """Bytes of codes one query reads at the tuned nprobe (cells hold about K / nlist labels each)."""
-    return retr.nprobe / retr.nlist * retr.n_labels * int(retr.index.d)
+    return QuantizedScanner(head, cells, weight, bias)
 
 
 def build_retriever(
@@ -621,19 +658,10 @@ def build_retriever(
         return FlatRetriever(weight, bias)
     fp = fingerprint(weight, bias, artifact_dir)
     if kind == "int8":
-        return _int8_scanner(weight, bias, artifact_dir, fp)
+        return _int8_scanner(weight, bias, cfg, artifact_dir, fp)
     if kind == "hnsw":
         return _hnsw(weight, bias, cfg, artifact_dir, fp)
-    ivf = _ivf(weight, bias, cfg, artifact_dir, fp, exact)
-    if cfg.kind == "auto" and (
-        ivf.tuned_recall < cfg.recall_target or _ivf_scan_bytes(ivf) >= weight.shape[0] * weight.shape[1]
-    ):
-        log.info(
-            "ivf needs too many cells for the recall target: int8 scan instead",
-            extra={"nprobe": ivf.nprobe, "nlist": ivf.nlist, "proxy_recall_at_10": ivf.tuned_recall},
-        )
-        return _int8_scanner(weight, bias, artifact_dir, fp)
-    return ivf
+    return _ivf(weight, bias, cfg, artifact_dir, fp, exact)
 
 
 def _hnsw(weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str) -> HNSWRetriever:

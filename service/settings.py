@@ -62,12 +62,9 @@ class Settings(BaseSettings):
         default="auto", description="top-k backend; auto picks by the head's size (labels × d)"
     )
     exact_max_weights: int = Field(
-        default=4_000_000, ge=0, description="auto: float32 exact scan up to this many head weights"
+        default=4_000_000, ge=0, description="auto: exact float32 scan up to this many weights (K·d)"
     )
-    scan_max_weights: int = Field(
-        default=64_000_000, ge=0, description="auto: certified int8 scan up to this many weights, IVF above"
-    )
-    ivf_nlist: int | None = Field(default=None, ge=1, description="IVF cells; None: about 2*sqrt(K)")
+    ivf_nlist: int | None = Field(default=None, ge=1, description="IVF and int8 cells; None: about 2*sqrt(K)")
     ivf_nprobe: int | None = Field(default=None, ge=1, description="IVF cells probed; None: tuned at build")
     index_recall_target: float = Field(
         default=0.99, gt=0, le=1, description="recall@10 the nprobe tuning aims at"

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import service.retrieval as retrieval
-from service.quantized_scan import quantize_head, score_bounds
+from service.quantized_scan import build_cells, quantize_head, score_bounds
 from service.retrieval import (
     ExactScorer,
     FlatRetriever,
@@ -220,19 +220,29 @@ def adversarial_heads(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarr
 @given(case=adversarial_heads())
 def test_int8_bound_holds_for_adversarial_heads(case: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
     w, b, h = case
-    lower, upper = score_bounds(quantize_head(w, b), b, h)
+    lower, upper = score_bounds(quantize_head(w, b), h)
     full = h.astype(np.float64) @ w.T.astype(np.float64) + b.astype(np.float64)
-    assert (lower.numpy().astype(np.float64) <= full).all()
-    assert (full <= upper.numpy().astype(np.float64)).all()
+    assert (lower.astype(np.float64) <= full).all()
+    assert (full <= upper.astype(np.float64)).all()
+
+
+def _scanner(w: np.ndarray, b: np.ndarray, nlist: int) -> QuantizedScanner:
+    cells = build_cells(w, b, nlist)
+    return QuantizedScanner(quantize_head(w, b, cells.order), cells, w, b)
 
 
 @settings(max_examples=60, deadline=None)
-@given(case=adversarial_heads(), k=st.integers(1, 12), reach=st.sampled_from([None, 1.0]))
+@given(
+    case=adversarial_heads(),
+    k=st.integers(1, 12),
+    reach=st.sampled_from([None, 1.0]),
+    nlist=st.sampled_from([1, 3, 16]),
+)
 def test_int8_search_returns_the_exact_top_k(
-    case: tuple[np.ndarray, np.ndarray, np.ndarray], k: int, reach: float | None
+    case: tuple[np.ndarray, np.ndarray, np.ndarray], k: int, reach: float | None, nlist: int
 ) -> None:
     w, b, h = case
-    top = QuantizedScanner(quantize_head(w, b), w, b).search(h, k, reach=reach)
+    top = _scanner(w, b, nlist).search(h, k, reach=reach)
     full = h.astype(np.float64) @ w.T.astype(np.float64) + b.astype(np.float64)
     for i in range(len(h)):
         ids = top.ids[i][top.ids[i] >= 0]
@@ -256,7 +266,8 @@ def test_int8_search_returns_the_exact_top_k(
 def test_int8_sparsemax_flag_is_never_wrong_and_usually_set(seed: int, sharp: float) -> None:
     w, b = _head(3000, 16, seed=seed % 7)
     h = _queries(w, 6, seed=seed) * np.float32(sharp)
-    top = QuantizedScanner(quantize_head(w, b), w, b).search(h, 10, reach=1.0)
+    scanner = _scanner(w, b, 40)
+    top = scanner.search(h, 10, reach=1.0)
     probs, exact = sparsemax_topk(top.scores.astype(np.float64), top.bound)
     assert exact.all()  # every label that could reach the support was re-scored
     full = sparsemax(h.astype(np.float64) @ w.T.astype(np.float64) + b)
@@ -265,23 +276,12 @@ def test_int8_sparsemax_flag_is_never_wrong_and_usually_set(seed: int, sharp: fl
         ids = top.ids[i]
         want[ids[ids >= 0]] = probs[i][ids >= 0]
         np.testing.assert_allclose(want, full[i], atol=1e-4 * (1 + sharp))
+    assert scanner.scanned < len(w) * len(h)  # the cell bounds skipped some cells
 
 
 def test_auto_chooses_by_the_bytes_a_query_reads() -> None:
     cfg = RetrievalConfig()
     assert choose_kind(1000, 128, cfg) == "exact"
-    assert choose_kind(100_000, 512, cfg) == "int8"  # 205 MB of float32: the int8 copy is a quarter
-    assert choose_kind(1_000_000, 128, cfg) == "ivf"
-    assert choose_kind(1_000_000, 16, cfg) == "int8"  # many labels, but few bytes per query
+    assert choose_kind(100_000, 512, cfg) == "int8"
+    assert choose_kind(1_000_000, 128, cfg) == "int8"
     assert choose_kind(10, 2, RetrievalConfig(kind="hnsw")) == "hnsw"
-
-
-def test_auto_falls_back_to_int8_when_ivf_cannot_reach_its_recall(tmp_path: Path) -> None:
-    """Unclustered vectors: IVF needs nearly every cell for the recall target, so it would read as much
-    as the int8 scan while certifying less."""
-    rng = np.random.default_rng(16)
-    w = rng.normal(size=(4000, 16)).astype(np.float32)
-    b = np.zeros(4000, np.float32)
-    cfg = RetrievalConfig(exact_max_weights=0, scan_max_weights=0, ivf_nlist=64, recall_target=0.999)
-    retr = build_retriever(w, b, cfg, tmp_path, ExactScorer(w, b))
-    assert retr.kind == "int8"
