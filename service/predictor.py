@@ -29,6 +29,8 @@ Normalization = Literal["sparsemax", "evsoftmax", "softmax", "none"]
 MIN_FETCH = 32
 # The index path widens an uncertified sparsemax answer up to this many labels (the exact path: all K).
 MAX_INDEX_FETCH = 2048
+# sparsemax's threshold τ is at least the best score minus 1: nothing further below can be in the support
+SPARSEMAX_REACH = 1.0
 
 
 class Featurizer(Protocol):
@@ -233,7 +235,7 @@ class Predictor:
         result: list[RowPrediction | None] = [None] * len(opts)
         groups: dict[tuple[bool, Normalization], list[int]] = {}
         for i, o in enumerate(opts):
-            groups.setdefault((o.exact or self.retriever is self.exact_scorer, o.normalization), []).append(i)
+            groups.setdefault((o.exact or self._scores_all(o.normalization), o.normalization), []).append(i)
         for (use_exact, norm), idx in groups.items():
             sub = h[idx]
             k = max(self.fetch_size(opts[i]) for i in idx)
@@ -243,6 +245,15 @@ class Predictor:
         return [r for r in result if r is not None]
 
     # -- paths ----------------------------------------------------------------------------------------
+    def _scores_all(self, norm: Normalization) -> bool:
+        """Whether this normalization is answered by the exact pass over every label: always when that
+        is the retriever; and for (ev-)softmax behind the int8 scan, whose support is every label (or
+        every label above the mean): their mass needs each score exactly, which a scan of all labels
+        gives at the price the int8 copy was meant to save, so the exact pass is no dearer."""
+        if self.retriever is self.exact_scorer:
+            return True
+        return self.retriever.kind == "int8" and norm in ("evsoftmax", "softmax")
+
     def _threshold(self, h: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
         """ev-softmax threshold: mean of all K scores = ⟨mean w, h⟩ + mean b, in O(d) for a linear head;
         a gated (DropMax) head is not linear, so there it takes a pass over all labels."""
@@ -251,8 +262,10 @@ class Predictor:
         return h.astype(np.float64) @ self.w_mean + self.b_mean
 
     def _index_rows(self, h: npt.NDArray[np.float32], k: int, norm: Normalization) -> list[RowPrediction]:
-        top = self.retriever.search(h, k)
-        if norm == "sparsemax":
+        # the int8 scan answers sparsemax in one pass: every label that may score within 1 of the best
+        reach = SPARSEMAX_REACH if norm == "sparsemax" else None
+        top = self.retriever.search(h, k, reach=reach)
+        if norm == "sparsemax" and self.retriever.kind != "int8":
             # scans certify once the support fits; IVF's cell bound does not shrink with k: one step only
             scan = self.retriever.kind in ("exact", "flat")
             top = self._widen_sparsemax(h, top, k, self.retriever, MAX_INDEX_FETCH if scan else 4 * k)

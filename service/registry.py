@@ -69,7 +69,7 @@ class ServedModel:
 def retrieval_config(s: Settings) -> RetrievalConfig:
     return RetrievalConfig(
         kind=s.retrieval,
-        flat_max_labels=s.flat_max_labels,
+        exact_max_weights=s.exact_max_weights,
         ivf_nlist=s.ivf_nlist,
         ivf_nprobe=s.ivf_nprobe,
         recall_target=s.index_recall_target,

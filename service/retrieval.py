@@ -40,14 +40,16 @@ import numpy.typing as npt
 import torch
 from threadpoolctl import threadpool_limits
 
+from service.quantized_scan import Cells, Int8Head, build_cells, quantize_head, range_bounds, rounding_gamma
+
 log = logging.getLogger("ovex.retrieval")
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
-INDEX_FORMAT = 3  # 2: reduced vectors padded to a multiple of 16; 3: radii over [w, b] only
-IndexKind = Literal["exact", "flat", "ivf", "hnsw"]
+INDEX_FORMAT = 5  # 3: radii over [w, b] only; 5: one folder per backend, int8 codes in cells
+IndexKind = Literal["exact", "int8", "flat", "ivf", "hnsw"]
 
 
 def configure_threads(n: int) -> None:
@@ -76,8 +78,8 @@ class TopK:
 class RetrievalConfig:
     """What picks and tunes the index; the service fills it from its settings."""
 
-    kind: Literal["auto", "exact", "flat", "ivf", "hnsw"] = "auto"
-    flat_max_labels: int = 200_000
+    kind: Literal["auto", "exact", "int8", "flat", "ivf", "hnsw"] = "auto"
+    exact_max_weights: int = 4_000_000
     ivf_nlist: int | None = None
     ivf_nprobe: int | None = None
     recall_target: float = 0.99
@@ -89,11 +91,15 @@ class RetrievalConfig:
 
 
 class Retriever(Protocol):
-    """A top-k backend: `search(h, k)` with `h[n, d]` float32."""
+    """A top-k backend: `search(h, k)` with `h[n, d]` float32.
+
+    `reach=r` asks for every label that may score within r of the best as well (sparsemax's support
+    lies within 1 of it); backends that cannot enumerate those ignore it and the caller widens k.
+    """
 
     kind: str
 
-    def search(self, h: F32, k: int) -> TopK: ...
+    def search(self, h: F32, k: int, reach: float | None = None) -> TopK: ...
 
 
 def _fold_query(h: F32, extra: int) -> F32:
@@ -160,7 +166,7 @@ class ExactScorer:
         out: F64 = (total / self.n_labels).numpy()
         return out
 
-    def search(self, h: F32, k: int) -> TopK:
+    def search(self, h: F32, k: int, reach: float | None = None) -> TopK:
         top, _ = self.search_with_mass(h, k, None)
         return top
 
@@ -192,6 +198,107 @@ class ExactScorer:
         return TopK(ids, scores, bound), (lse.numpy() if t is not None else None)
 
 
+class QuantizedScanner:
+    """The int8 copy of the head in k-means cells, searched best cell first with certified bounds.
+
+    Per query: the cells' bounds ⟨[h, 1], μ_c⟩ + ‖[h, 1]‖·r_c order the cells; the best cells are
+    scanned (int8, per-label bound) until they hold k labels, which sets the floor L (the k-th best
+    lower bound, or best − reach); then every cell whose bound reaches L is scanned too, and every
+    label whose upper bound reaches L is re-scored from the float32 weights. A label in a skipped cell
+    or below L cannot be in the answer, so the answer is exact by construction and `bound` (the
+    largest bound left out) says so to the sparse maps. On a trained head a query touches a few
+    percent of the cells; on an unclustered one it degrades to the full int8 scan, still exact.
+    """
+
+    kind = "int8"
+
+    def __init__(
+        self, head: Int8Head, cells: Cells, weight: F32, bias: F32, max_candidates: int = 4096
+    ) -> None:
+        self.head = head
+        self.cells = cells
+        self.weight = weight
+        self.bias = np.ascontiguousarray(bias, dtype=np.float32)
+        self.n_labels = int(weight.shape[0])
+        self.max_candidates = max_candidates
+        self._w = torch.from_numpy(weight)
+        self._b = torch.from_numpy(self.bias)
+        self.scanned = 0  # labels whose int8 bounds were computed, over all queries (for benchmarks)
+
+    def search(self, h: F32, k: int, reach: float | None = None) -> TopK:
+        h = np.ascontiguousarray(h, dtype=np.float32)
+        n = h.shape[0]
+        kk = min(k, self.n_labels)
+        u_cells = self.cells.bounds(h)
+        rows = [self._one(h[i], u_cells[i], kk, reach) for i in range(n)]
+        width = max(k, max(len(r[0]) for r in rows) if rows else 0)
+        ids_out = np.full((n, width), -1, dtype=np.int64)
+        sc_out = np.full((n, width), -np.inf, dtype=np.float32)
+        bound = np.empty(n, dtype=np.float64)
+        for i, (ids, sc, b) in enumerate(rows):
+            ids_out[i, : len(ids)] = ids
+            sc_out[i, : len(sc)] = sc
+            bound[i] = b
+        return TopK(ids_out, sc_out, bound)
+
+    def _floor(self, lower: F32, kk: int, reach: float | None) -> float:
+        """The k-th best lower bound (-inf while fewer than k are known), lowered to best − reach (with
+        a rounding margin) when asked. Grows as more labels are scanned, never shrinks."""
+        if len(lower) < kk or not kk:
+            return -math.inf if kk else math.inf
+        floor = float(np.partition(lower, len(lower) - kk)[len(lower) - kk])
+        if reach is not None:
+            best = float(lower.max())
+            floor = min(floor, best - float(reach) - 1e-4 * (1.0 + abs(best)))
+        return floor
+
+    def _one(self, h: F32, u: F64, kk: int, reach: float | None) -> tuple[I64, F32, float]:
+        """Best-first over the cells: scan a batch, raise the floor, stop at the first cell whose bound
+        is below it (cells are sorted by bound, so every later cell is below it too)."""
+        off = self.cells.offsets
+        order = np.argsort(-u, kind="stable")
+        u_sorted = u[order]
+        sizes = (off[1:] - off[:-1])[order]
+        step = int(np.searchsorted(np.cumsum(sizes), max(kk, 1))) + 1  # enough cells for k labels
+        parts: list[tuple[F32, F32, I64]] = []
+        top = np.empty(0, dtype=np.float32)  # the lower bounds that may still matter
+        floor, i, nlist = -math.inf, 0, len(order)
+        while i < nlist and u_sorted[i] >= floor:
+            j = min(i + step, i + int(np.searchsorted(-u_sorted[i:], -floor, side="right")))
+            batch = order[i:j]
+            lo, up, pos = range_bounds(self.head, h, off[batch], off[batch + 1])
+            parts.append((lo, up, pos))
+            top = np.concatenate([top, lo[lo >= floor]])
+            floor = max(floor, self._floor(top, kk, reach))
+            top = top[top >= floor]
+            i, step = j, max(8, 2 * step)
+        b_cells = float(u_sorted[i]) if i < nlist else -math.inf
+        lo = np.concatenate([p[0] for p in parts])
+        up = np.concatenate([p[1] for p in parts])
+        pos = np.concatenate([p[2] for p in parts])
+        self.scanned += len(pos)
+        cand = np.flatnonzero(up >= floor)
+        cap = max(self.max_candidates, kk + 1)
+        if len(cand) > cap:  # too many near-ties to re-score: the best `cap` by upper bound
+            cand = cand[np.argsort(-up[cand], kind="stable")[:cap]]
+        left = np.ones(len(up), dtype=bool)
+        left[cand] = False
+        b_rest = max(b_cells, float(up[left].max()) if left.any() else -math.inf)
+        labels = torch.from_numpy(self.cells.order[pos[cand]])
+        s = torch.addmv(self._b[labels], self._w[labels], torch.from_numpy(h))
+        srt = torch.argsort(s, descending=True, stable=True)
+        ids, sc = labels[srt].numpy(), s[srt].numpy().astype(np.float32)
+        keep = kk if reach is None else max(kk, int((sc >= floor).sum()))
+        b_next = self._rounded_up(int(ids[keep]), float(sc[keep]), h) if len(sc) > keep else -math.inf
+        return ids[:keep].astype(np.int64), sc[:keep], max(b_rest, b_next)
+
+    def _rounded_up(self, label: int, score: float, h: F32) -> float:
+        """A float32 re-scored score raised by its rounding error: a bound on the true score."""
+        g = 2.0 * rounding_gamma(h.shape[0])
+        wn = float(np.linalg.norm(self.weight[label].astype(np.float64)))
+        return score + g * (wn * float(np.linalg.norm(h.astype(np.float64))) + abs(float(self.bias[label])))
+
+
 class FlatRetriever:
     """faiss exact inner-product index over [w, b] for small K: every label scored, bound exact."""
 
@@ -202,7 +309,7 @@ class FlatRetriever:
         self.index = faiss.IndexFlatIP(self.dim + 1)
         self.index.add(np.hstack([weight, bias[:, None]]).astype(np.float32))
 
-    def search(self, h: F32, k: int) -> TopK:
+    def search(self, h: F32, k: int, reach: float | None = None) -> TopK:
         kk = min(k + 1, self.n_labels)
         d, i = self.index.search(_fold_query(h, 1), kk)
         bound = d[:, k].astype(np.float64) if kk > k else np.full(h.shape[0], -np.inf)
@@ -261,8 +368,9 @@ class IVFRetriever:
         self.weight = weight
         self.bias = bias
         self.n_labels = int(weight.shape[0])
+        self.tuned_recall = math.nan  # recall@10 on proxy queries at the chosen nprobe
 
-    def search(self, h: F32, k: int, nprobe: int | None = None) -> TopK:
+    def search(self, h: F32, k: int, reach: float | None = None, nprobe: int | None = None) -> TopK:
         n = h.shape[0]
         q2 = _fold_query(h, int(self.index.d) - h.shape[1])
         npr = max(1, min(nprobe or self.nprobe, self.nlist))
@@ -301,7 +409,7 @@ class HNSWRetriever:
         self.bias = bias
         self.n_labels = int(weight.shape[0])
 
-    def search(self, h: F32, k: int) -> TopK:
+    def search(self, h: F32, k: int, reach: float | None = None) -> TopK:
         pool = min(self.n_labels, k + 1 + max(k, 16))
         self.index.hnsw.efSearch = max(self.index.hnsw.efSearch, pool)
         _, cand = self.index.search(_fold_query(h, int(self.index.d) - h.shape[1]), pool)
@@ -341,9 +449,15 @@ def _max_norm(weight: F32, bias: F32, chunk: int) -> float:
     return math.sqrt(m) * (1 + 1e-6)
 
 
-def fingerprint(weight: F32, bias: F32) -> str:
-    """Cheap identity of a head (shape + strided sample of rows + all biases) to validate a cached index."""
+def fingerprint(weight: F32, bias: F32, artifact_dir: Path | None = None) -> str:
+    """Cheap identity of a head to validate a cached index: shape, a strided sample of rows, all biases,
+    and the weights file's size and modification time (a rewritten file never reuses old codes,
+    whose error bounds would no longer hold)."""
     hsh = hashlib.blake2b(digest_size=16)
+    if artifact_dir is not None:
+        for f in sorted(artifact_dir.glob("*.safetensors")):
+            st = f.stat()
+            hsh.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     hsh.update(np.asarray(weight.shape, dtype=np.int64).tobytes())
     step = max(1, weight.shape[0] // 2048)
     hsh.update(np.ascontiguousarray(weight[::step]).tobytes())
@@ -430,38 +544,52 @@ def _tune_nprobe(retr: IVFRetriever, exact: ExactScorer, cfg: RetrievalConfig) -
         nprobe = min(nprobe * 2, retr.nlist)
 
 
-def _write_index_dir(artifact_dir: Path, index: Any, meta: dict[str, Any], arrays: dict[str, F32]) -> None:
-    """Write `<artifact>/index/` atomically: temp dir in the same folder, then rename over."""
-    tmp = Path(tempfile.mkdtemp(prefix=".index.tmp-", dir=artifact_dir))
+def _index_dir(artifact_dir: Path, kind: str) -> Path:
+    """Each backend caches under its own folder, so switching backends never rebuilds the other."""
+    return artifact_dir / "index" / kind
+
+
+def _write_index_dir(
+    artifact_dir: Path, kind: str, index: Any, meta: dict[str, Any], arrays: dict[str, npt.NDArray[Any]]
+) -> None:
+    """Write `<artifact>/index/<kind>/` atomically: temp dir beside it, then rename over."""
+    final = _index_dir(artifact_dir, kind)
+    tmp: Path | None = None
     try:
-        faiss.write_index(index, str(tmp / "index.faiss"))
+        final.parent.mkdir(exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{kind}.tmp-", dir=final.parent))
+        if index is not None:
+            faiss.write_index(index, str(tmp / "index.faiss"))
         for name, arr in arrays.items():
             np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        final = artifact_dir / "index"
+        (tmp / "meta.json").write_text(json.dumps({**meta, "format": INDEX_FORMAT, "kind": kind}, indent=1))
         old: Path | None = None
         if final.exists():
-            old = artifact_dir / f".index.old-{os.getpid()}-{time.time_ns()}"
+            old = final.parent / f".{kind}.old-{os.getpid()}-{time.time_ns()}"
             os.replace(final, old)
         os.replace(tmp, final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        log.warning("index cache not written", extra={"dir": str(artifact_dir), "error": str(exc)})
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.warning("index cache not written", extra={"dir": str(final), "error": str(exc)})
 
 
 def _read_index_dir(
     artifact_dir: Path, kind: str, fp: str
-) -> tuple[Any, dict[str, Any], dict[str, F32]] | None:
-    d = artifact_dir / "index"
+) -> tuple[Any, dict[str, Any], dict[str, npt.NDArray[Any]]] | None:
+    """The cached index of this kind if it was built from this very head, else None (rebuild).
+    Arrays are memory-mapped: pages load as the first queries touch them, and are shared between
+    processes serving the same artifact."""
+    d = _index_dir(artifact_dir, kind)
     try:
         meta = json.loads((d / "meta.json").read_text())
         if meta.get("format") != INDEX_FORMAT or meta.get("kind") != kind or meta.get("fingerprint") != fp:
             log.info("cached index is stale, rebuilding", extra={"dir": str(d)})
             return None
-        index = faiss.read_index(str(d / "index.faiss"))
-        arrays = {p.stem: np.load(p, allow_pickle=False) for p in d.glob("*.npy")}
+        index = faiss.read_index(str(d / "index.faiss")) if (d / "index.faiss").exists() else None
+        arrays = {p.stem: np.load(p, mmap_mode="r", allow_pickle=False) for p in d.glob("*.npy")}
         return index, meta, arrays
     except FileNotFoundError:
         return None
@@ -470,85 +598,137 @@ def _read_index_dir(
         return None
 
 
-def choose_kind(n_labels: int, cfg: RetrievalConfig) -> IndexKind:
-    """`auto`: an exact flat scan up to `flat_max_labels` (the blocked BLAS scorer: for one query at a
-    time it beats faiss's flat index, whose small-batch path skips BLAS), IVF above. HNSW only when
-    asked: it certifies nothing."""
+def choose_kind(n_labels: int, dim: int, cfg: RetrievalConfig) -> IndexKind:
+    """`auto` by the bytes a query must read: a small head is scanned exactly in float32; a larger one
+    through its int8 copy in cells, which reads a quarter of the bytes at worst and, on a trained
+    head, a few percent of them — exact either way. IVF and HNSW only when asked: IVF's cell bound
+    certifies few answers, a graph none."""
     if cfg.kind != "auto":
         return cfg.kind
-    return "exact" if n_labels <= cfg.flat_max_labels else "ivf"
+    return "exact" if n_labels * dim <= cfg.exact_max_weights else "int8"
+
+
+def _int8_scanner(
+    weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str
+) -> QuantizedScanner:
+    """The celled int8 copy of the head, memory-mapped from the cache when built from these weights."""
+    t0 = time.perf_counter()
+    cached = _read_index_dir(artifact_dir, "int8", fp) if artifact_dir is not None else None
+    if cached is not None:
+        a = cached[2]
+        head = Int8Head(a["codes"], a["scale"], a["bias"], a["radius"], a["bias_err"])
+        cells = Cells(a["order"], a["offsets"], a["centroids"], a["cell_radius"])
+    else:
+        cells = build_cells(weight, bias, cfg.ivf_nlist or default_nlist(int(weight.shape[0])), cfg.seed)
+        head = quantize_head(weight, bias, cells.order)
+        if artifact_dir is not None:
+            arrays: dict[str, npt.NDArray[Any]] = {
+                "codes": head.codes,
+                "scale": head.scale,
+                "bias": head.bias,
+                "radius": head.radius,
+                "bias_err": head.bias_err,
+                "order": cells.order,
+                "offsets": cells.offsets,
+                "centroids": cells.centroids,
+                "cell_radius": cells.radius,
+            }
+            _write_index_dir(artifact_dir, "int8", None, {"fingerprint": fp, "nlist": cells.nlist}, arrays)
+    log.info(
+        "int8 scan ready",
+        extra={
+            "labels": int(weight.shape[0]),
+            "cells": cells.nlist,
+            "cached": cached is not None,
+            "bytes": head.nbytes,
+            "seconds": round(time.perf_counter() - t0, 2),
+        },
+    )
+    return QuantizedScanner(head, cells, weight, bias)
 
 
 def build_retriever(
     weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, exact: ExactScorer
 ) -> Retriever:
     """The index for this head, loaded from the artifact's cache when it matches, else built and cached."""
-    kind = choose_kind(int(weight.shape[0]), cfg)
-    t0 = time.perf_counter()
+    kind = choose_kind(int(weight.shape[0]), int(weight.shape[1]), cfg)
     if kind == "exact":
         return exact
     if kind == "flat":
         return FlatRetriever(weight, bias)
-    fp = fingerprint(weight, bias)
-    cached = _read_index_dir(artifact_dir, kind, fp) if artifact_dir is not None else None
+    fp = fingerprint(weight, bias, artifact_dir)
+    if kind == "int8":
+        return _int8_scanner(weight, bias, cfg, artifact_dir, fp)
     if kind == "hnsw":
-        if cached is not None:
-            index = cached[0]
-        else:
-            max_norm = _max_norm(weight, bias, 65536)
-            index = faiss.IndexHNSWFlat(reduced_width(weight.shape[1]), cfg.hnsw_m)
-            index.hnsw.efConstruction = 80
-            for s in range(0, weight.shape[0], 65536):
-                index.add(_reduced(weight, bias, s, min(s + 65536, weight.shape[0]), max_norm))
-            if artifact_dir is not None:
-                hmeta = {"format": INDEX_FORMAT, "kind": "hnsw", "fingerprint": fp, "hnsw_m": cfg.hnsw_m}
-                _write_index_dir(artifact_dir, index, hmeta, {})
-        log.info(
-            "hnsw index ready",
-            extra={
-                "labels": int(weight.shape[0]),
-                "cached": cached is not None,
-                "seconds": round(time.perf_counter() - t0, 2),
-            },
-        )
-        return HNSWRetriever(index, cfg.hnsw_ef_search, weight, bias)
-    if cached is not None:
+        return _hnsw(weight, bias, cfg, artifact_dir, fp)
+    return _ivf(weight, bias, cfg, artifact_dir, fp, exact)
+
+
+def _hnsw(weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str) -> HNSWRetriever:
+    t0 = time.perf_counter()
+    cached = _read_index_dir(artifact_dir, "hnsw", fp) if artifact_dir is not None else None
+    if cached is not None and cached[0] is not None:
+        index = cached[0]
+    else:
+        max_norm = _max_norm(weight, bias, 65536)
+        index = faiss.IndexHNSWFlat(reduced_width(weight.shape[1]), cfg.hnsw_m)
+        index.hnsw.efConstruction = 80
+        for s in range(0, weight.shape[0], 65536):
+            index.add(_reduced(weight, bias, s, min(s + 65536, weight.shape[0]), max_norm))
+        if artifact_dir is not None:
+            _write_index_dir(artifact_dir, "hnsw", index, {"fingerprint": fp, "hnsw_m": cfg.hnsw_m}, {})
+    log.info(
+        "hnsw index ready",
+        extra={
+            "labels": int(weight.shape[0]),
+            "cached": cached is not None,
+            "seconds": round(time.perf_counter() - t0, 2),
+        },
+    )
+    return HNSWRetriever(index, cfg.hnsw_ef_search, weight, bias)
+
+
+def _ivf(
+    weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str, exact: ExactScorer
+) -> IVFRetriever:
+    t0 = time.perf_counter()
+    cached = _read_index_dir(artifact_dir, "ivf", fp) if artifact_dir is not None else None
+    if cached is not None and cached[0] is not None:
         index, meta, arrays = cached
         retr = _ivf_retriever(index, meta, arrays, int(cfg.ivf_nprobe or meta["nprobe"]), weight, bias)
+        retr.tuned_recall = float(meta.get("tuned_recall_at_10", math.nan))
         log.info(
             "ivf index loaded from cache",
             extra={"labels": int(weight.shape[0]), "nlist": retr.nlist, "nprobe": retr.nprobe},
         )
         if not cfg.ivf_nprobe and meta.get("recall_target") != cfg.recall_target:
-            retr.nprobe, recall = _tune_nprobe(retr, exact, cfg)  # the target changed: re-tune, cheap
-            log.info("ivf nprobe re-tuned", extra={"nprobe": retr.nprobe, "proxy_recall_at_10": recall})
+            retr.nprobe, retr.tuned_recall = _tune_nprobe(retr, exact, cfg)  # the target changed: cheap
+            log.info("ivf nprobe re-tuned", extra={"nprobe": retr.nprobe, "recall_at_10": retr.tuned_recall})
         return retr
     index, meta, arrays = _build_ivf(weight, bias, cfg)
     retr = _ivf_retriever(index, meta, arrays, 1, weight, bias)
     if cfg.ivf_nprobe:
-        retr.nprobe, recall = min(cfg.ivf_nprobe, retr.nlist), float("nan")
+        retr.nprobe, retr.tuned_recall = min(cfg.ivf_nprobe, retr.nlist), math.nan
     else:
-        retr.nprobe, recall = _tune_nprobe(retr, exact, cfg)
+        retr.nprobe, retr.tuned_recall = _tune_nprobe(retr, exact, cfg)
     meta.update(
         {
-            "format": INDEX_FORMAT,
-            "kind": "ivf",
             "fingerprint": fp,
             "nprobe": retr.nprobe,
-            "tuned_recall_at_10": recall,
+            "tuned_recall_at_10": retr.tuned_recall,
             "recall_target": cfg.recall_target,
             "n_labels": int(weight.shape[0]),
         }
     )
     if artifact_dir is not None:
-        _write_index_dir(artifact_dir, index, meta, arrays)
+        _write_index_dir(artifact_dir, "ivf", index, meta, arrays)
     log.info(
         "ivf index built",
         extra={
             "labels": int(weight.shape[0]),
             "nlist": retr.nlist,
             "nprobe": retr.nprobe,
-            "proxy_recall_at_10": recall,
+            "proxy_recall_at_10": retr.tuned_recall,
             "seconds": round(time.perf_counter() - t0, 2),
         },
     )

@@ -29,7 +29,7 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=None, help="TCP port (default 8000)")
     p.add_argument("--api-key", default=None, help="key for mutating endpoints (or OVEX_API_KEY)")
     p.add_argument("--threads", type=int, default=None, help="torch/faiss threads")
-    p.add_argument("--retrieval", choices=["auto", "exact", "flat", "ivf", "hnsw"], default=None)
+    p.add_argument("--retrieval", choices=["auto", "exact", "int8", "flat", "ivf", "hnsw"], default=None)
     p.add_argument("--log-level", default=None)
 
 

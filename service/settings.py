@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-RetrievalKind = Literal["auto", "exact", "flat", "ivf", "hnsw"]
+RetrievalKind = Literal["auto", "exact", "int8", "flat", "ivf", "hnsw"]
 
 
 def _default_threads() -> int:
@@ -70,9 +70,13 @@ class Settings(BaseSettings):
 
     # --- compute -------------------------------------------------------------------------------------
     threads: int = Field(default_factory=_default_threads, ge=1, description="torch and faiss threads")
-    retrieval: RetrievalKind = Field(default="auto", description="top-k backend; auto picks by label count")
-    flat_max_labels: int = Field(default=200_000, ge=1, description="auto: exact flat index up to this K")
-    ivf_nlist: int | None = Field(default=None, ge=1, description="IVF cells; None: about 2*sqrt(K)")
+    retrieval: RetrievalKind = Field(
+        default="auto", description="top-k backend; auto picks by the head's size (labels × d)"
+    )
+    exact_max_weights: int = Field(
+        default=4_000_000, ge=0, description="auto: exact float32 scan up to this many weights (K·d)"
+    )
+    ivf_nlist: int | None = Field(default=None, ge=1, description="IVF and int8 cells; None: about 2*sqrt(K)")
     ivf_nprobe: int | None = Field(default=None, ge=1, description="IVF cells probed; None: tuned at build")
     index_recall_target: float = Field(
         default=0.99, gt=0, le=1, description="recall@10 the nprobe tuning aims at"

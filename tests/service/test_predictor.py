@@ -1,18 +1,24 @@
-"""The predictor in-process: gated (DropMax) heads are scored exactly, including the ev-softmax mean."""
+"""The predictor in-process: gated (DropMax) heads are scored exactly, including the ev-softmax mean;
+the `exact` flag holds against full scoring on every retrieval backend and normalization."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from service.predictor import InputRow, Job, Options
+from service.predictor import InputRow, Job, Normalization, Options, Predictor
 from service.registry import load_served
+from service.retrieval import ExactScorer, RetrievalConfig, build_retriever
 from service.settings import Settings
 from trainer.artifact import load_artifact
-from trainer.sparse_maps import evsoftmax, sparsemax
+from trainer.sparse_maps import evsoftmax, softmax, sparsemax
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +70,119 @@ def test_dropmax_head_is_served_with_its_gate(dropmax_model: Path, tmp_path: Pat
         for i, p in got_ev.items():
             assert p == pytest.approx(want_ev[i], abs=1e-5)
         np.testing.assert_allclose([lb.score for lb in none[r].labels], np.sort(row)[::-1][:5], atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------
+# the exact flag, every backend and normalization, against full scoring
+
+
+@dataclass
+class _Head:
+    """A linear head with no encoder: enough of `ServableModel` for `predict_encoded`."""
+
+    head_weight: np.ndarray
+    head_bias: np.ndarray
+    featurizer: Any = None
+
+    @property
+    def label_names(self) -> list[str]:
+        return [f"l{i}" for i in range(len(self.head_bias))]
+
+    @property
+    def n_labels(self) -> int:
+        return len(self.head_bias)
+
+    @property
+    def n_features(self) -> int:
+        return self.dim
+
+    @property
+    def dim(self) -> int:
+        return int(self.head_weight.shape[1])
+
+    def encode(self, x: sp.csr_matrix) -> np.ndarray:
+        return np.asarray(x.todense(), dtype=np.float32)
+
+
+def _predictors(tmp: Path, seed: int) -> tuple[np.ndarray, np.ndarray, list[Predictor]]:
+    rng = np.random.default_rng(seed)
+    k, d = 1500, 12
+    centres = rng.normal(size=(12, d))
+    w = (centres[rng.integers(0, 12, k)] + 0.5 * rng.normal(size=(k, d))).astype(np.float32)
+    b = (0.5 * rng.normal(size=k) - rng.random(k) * (rng.random(k) < 0.2) * 5).astype(np.float32)
+    model = _Head(w, b)
+    exact = ExactScorer(w, b, block_rows=512)
+    preds = [Predictor(model, exact, exact)]
+    for kind in ("int8", "flat", "ivf", "hnsw"):
+        # one cell of 16 probed: IVF misses labels, so a bound too low would show as a wrong "exact"
+        cfg = RetrievalConfig(kind=kind, ivf_nlist=16, ivf_nprobe=1, hnsw_m=8)  # type: ignore[arg-type]
+        retr = build_retriever(w, b, cfg, tmp / kind, exact)
+        assert retr.kind == kind
+        preds.append(Predictor(model, retr, exact))
+    return w, b, preds
+
+
+@pytest.fixture(scope="module")
+def predictors(tmp_path_factory: pytest.TempPathFactory) -> tuple[np.ndarray, np.ndarray, list[Predictor]]:
+    tmp = tmp_path_factory.mktemp("heads")
+    for kind in ("int8", "flat", "ivf", "hnsw"):
+        (tmp / kind).mkdir()
+    return _predictors(tmp, seed=21)
+
+
+def _full(norm: str, z: np.ndarray) -> np.ndarray | None:
+    if norm == "sparsemax":
+        return sparsemax(z)
+    if norm == "evsoftmax":
+        return evsoftmax(z)
+    if norm == "softmax":
+        return softmax(z)
+    return None
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    sharp=st.sampled_from([0.2, 1.0, 4.0, 20.0]),
+    top_k=st.integers(1, 40),
+    norm=st.sampled_from(["sparsemax", "evsoftmax", "softmax", "none"]),
+    ask_exact=st.booleans(),
+)
+def test_exact_flag_never_lies(
+    predictors: tuple[np.ndarray, np.ndarray, list[Predictor]],
+    seed: int, sharp: float, top_k: int, norm: Normalization, ask_exact: bool,
+) -> None:
+    w, b, preds = predictors
+    rng = np.random.default_rng(seed)
+    h = (w[rng.integers(0, len(w), 5)] + 0.5 * rng.normal(size=(5, w.shape[1]))).astype(np.float32)
+    h *= np.float32(sharp)
+    full = h.astype(np.float64) @ w.T.astype(np.float64) + b
+    certified = 0
+    for pred in preds:
+        rows = pred.predict_encoded(h, [Options(top_k, norm, ask_exact)] * len(h))
+        for r, row in enumerate(rows):
+            if pred.retriever.kind == "hnsw" and not ask_exact and norm != "softmax":
+                assert not row.exact  # a graph walk bounds nothing
+            if ask_exact or pred.retriever.kind == "exact":
+                assert row.exact  # every label was scored
+            if pred.retriever.kind == "int8" and norm == "sparsemax":
+                assert row.exact  # all that may reach the support (within 1 of the best) was re-scored
+            if not row.exact:
+                continue
+            certified += 1
+            z = full[r]
+            tol = 1e-4 * (1 + np.abs(z).max())
+            got = {lb.id: lb for lb in row.labels}
+            want = _full(norm, z)
+            if want is None:  # plain top-k: the best scores, best first
+                best = np.sort(z)[::-1][: len(got)]
+                np.testing.assert_allclose([lb.score for lb in row.labels], best, atol=tol)
+                assert len(got) == min(top_k, len(z))
+                continue
+            listed = np.flatnonzero(want > tol)
+            order = listed[np.argsort(-z[listed])][:top_k]
+            # every label with real mass among the top_k is listed, with its full-distribution probability
+            assert set(order.tolist()) <= set(got)
+            for i, lb in got.items():
+                assert lb.prob == pytest.approx(want[i], abs=1e-4)
+    assert certified > 0

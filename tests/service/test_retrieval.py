@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import service.retrieval as retrieval
+from service.quantized_scan import build_cells, quantize_head, score_bounds
 from service.retrieval import (
     ExactScorer,
     FlatRetriever,
+    QuantizedScanner,
     RetrievalConfig,
     build_retriever,
+    choose_kind,
     fingerprint,
 )
 from trainer.sparse_maps import sparsemax, sparsemax_topk
@@ -85,21 +90,76 @@ def test_ivf_bound_covers_every_label_left_out(ivf_setup: tuple) -> None:
             np.testing.assert_allclose(full[i, top.ids[i]], top.scores[i], rtol=1e-5, atol=1e-5)
 
 
-def test_ivf_recall_and_cache_round_trip(ivf_setup: tuple) -> None:
+def _no_build(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the cached index should have been loaded, not rebuilt")
+
+
+def test_ivf_recall_and_cache_round_trip(ivf_setup: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
     w, b, exact, retr, art = ivf_setup
     h = _queries(w, 50, seed=9)
     truth = exact.search(h, 10).ids
     got = retr.search(h, 10).ids
     recall = np.mean([len(set(g) & set(t)) / 10 for g, t in zip(got, truth, strict=True)])
     assert recall >= 0.85
-    assert (art / "index" / "index.faiss").is_file() and (art / "index" / "meta.json").is_file()
-    again = build_retriever(w, b, RetrievalConfig(kind="ivf", ivf_nlist=64, recall_target=0.9), art, exact)
+    cache = art / "index" / "ivf"
+    assert (cache / "index.faiss").is_file() and (cache / "meta.json").is_file()
+    cfg = RetrievalConfig(kind="ivf", ivf_nlist=64, recall_target=0.9)
+    with monkeypatch.context() as m:  # a second load must read the cache: building would raise
+        m.setattr(retrieval, "_build_ivf", _no_build)
+        again = build_retriever(w, b, cfg, art, exact)
     assert again.nprobe == retr.nprobe
     assert again.search(h, 10).ids.tolist() == got.tolist()
-    # a different head (same shape) must not reuse the cache
+
+
+def test_stale_index_is_rebuilt_not_served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head changed in place (same shape) must never be served through the old index's bounds."""
+    w, b = _head(3000, 8, seed=12)
+    cfg = RetrievalConfig(kind="ivf", ivf_nlist=16, recall_target=0.9)
+    build_retriever(w, b, cfg, tmp_path, ExactScorer(w, b))
     w2 = w.copy()
-    w2[::10] += 1.0
+    w2[::10] += 3.0  # rows the fingerprint samples (every row here: K < 2048)
     assert fingerprint(w2, b) != fingerprint(w, b)
+    builds: list[int] = []
+    real_build = retrieval._build_ivf
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        builds.append(1)
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(retrieval, "_build_ivf", counting)
+    stale = build_retriever(w2, b, cfg, tmp_path, ExactScorer(w2, b))
+    assert builds == [1]
+    # the rebuilt bounds hold for the new head
+    h = _queries(w2, 20, seed=13)
+    full = h.astype(np.float64) @ w2.T.astype(np.float64) + b
+    top = stale.search(h, 5, nprobe=1)
+    for i in range(len(h)):
+        left = np.setdiff1d(np.arange(len(w2)), top.ids[i])
+        assert full[i, left].max() <= top.bound[i]
+    # and a rewritten weights file invalidates a cache even when the sampled rows agree
+    (tmp_path / "weights.safetensors").write_bytes(b"x")
+    assert fingerprint(w2, b, tmp_path) != fingerprint(w2, b)
+
+
+def test_int8_cache_is_memory_mapped_and_refused_when_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w, b = _head(2000, 24, seed=14)
+    (tmp_path / "weights.safetensors").write_bytes(b"v1")
+    first = build_retriever(w, b, RetrievalConfig(kind="int8"), tmp_path, ExactScorer(w, b))
+    assert (tmp_path / "index" / "int8" / "codes.npy").is_file()
+    with monkeypatch.context() as m:
+        m.setattr(retrieval, "quantize_head", _no_build)
+        again = build_retriever(w, b, RetrievalConfig(kind="int8"), tmp_path, ExactScorer(w, b))
+    assert isinstance(again, QuantizedScanner) and isinstance(again.head.codes, np.memmap)
+    h = _queries(w, 5, seed=15)
+    assert again.search(h, 7).ids.tolist() == first.search(h, 7).ids.tolist()
+    (tmp_path / "weights.safetensors").write_bytes(b"v2 with other bytes")  # new file, same rows
+    calls: list[int] = []
+    real = retrieval.quantize_head
+    monkeypatch.setattr(retrieval, "quantize_head", lambda *a: calls.append(1) or real(*a))
+    build_retriever(w, b, RetrievalConfig(kind="int8"), tmp_path, ExactScorer(w, b))
+    assert calls == [1]
 
 
 @settings(max_examples=25, deadline=None)
@@ -110,6 +170,8 @@ def test_ivf_sparsemax_flag_is_never_wrong(ivf_setup: tuple, seed: int, k: int, 
     top = retr.search(h, k, nprobe=nprobe)
     probs, exact = sparsemax_topk(top.scores.astype(np.float64), top.bound)
     full = sparsemax(h.astype(np.float64) @ w.T.astype(np.float64) + b)
+    if nprobe >= 64:  # every cell probed: nothing is left unbounded, so answers must be certified
+        assert exact.any()
     for i in np.flatnonzero(exact):
         want = np.zeros(len(w))
         ids = top.ids[i]
@@ -127,3 +189,99 @@ def test_hnsw_is_never_certified(tmp_path: Path) -> None:
     assert np.isposinf(top.bound).all()
     truth = ExactScorer(w, b).search(h, 5).ids
     assert np.mean([len(set(g) & set(t)) / 5 for g, t in zip(top.ids, truth, strict=True)]) >= 0.8
+
+
+# ------------------------------------------------------------------------------------------------
+# the int8 scan: its bound must hold for any head, and its answers are the exact ones
+
+
+@st.composite
+def adversarial_heads(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Heads a trained model can produce and a sloppy bound would miss: huge or tiny row norms, rows
+    with one dominant weight (a coarse int8 scale), duplicated rows (exact ties), zero rows,
+    strongly negative biases; queries of any scale."""
+    seed = draw(st.integers(0, 2**31 - 1))
+    k = draw(st.integers(2, 300))
+    d = draw(st.integers(1, 40))
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(k, d)) * 10.0 ** rng.integers(-3, 4, size=(k, 1))
+    spikes = rng.random(k) < 0.2
+    w[spikes, rng.integers(0, d, spikes.sum())] *= 1000.0
+    w[rng.random(k) < 0.1] = 0.0
+    dup = rng.integers(0, k, k // 4)
+    w[rng.integers(0, k, k // 4)] = w[dup]
+    b = rng.normal(size=k) * 10.0 ** rng.integers(-2, 3)
+    b[rng.random(k) < 0.3] -= 1e3
+    h = rng.normal(size=(draw(st.integers(1, 6)), d)) * 10.0 ** draw(st.integers(-3, 3))
+    return w.astype(np.float32), b.astype(np.float32), h.astype(np.float32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=adversarial_heads())
+def test_int8_bound_holds_for_adversarial_heads(case: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+    w, b, h = case
+    lower, upper = score_bounds(quantize_head(w, b), h)
+    full = h.astype(np.float64) @ w.T.astype(np.float64) + b.astype(np.float64)
+    assert (lower.astype(np.float64) <= full).all()
+    assert (full <= upper.astype(np.float64)).all()
+
+
+def _scanner(w: np.ndarray, b: np.ndarray, nlist: int) -> QuantizedScanner:
+    cells = build_cells(w, b, nlist)
+    return QuantizedScanner(quantize_head(w, b, cells.order), cells, w, b)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    case=adversarial_heads(),
+    k=st.integers(1, 12),
+    reach=st.sampled_from([None, 1.0]),
+    nlist=st.sampled_from([1, 3, 16]),
+)
+def test_int8_search_returns_the_exact_top_k(
+    case: tuple[np.ndarray, np.ndarray, np.ndarray], k: int, reach: float | None, nlist: int
+) -> None:
+    w, b, h = case
+    top = _scanner(w, b, nlist).search(h, k, reach=reach)
+    full = h.astype(np.float64) @ w.T.astype(np.float64) + b.astype(np.float64)
+    for i in range(len(h)):
+        ids = top.ids[i][top.ids[i] >= 0]
+        assert len(ids) >= min(k, len(w)) and len(set(ids.tolist())) == len(ids)
+        left = np.setdiff1d(np.arange(len(w)), ids)
+        if len(left):
+            assert full[i, left].max() <= top.bound[i]  # the bound covers every label not returned
+        else:
+            assert np.isneginf(top.bound[i])
+        scale = 1e-5 * (1 + np.abs(full[i]).max())
+        np.testing.assert_allclose(top.scores[i][: len(ids)], full[i, ids], rtol=1e-5, atol=scale)
+        # best first, and the k-th returned is as good as the k-th overall (ties may swap ids)
+        kth = np.sort(full[i])[::-1][min(k, len(w)) - 1]
+        assert full[i, ids[: min(k, len(w))]].min() >= kth - scale
+        if reach is not None:  # everything that may lie within `reach` of the best was returned
+            assert full[i, left].max(initial=-np.inf) <= full[i].max() - reach + scale
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), sharp=st.floats(0.3, 30.0))
+def test_int8_sparsemax_flag_is_never_wrong_and_usually_set(seed: int, sharp: float) -> None:
+    w, b = _head(3000, 16, seed=seed % 7)
+    h = _queries(w, 6, seed=seed) * np.float32(sharp)
+    scanner = _scanner(w, b, 40)
+    top = scanner.search(h, 10, reach=1.0)
+    probs, exact = sparsemax_topk(top.scores.astype(np.float64), top.bound)
+    assert exact.all()  # every label that could reach the support was re-scored
+    full = sparsemax(h.astype(np.float64) @ w.T.astype(np.float64) + b)
+    for i in range(len(h)):
+        want = np.zeros(len(w))
+        ids = top.ids[i]
+        want[ids[ids >= 0]] = probs[i][ids >= 0]
+        np.testing.assert_allclose(want, full[i], atol=1e-4 * (1 + sharp))
+    assert scanner.scanned < len(w) * len(h)  # the cell bounds skipped some cells
+
+
+def test_auto_chooses_by_the_bytes_a_query_reads() -> None:
+    cfg = RetrievalConfig()
+    assert choose_kind(1000, 128, cfg) == "exact"
+    assert choose_kind(100_000, 512, cfg) == "int8"
+    assert choose_kind(1_000_000, 128, cfg) == "int8"
+    assert choose_kind(10, 2, RetrievalConfig(kind="hnsw")) == "hnsw"

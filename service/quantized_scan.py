@@ -1,0 +1,231 @@
+"""A certified int8 scan of a linear head: read 1 byte per weight, re-score exactly only what may matter.
+
+The head is stored a second time as int8 codes with one scale per label row (ŵ_k = s_k·q_k). A query's
+approximate score â_k = s_k·⟨q_k, h⟩ + b_k differs from its score s_k = ⟨w_k, h⟩ + b_k by at most
+
+    e_k = ‖h‖·(r_k + 4γ(‖w_k‖ + r_k)) + 4γ·|b_k|,   r_k = ‖w_k − ŵ_k‖ (computed exactly at build),
+
+where r_k‖h‖ bounds the quantization error (Cauchy–Schwarz) and γ = (d+4)u/(1 − (d+4)u), u = 2⁻²⁴,
+bounds float32 rounding of this scan *and* of the exact re-scoring in any summation order (Higham,
+"Accuracy and Stability of Numerical Algorithms", §3.1). So every label satisfies â_k − e_k ≤ s_k ≤
+â_k + e_k. With L the k-th largest lower bound, a label whose upper bound is below L cannot be in the
+top k: every other label is re-scored from the float32 weights, and the answer is exact by
+construction. For sparsemax the support lies within 1 of the best score (τ ≥ z_max − 1), so
+`reach=1` re-scores every label whose upper bound is within 1 of the best lower bound, which is
+everything the support can hold: certified whenever the candidates fit the re-scoring cap.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+F32 = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+I8 = npt.NDArray[np.int8]
+
+_U = 2.0**-24
+
+
+def rounding_gamma(dim: int) -> float:
+    """γ for a float32 dot product of length `dim` plus the scale, bias and bound arithmetic."""
+    m = (dim + 4) * _U
+    return m / (1.0 - m)
+
+
+def _round_up32(x: F64) -> F32:
+    """float64 → float32, never below the input (a bound must stay a bound after the cast)."""
+    y = x.astype(np.float32)
+    low = y.astype(np.float64) < x
+    return np.where(low, np.nextafter(y, np.float32(np.inf)), y).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Int8Head:
+    """int8 codes [K, d], per-row scale [K], bias [K] and error terms (e = ‖h‖·radius + bias_err), all in
+    *position* order: labels grouped by cell, `Cells.order[p]` being the label at position p."""
+
+    codes: I8
+    scale: F32
+    bias: F32
+    radius: F32
+    bias_err: F32
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in (self.codes, self.scale, self.bias, self.radius, self.bias_err)))
+
+
+@dataclass(frozen=True)
+class Cells:
+    """k-means cells of the rows [w_k, b_k]: cell c holds positions offsets[c]:offsets[c+1] and every
+    row in it lies within `radius[c]` of `centroids[c]`, so ⟨[h, 1], μ_c⟩ + ‖[h, 1]‖·r_c bounds the
+    score of each of its labels and a query skips the cells whose bound is below its threshold."""
+
+    order: I64
+    offsets: I64
+    centroids: F32
+    radius: F32
+
+    @property
+    def nlist(self) -> int:
+        return int(self.centroids.shape[0])
+
+    def bounds(self, h: F32) -> F64:
+        """[n, nlist] upper bound on every score in each cell (float64, with a rounding margin)."""
+        q = np.hstack([h.astype(np.float64), np.ones((h.shape[0], 1))])
+        qn = np.linalg.norm(q, axis=1)[:, None]
+        mu = self.centroids.astype(np.float64)
+        r = self.radius.astype(np.float64)[None, :]
+        with np.errstate(invalid="ignore"):
+            u = q @ mu.T + qn * r
+            u = u + 1e-9 * (1.0 + np.abs(u) + qn * (np.linalg.norm(mu, axis=1)[None, :] + np.abs(r)))
+        return np.where(np.isneginf(r), -np.inf, np.nan_to_num(u, nan=np.inf))
+
+
+def quantize_head(weight: F32, bias: F32, order: I64 | None = None, chunk: int = 65536) -> Int8Head:
+    """Per-row symmetric int8 codes (scale = max|w|/127) and the exact error terms of the bound, for
+    the rows `weight[order]` (all rows in order when None)."""
+    n, d = weight.shape
+    codes = np.empty((n, d), dtype=np.int8)
+    scale = np.empty(n, dtype=np.float32)
+    radius = np.empty(n, dtype=np.float64)
+    g4 = 4.0 * rounding_gamma(d)
+    for s in range(0, n, chunk):
+        rows = np.arange(s, min(s + chunk, n)) if order is None else order[s : s + chunk]
+        w = weight[rows].astype(np.float64)
+        amax = np.abs(w).max(axis=1) if d else np.zeros(w.shape[0])
+        sc = (amax / 127.0).astype(np.float32)
+        sc = np.where((sc > 0) & np.isfinite(sc), sc, np.float32(1.0)).astype(np.float32)  # zero rows
+        q = np.clip(np.rint(w / sc[:, None].astype(np.float64)), -127, 127)
+        codes[s : s + chunk] = q.astype(np.int8)
+        scale[s : s + chunk] = sc
+        # ŵ = q·s is exact in float64 (7-bit × 24-bit mantissas), so r is the true residual norm
+        r = np.linalg.norm(w - q * sc[:, None].astype(np.float64), axis=1)
+        wn = np.linalg.norm(w, axis=1)
+        radius[s : s + chunk] = (r + g4 * (wn + r)) * (1.0 + 8 * _U) + 1e-30
+    b = np.ascontiguousarray(bias if order is None else bias[order], dtype=np.float32)
+    bias_err = np.abs(b.astype(np.float64)) * g4 + 1e-30
+    return Int8Head(codes, scale, b, _round_up32(radius), _round_up32(bias_err))
+
+
+def build_cells(weight: F32, bias: F32, nlist: int, seed: int = 0, chunk: int = 65536) -> Cells:
+    """k-means (L2) on [w, b]; labels ordered by cell; each cell's radius computed over all its rows."""
+    import faiss
+
+    n, d = weight.shape
+    nlist = max(1, min(nlist, n))
+
+    def rows(s: int, e: int) -> F32:
+        return np.ascontiguousarray(np.hstack([weight[s:e], bias[s:e, None]]), dtype=np.float32)
+
+    rng = np.random.default_rng(seed)
+    sample = np.sort(rng.choice(n, size=min(n, max(40 * nlist, 10_000)), replace=False))
+    x = np.ascontiguousarray(np.hstack([weight[sample], bias[sample, None]]), dtype=np.float32)
+    if nlist > 1:
+        km = faiss.Kmeans(d + 1, nlist, niter=10, seed=seed, max_points_per_centroid=64, verbose=False)
+        km.train(x)
+        centroids = np.asarray(km.centroids, dtype=np.float32)
+    else:
+        centroids = x.astype(np.float64).mean(axis=0, keepdims=True).astype(np.float32)
+    quant = faiss.IndexFlatL2(d + 1)
+    quant.add(centroids)
+    assign = np.empty(n, dtype=np.int64)
+    radius = np.full(nlist, -np.inf)
+    for s in range(0, n, chunk):
+        e = min(s + chunk, n)
+        xs = rows(s, e)
+        _, a = quant.search(xs, 1)
+        a = a[:, 0].astype(np.int64)
+        assign[s:e] = a
+        dist = np.linalg.norm(xs.astype(np.float64) - centroids[a].astype(np.float64), axis=1)
+        np.maximum.at(radius, a, dist)
+    order = np.argsort(assign, kind="stable").astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(assign, minlength=nlist))]).astype(np.int64)
+    r = np.where(np.isfinite(radius), radius * (1 + 1e-9) + 1e-30, -np.inf)
+    return Cells(order, offsets, centroids, _round_up32(r))
+
+
+@functools.cache
+def _kernel() -> Any:
+    """Compiled at first use (numba import and compile cost a serving process nothing until then)."""
+    import numba
+
+    # re-association and FMA only: the bound covers any summation order; NaN/inf must stay visible
+    fast = {"contract", "reassoc", "nsz"}
+
+    @numba.njit(nogil=True, cache=_cache_ok(), fastmath=fast)
+    def scan(
+        codes: Any, scale: Any, bias: Any, radius: Any, bias_err: Any, h: Any, hnorm: float,
+        starts: Any, stops: Any, lower: Any, upper: Any, pos: Any,
+    ) -> None:  # pragma: no cover - compiled
+        d = h.shape[0]
+        p = 0
+        for c in range(starts.shape[0]):
+            for k in range(starts[c], stops[c]):
+                row = codes[k]
+                acc = np.float32(0.0)
+                for j in range(d):
+                    acc += np.float32(row[j]) * h[j]
+                a = acc * scale[k] + bias[k]
+                e = np.float32(hnorm) * radius[k] + bias_err[k]
+                lo, up = a - e, a + e
+                lower[p] = lo if lo == lo else -np.inf  # NaN never hides a label
+                upper[p] = up if up == up else np.inf
+                pos[p] = k
+                p += 1
+
+    return scan
+
+
+def _cache_ok() -> bool:
+    from trainer.row_kernels import _cache_ok as ok
+
+    return ok()
+
+
+def _numba_available() -> bool:
+    from trainer.row_kernels import available
+
+    return available()
+
+
+def range_bounds(head: Int8Head, h: F32, starts: I64, stops: I64) -> tuple[F32, F32, I64]:
+    """(lower, upper, position) of every label in the position ranges [starts[i], stops[i]), for one
+    query `h[d]`: lower ≤ ⟨w, h⟩ + b ≤ upper (NaN read as ±inf, so it never hides a label)."""
+    total = int((stops - starts).sum())
+    lower = np.empty(total, dtype=np.float32)
+    upper = np.empty(total, dtype=np.float32)
+    pos = np.empty(total, dtype=np.int64)
+    h = np.ascontiguousarray(h, dtype=np.float32)
+    hn = float(_round_up32(np.array([np.linalg.norm(h.astype(np.float64)) * (1.0 + 8 * _U)]))[0])
+    if total == 0:
+        return lower, upper, pos
+    if _numba_available():
+        _kernel()(head.codes, head.scale, head.bias, head.radius, head.bias_err, h, hn, starts, stops,
+                  lower, upper, pos)
+    else:  # numpy: the same arithmetic (float32 products summed in some order, then scale and bias)
+        pos[:] = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops, strict=True)])
+        acc = head.codes[pos].astype(np.float32) @ h
+        a = acc * head.scale[pos] + head.bias[pos]
+        e = np.float32(hn) * head.radius[pos] + head.bias_err[pos]
+        lower[:], upper[:] = a - e, a + e
+        lower[np.isnan(lower)] = -np.inf
+        upper[np.isnan(upper)] = np.inf
+    return lower, upper, pos
+
+
+def score_bounds(head: Int8Head, h: F32) -> tuple[F32, F32]:
+    """[n, K] lower and upper bounds of every label's score for each query (position order)."""
+    k = head.codes.shape[0]
+    lo = np.empty((h.shape[0], k), dtype=np.float32)
+    up = np.empty((h.shape[0], k), dtype=np.float32)
+    whole = np.array([0], dtype=np.int64), np.array([k], dtype=np.int64)
+    for i in range(h.shape[0]):
+        lo[i], up[i], _ = range_bounds(head, h[i], *whole)
+    return lo, up
