@@ -44,8 +44,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="request body limit (413 above it)")
     max_upload_bytes: int = Field(default=256 << 20, ge=1024, description="body limit for dataset uploads")
     access_log: bool = Field(default=False, description="one JSON log line per request")
-    log_level: str = "info"
-    log_json: bool = True
+    log_level: str = Field(default="info", description="debug, info, warning or error")
+    log_json: bool | None = Field(
+        default=None, description="JSON log lines; None: JSON unless stderr is a terminal (then readable)"
+    )
 
     # --- prediction limits ---------------------------------------------------------------------------
     max_batch: int = Field(default=256, ge=1, description="most inputs in one predict request")

@@ -11,11 +11,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, WithJsonSchema
 from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import require_api_key
 from service.api.datasets import KEYED, Runtime, _error
+from service.api.schemas import train_params_schema
 from service.jobs import budget
 from service.jobs.models import STATES, TERMINAL_STATES, JobEventRow, JobRow
 from service.jobs.runtime import JobsRuntime
@@ -38,7 +39,9 @@ class JobCreate(BaseModel):
     )
     train_dataset: StrictStr = Field(min_length=1, max_length=40)
     test_dataset: StrictStr | None = Field(None, min_length=1, max_length=40)
-    params: dict[str, Any] = Field(default_factory=dict, description="trainer options (TrainParams fields)")
+    params: Annotated[dict[str, Any], WithJsonSchema(train_params_schema())] = Field(
+        default_factory=dict, description="trainer options (TrainParams fields); left out: the defaults"
+    )
     activate: StrictBool = Field(False, description="activate the new version for serving when it succeeds")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import numpy as np
 from fastapi import APIRouter, Response
@@ -76,6 +77,17 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
     return Job(rows, Options(top_k=req.top_k, normalization=req.normalization, exact=req.exact))
 
 
+def known_features(served: ServedModel, rows: Sequence[InputRow]) -> list[int]:
+    """Per input, the features the model recognises (0: an answer from the label biases alone)."""
+    counts = [0 if r.values is None else int(np.count_nonzero(r.values)) for r in rows]
+    text_pos = [i for i, r in enumerate(rows) if r.text is not None]
+    if text_pos:
+        x = served.predictor.model.featurizer.transform_texts([rows[i].text for i in text_pos])
+        for i, n in zip(text_pos, np.diff(x.indptr), strict=True):
+            counts[i] = int(n)
+    return counts
+
+
 async def _predict(
     served: ServedModel, req: PredictRequest, batcher: MicroBatcher, settings: Settings, metrics: Metrics
 ) -> Response:
@@ -87,6 +99,7 @@ async def _predict(
             f"prediction took over {settings.request_timeout_s}s; retry later", headers={"Retry-After": "1"}
         ) from None
     metrics.predicted_rows.labels(served.name, served.version).inc(len(preds))
+    known = known_features(served, job.rows)
     body = {
         "model": served.name,
         "version": served.version,
@@ -94,8 +107,9 @@ async def _predict(
             {
                 "labels": [{"id": b.id, "name": b.name, "score": b.score, "prob": b.prob} for b in p.labels],
                 "exact": p.exact,
+                "known_features": n,
             }
-            for p in preds
+            for p, n in zip(preds, known, strict=True)
         ],
     }
     # Built by hand: skips re-validating our own output, which costs more than the prediction itself.

@@ -6,6 +6,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
+from trainer.losses import LOSSES, load_plugins
+from trainer.params import TrainParams
+
 # float32 is what the model computes in; larger magnitudes would become inf there.
 F32_MAX = 3.4028234663852886e38
 
@@ -71,6 +74,11 @@ class LabelOut(BaseModel):
 class PredictionOut(BaseModel):
     labels: list[LabelOut] = Field(description="best first; for sparse maps only non-zero probabilities")
     exact: bool = Field(description="equals the answer from scoring every label")
+    known_features: int = Field(
+        description="how many of the input's features the model knows: for text, the distinct words found "
+        "in its vocabulary (or hash buckets hit); for sparse features, the non-zero values. 0 means nothing "
+        "was recognised and the answer reflects only the label biases"
+    )
 
 
 class PredictResponse(BaseModel):
@@ -129,3 +137,13 @@ class ErrorField(BaseModel):
 
 class ErrorBody(BaseModel):
     detail: str | list[ErrorField]
+
+
+def train_params_schema() -> dict[str, Any]:
+    """The JSON schema of `TrainParams` for the job `params` field, with the loss names as an enum, so
+    the OpenAPI document (and the console's form built from it) lists every training option."""
+    load_plugins()
+    schema = TrainParams.model_json_schema()
+    schema["properties"]["loss"]["enum"] = sorted(LOSSES)
+    schema["title"] = "TrainParams"
+    return schema

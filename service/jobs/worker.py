@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -196,8 +195,12 @@ def add_command(sub: Any) -> None:
 
 
 def _configure_logging() -> None:
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    """The server's log format (readable on a terminal, JSON otherwise or when OVEX_LOG_JSON says so)."""
+    from service.logs import configure_logging
+    from service.settings import Settings
+
+    settings = Settings()
+    configure_logging(settings.log_level, settings.log_json)
 
 
 def main(argv: list[str] | None = None) -> None:
