@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Extreme classification: the few labels that matter, with sparse probabilities.",
         lifespan=lifespan,
         docs_url=None,  # served from local files by install_console
-        redoc_url=None,
+        redoc_url=None,  # its bundle fetches a logo from a CDN
     )
     app.state.settings = settings
     app.state.metrics = metrics

@@ -1,7 +1,8 @@
-"""The web console at `/` and the API docs at `/docs` and `/redoc`, all served from local files.
+"""The web console at `/` and the API docs at `/docs`, all served from local files.
 
 Nothing is fetched from the internet: the console is plain HTML/CSS/JS in `service/console/`, and the
-Swagger UI and ReDoc bundles come from the `fastapi-offline` package's static folder.
+Swagger UI bundle comes from the `fastapi-offline` package's static folder. (No ReDoc page: its bundle
+loads its logo from a CDN.)
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import fastapi_offline
 from fastapi import FastAPI
-from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -38,14 +39,4 @@ def install_console(app: FastAPI) -> None:
             swagger_favicon_url="/docs-assets/favicon.png",
             # the default validator badge would call an outside service
             swagger_ui_parameters={"validatorUrl": None, "tryItOutEnabled": True},
-        )
-
-    @app.get("/redoc", include_in_schema=False)
-    def redoc() -> HTMLResponse:
-        return get_redoc_html(
-            openapi_url=openapi_url,
-            title=f"{app.title} API",
-            redoc_js_url="/docs-assets/redoc.standalone.js",
-            redoc_favicon_url="/docs-assets/favicon.png",
-            with_google_fonts=False,
         )

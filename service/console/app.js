@@ -53,7 +53,10 @@ function show(page) {
   }
   loaders[page]().catch(fail);
 }
-window.addEventListener("hashchange", () => show(location.hash.slice(1)));
+window.addEventListener("hashchange", () => {
+  $("#flash").replaceChildren();
+  show(location.hash.slice(1));
+});
 
 // -------------------------------------------------------------------------------------- the key
 function initKey() {
@@ -411,7 +414,8 @@ function renderAnswer(r, norm) {
       el("strong", { id: "answer-version" }, r.version)),
     el("span", { class: `badge ${p.exact ? "exact" : "approx"}`, id: "answer-exact" },
       p.exact ? "exact: equals scoring every label" : "approximate: from the index"),
-    el("span", { class: "muted" }, `${p.labels.length} label${p.labels.length === 1 ? "" : "s"} with non-zero probability`));
+    el("span", { class: "muted" }, `${p.labels.length} label${p.labels.length === 1 ? "" : "s"}`,
+      ["sparsemax", "evsoftmax"].includes(norm) ? " with non-zero probability (the rest have exactly 0)" : ""));
   const parts = [head];
   if (p.known_features === 0) {
     parts.push(el("p", { class: "msg warn", id: "answer-unknown" },
@@ -434,13 +438,13 @@ function renderAnswer(r, norm) {
 }
 
 function initPredict() {
-  for (const radio of document.querySelectorAll('input[name="kind"]')) {
-    radio.addEventListener("change", () => {
-      const text = document.querySelector('input[name="kind"]:checked').value === "text";
-      $("#predict-text-field").hidden = !text;
-      $("#predict-features-field").hidden = text;
-    });
-  }
+  const syncKind = () => {
+    const text = document.querySelector('input[name="kind"]:checked').value === "text";
+    $("#predict-text-field").hidden = !text;
+    $("#predict-features-field").hidden = text;
+  };
+  for (const radio of document.querySelectorAll('input[name="kind"]')) radio.addEventListener("change", syncKind);
+  syncKind(); // the browser may restore a checked radio on reload
   $("#predict-form").addEventListener("submit", async (e) => {
     e.preventDefault();
     const model = $("#predict-model").value;
