@@ -47,7 +47,8 @@ def _install_chromium() -> str | None:
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         return "chromium/chromedriver are not installed and apt-get cannot run here (not root)"
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"]):
+    install = ["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"]
+    for cmd in (["apt-get", "update", "-qq"], install):
         try:
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         except subprocess.TimeoutExpired:

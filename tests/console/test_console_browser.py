@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.console.conftest import load_live_server
@@ -141,7 +142,8 @@ def test_console_upload_train_predict_activate(browser: Any, server: Any, shots:
 
     # the loss curve grows while the job runs, one P@k point per epoch
     first = wait_for(lambda: series_count(browser, "chart-loss", "loss"), timeout=180, what="a loss point")
-    wait_for(lambda: series_count(browser, "chart-loss", "loss") > first, timeout=180, what="the curve to grow")
+    grows = lambda: series_count(browser, "chart-loss", "loss") > first  # noqa: E731
+    wait_for(grows, timeout=180, what="the curve to grow")
     wait_for(lambda: css(browser, "#job-state").text == "succeeded", timeout=300, what="the job to succeed")
     assert series_count(browser, "chart-pk", "p@1") == EPOCHS
     assert series_count(browser, "chart-loss", "loss") > first
@@ -280,3 +282,22 @@ def test_api_docs_render_without_the_internet(browser: Any, server: Any, shots: 
     html = httpx.get(server.url + "/docs").text
     assert "http://" not in html.replace(server.url, "") and "https://" not in html
     assert json.loads(httpx.get(server.url + "/openapi.json").text)["paths"]
+
+
+def test_answers_say_how_many_input_features_the_model_knows(server: Any) -> None:
+    """The field behind the console's "no known feature" note, checked against the featurizer itself."""
+    from trainer.artifact import load_artifact
+
+    model = load_artifact(server.models_dir / "demo" / "1")
+    texts = ["rocket orbit planet", "hello world", "rocket rocket zebra", "guitar HELLO"]
+    expected = np.diff(model.featurizer.transform_texts(texts).indptr).tolist()
+    assert expected == [3, 0, 1, 1]
+    r = httpx.post(f"{server.url}/v1/predict", json={"inputs": [{"text": t} for t in texts]})
+    assert r.status_code == 200, r.text
+    assert [p["known_features"] for p in r.json()["predictions"]] == expected
+    sparse = {"inputs": [{"features": {"indices": [1, 2, 3], "values": [1.0, 0.0, 2.0]}},
+                         {"features": {"indices": [5], "values": [0.0]}}]}
+    r = httpx.post(f"{server.url}/v1/models/sparse/predict", json=sparse)
+    assert [p["known_features"] for p in r.json()["predictions"]] == [2, 0]
+    schema = httpx.get(f"{server.url}/openapi.json").json()["components"]["schemas"]["PredictionOut"]
+    assert "nothing was recognised" in schema["properties"]["known_features"]["description"]
