@@ -50,7 +50,8 @@ class HumanFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
         extras = " ".join(f"{k}={v}" for k, v in _extras(record).items())
-        line = f"{stamp} {record.levelname:<7} {record.name:<12} {record.getMessage()}"
+        name = "uvicorn" if record.name == "uvicorn.error" else record.name  # its info lines are no errors
+        line = f"{stamp} {record.levelname:<7} {name:<12} {record.getMessage()}"
         if extras:
             line += f"  {extras}"
         if record.exc_info:
