@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
-from pydantic import BaseModel
+from fastapi import Path as PathParam
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import require_api_key
@@ -17,20 +18,26 @@ router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 
 
 class DatasetOut(BaseModel):
-    id: str
-    name: str
-    rows: int
-    features: int | None  # None for JSONL text: the featurizer fixes the width at training time
-    labels: int
-    format: str
-    size_bytes: int
-    checksum: str
-    filename: str
-    created_at: float
+    """An uploaded data set, checked by the trainer's reader and stored under its SHA-256."""
+
+    id: str = Field(description="dataset id, for `train_dataset`/`test_dataset` of a job")
+    name: str = Field(description="display name (the file name unless one was given)")
+    rows: int = Field(description="number of rows")
+    features: int | None = Field(
+        description="input width (XC header D); null for JSONL text: the featurizer fixes it in training"
+    )
+    labels: int = Field(description="number of labels (XC header L, or distinct names in JSONL)")
+    format: str = Field(description="xc or jsonl")
+    size_bytes: int = Field(description="file size")
+    checksum: str = Field(description="SHA-256 of the file: the same bytes uploaded twice are one dataset")
+    filename: str = Field(description="the uploaded file's name")
+    created_at: float = Field(description="upload time, seconds since the Unix epoch")
 
 
 class DatasetList(BaseModel):
-    datasets: list[DatasetOut]
+    """Uploaded data sets."""
+
+    datasets: list[DatasetOut] = Field(description="newest first")
 
 
 def dataset_out(row: DatasetRow) -> DatasetOut:
@@ -56,6 +63,7 @@ def jobs_runtime(request: Request) -> JobsRuntime:
 
 
 Runtime = Annotated[JobsRuntime, Depends(jobs_runtime)]
+DatasetId = Annotated[str, PathParam(description="dataset id (from POST /v1/datasets)")]
 
 
 KEYED: dict[int | str, dict[str, Any]] = {
@@ -131,11 +139,13 @@ async def upload_dataset(request: Request, response: Response, rt: Runtime) -> D
 
 @router.get("", response_model=DatasetList)
 def list_datasets(rt: Runtime) -> DatasetList:
+    """Every uploaded data set with its row, feature and label counts."""
     return DatasetList(datasets=[dataset_out(r) for r in rt.store.list_datasets()])
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut, responses={404: {"description": "unknown dataset"}})
-def get_dataset(dataset_id: str, rt: Runtime) -> DatasetOut:
+def get_dataset(dataset_id: DatasetId, rt: Runtime) -> DatasetOut:
+    """One uploaded data set by id."""
     row = rt.store.get_dataset(dataset_id)
     if row is None:
         raise _error(404, ["path", "dataset_id"], f"dataset {dataset_id!r} not found", "not_found")

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, WithJsonSchema
 from starlette.concurrency import run_in_threadpool
@@ -27,18 +28,29 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 State = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+JobId = Annotated[str, PathParam(description="job id (from POST /v1/jobs)")]
 
 
 class JobCreate(BaseModel):
     """A training request. Datasets are named by id (from `POST /v1/datasets`), never by path."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"model": "mymodel", "train_dataset": "ds_0123456789abcdef0123", "params": {"epochs": 3},
+                 "activate": True}
+            ]
+        },
+    )
 
     model: StrictStr = Field(
         pattern=MODEL_NAME, description="model name; the artifact becomes its next version"
     )
-    train_dataset: StrictStr = Field(min_length=1, max_length=40)
-    test_dataset: StrictStr | None = Field(None, min_length=1, max_length=40)
+    train_dataset: StrictStr = Field(min_length=1, max_length=40, description="id of the training data set")
+    test_dataset: StrictStr | None = Field(
+        None, min_length=1, max_length=40, description="id of a test data set: P@k after each epoch"
+    )
     params: Annotated[dict[str, Any], WithJsonSchema(train_params_schema())] = Field(
         default_factory=dict, description="trainer options (TrainParams fields); left out: the defaults"
     )
@@ -46,43 +58,51 @@ class JobCreate(BaseModel):
 
 
 class JobProgress(BaseModel):
-    epoch: int | None = None
-    epochs: int | None = None
-    step: int | None = None
-    steps_total: int | None = None
-    examples_per_s: float | None = None
-    loss: float | None = None
-    metrics: dict[str, float] | None = None
+    """The last progress report of a running or finished job."""
+
+    epoch: int | None = Field(None, description="current epoch, from 1")
+    epochs: int | None = Field(None, description="epochs in the run")
+    step: int | None = Field(None, description="training steps done")
+    steps_total: int | None = Field(None, description="training steps in the run")
+    examples_per_s: float | None = Field(None, description="training rows per second")
+    loss: float | None = Field(None, description="training loss (moving average)")
+    metrics: dict[str, float] | None = Field(None, description="test metrics of the last evaluated epoch")
 
 
 class JobOut(BaseModel):
-    id: str
-    state: State
-    model: str
-    train_dataset: str
-    test_dataset: str | None
-    params: dict[str, Any]
-    activate: bool
-    progress: JobProgress
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    updated_at: datetime
-    error: str | None
-    model_version: str | None
-    attempts: int
-    worker: str | None
-    resumed_from_step: int | None
-    cancel_requested: bool
+    """A training job: what was asked, where it is, what it produced."""
+
+    id: str = Field(description="job id")
+    state: State = Field(description="queued → running → succeeded, failed or cancelled")
+    model: str = Field(description="the model the job trains a version of")
+    train_dataset: str = Field(description="id of the training data set")
+    test_dataset: str | None = Field(description="id of the test data set, if any")
+    params: dict[str, Any] = Field(description="every training option, defaults filled in")
+    activate: bool = Field(description="the new version is activated when the job succeeds")
+    progress: JobProgress = Field(description="the last progress report")
+    created_at: datetime = Field(description="when it was submitted")
+    started_at: datetime | None = Field(description="when a worker started it")
+    finished_at: datetime | None = Field(description="when it ended")
+    updated_at: datetime = Field(description="last change of any field")
+    error: str | None = Field(description="why it failed")
+    model_version: str | None = Field(description="the version it produced")
+    attempts: int = Field(description="workers that started it (more than one after a worker was lost)")
+    worker: str | None = Field(description="the worker running it")
+    resumed_from_step: int | None = Field(description="the checkpoint step a retry resumed from")
+    cancel_requested: bool = Field(description="a cancel was asked for; a running job stops at its next step")
 
 
 class JobList(BaseModel):
-    jobs: list[JobOut]
+    """Jobs, newest first."""
+
+    jobs: list[JobOut] = Field(description="newest first")
 
 
 class JobAccepted(BaseModel):
-    id: str
-    state: State
+    """A job recorded and queued."""
+
+    id: str = Field(description="job id: follow it at /v1/jobs/{id}/events")
+    state: State = Field(description='always "queued"')
 
 
 def _ts(v: float | None) -> datetime | None:
@@ -225,10 +245,11 @@ def submit_job(body: JobCreate, rt: Runtime) -> JobAccepted:
 @router.get("", response_model=JobList)
 def list_jobs(
     rt: Runtime,
-    state: State | None = None,
-    model: Annotated[str | None, Query(max_length=64)] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    state: Annotated[State | None, Query(description="only jobs in this state")] = None,
+    model: Annotated[str | None, Query(max_length=64, description="only jobs of this model")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="most jobs to list")] = 100,
 ) -> JobList:
+    """Jobs, newest first, optionally of one state or model."""
     return JobList(jobs=[job_out(j) for j in rt.store.list_jobs(state=state, model=model, limit=limit)])
 
 
@@ -241,7 +262,8 @@ def _get(rt: JobsRuntime, job_id: str) -> JobRow:
 
 
 @router.get("/{job_id}", response_model=JobOut, responses={404: {"description": "unknown job"}})
-def get_job(job_id: str, rt: Runtime) -> JobOut:
+def get_job(job_id: JobId, rt: Runtime) -> JobOut:
+    """One job: state, progress, timestamps, the version it produced or why it failed."""
     return job_out(_get(rt, job_id))
 
 
@@ -252,7 +274,7 @@ def get_job(job_id: str, rt: Runtime) -> JobOut:
     response_model=JobOut,
     responses={**KEYED, 404: {"description": "unknown job"}, 409: {"description": "job already finished"}},
 )
-def cancel_job(job_id: str, rt: Runtime) -> JobOut:
+def cancel_job(job_id: JobId, rt: Runtime) -> JobOut:
     """A queued job is cancelled at once; a running one stops at its next step (its worker cleans up)."""
     _get(rt, job_id)
     try:
@@ -275,7 +297,7 @@ def _line(e: JobEventRow) -> str:
 @router.get(
     "/{job_id}/logs", response_class=PlainTextResponse, responses={404: {"description": "unknown job"}}
 )
-def job_logs(job_id: str, rt: Runtime) -> PlainTextResponse:
+def job_logs(job_id: JobId, rt: Runtime) -> PlainTextResponse:
     """The job's log as text: one line per message or state change, oldest first."""
     _get(rt, job_id)
     lines: list[str] = []
@@ -302,10 +324,12 @@ def _sse(event_id: int, kind: str, data: dict[str, Any]) -> str:
     },
 )
 async def job_events(
-    job_id: str,
+    job_id: JobId,
     request: Request,
     rt: Runtime,
-    last_event_id: Annotated[str | None, Header()] = None,
+    last_event_id: Annotated[
+        str | None, Header(description="resume after this event id (sent by EventSource on reconnect)")
+    ] = None,
 ) -> StreamingResponse:
     """Server-Sent Events: `state` and `progress` events from the start (or after `Last-Event-ID`); the stream
     ends after the event of a terminal state (succeeded, failed, cancelled)."""

@@ -8,7 +8,15 @@ from starlette.concurrency import run_in_threadpool
 from service.api.auth import ApiKey
 from service.api.deps import RegistryDep
 from service.api.errors import NotFound
-from service.api.schemas import ActivateResponse, ErrorBody, ModelInfo, ModelList, VersionInfo
+from service.api.schemas import (
+    ActivateResponse,
+    ErrorBody,
+    ModelInfo,
+    ModelList,
+    ModelName,
+    VersionInfo,
+    VersionName,
+)
 from service.registry import ModelRegistry
 
 router = APIRouter(tags=["models"])
@@ -53,7 +61,7 @@ def list_models(registry: RegistryDep) -> ModelList:
 
 
 @router.get("/v1/models/{name}", response_model=ModelInfo, responses={404: {"model": ErrorBody}})
-def get_model(name: str, registry: RegistryDep) -> ModelInfo:
+def get_model(name: ModelName, registry: RegistryDep) -> ModelInfo:
     """Versions, label count, dims, metrics, and which version is active."""
     versions = registry.scan().get(name)
     if versions is None:
@@ -71,7 +79,9 @@ def get_model(name: str, registry: RegistryDep) -> ModelInfo:
         409: {"model": ErrorBody, "description": "the version failed to load; the old one serves"},
     },
 )
-async def activate(name: str, version: str, registry: RegistryDep, _: ApiKey) -> ActivateResponse:
+async def activate(
+    name: ModelName, version: VersionName, registry: RegistryDep, _: ApiKey
+) -> ActivateResponse:
     """Hot swap: load and warm `version`, then route new requests to it; in-flight ones finish on theirs."""
     served, prev = await run_in_threadpool(registry.activate, name, version)
     return ActivateResponse(name=name, active_version=served.version, previous_version=prev)

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Response
 from service.api.deps import BatcherDep, MetricsDep, RegistryDep, SettingsDep
 from service.api.errors import InputError, Loc, Unavailable
 from service.api.metrics import Metrics
-from service.api.schemas import ErrorBody, PredictRequest, PredictResponse
+from service.api.schemas import ErrorBody, ModelName, PredictRequest, PredictResponse
 from service.batching import MicroBatcher
 from service.predictor import InputRow, Job, Options
 from service.registry import ServedModel
@@ -118,14 +118,15 @@ async def _predict(
 
 @router.post("/v1/models/{name}/predict", response_model=PredictResponse, responses=ERRORS)
 async def predict_model(
-    name: str,
+    name: ModelName,
     req: PredictRequest,
     registry: RegistryDep,
     batcher: BatcherDep,
     settings: SettingsDep,
     metrics: MetricsDep,
 ) -> Response:
-    """Top labels with sparse probabilities from the active version of `name`."""
+    """Top labels with sparse probabilities from the active version of `name`. Text inputs are featurized
+    as in training; `known_features` says how many of an input's features the model recognised."""
     return await _predict(registry.get(name), req, batcher, settings, metrics)
 
 
