@@ -27,6 +27,7 @@ from trainer.params import TrainParams
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+DATASET_ID = r"^[A-Za-z0-9_.-]{1,40}$"  # ids are ds_<hex>; anything else (NUL, ...) never reaches the DB
 State = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JobId = Annotated[str, PathParam(description="job id (from POST /v1/jobs)")]
 
@@ -47,9 +48,9 @@ class JobCreate(BaseModel):
     model: StrictStr = Field(
         pattern=MODEL_NAME, description="model name; the artifact becomes its next version"
     )
-    train_dataset: StrictStr = Field(min_length=1, max_length=40, description="id of the training data set")
+    train_dataset: StrictStr = Field(pattern=DATASET_ID, description="id of the training data set")
     test_dataset: StrictStr | None = Field(
-        None, min_length=1, max_length=40, description="id of a test data set: P@k after each epoch"
+        None, pattern=DATASET_ID, description="id of a test data set: P@k after each epoch"
     )
     params: Annotated[dict[str, Any], WithJsonSchema(train_params_schema())] = Field(
         default_factory=dict, description="trainer options (TrainParams fields); left out: the defaults"
