@@ -5,7 +5,6 @@ table lists exactly the server's settings."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shlex
@@ -13,11 +12,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
+
+from tests.live import load_live_server
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -28,17 +28,6 @@ README_URL = "http://127.0.0.1:8000"
 NON_SETTINGS = {"OVEX_URL", "OVEX_DEMO", "OVEX_PUBLISH"}
 
 
-def _load_live_server() -> ModuleType:
-    """The live-server helper shared with the client's tests (by path: that folder is not a package)."""
-    path = ROOT / "clients" / "python" / "tests" / "live_server.py"
-    spec = importlib.util.spec_from_file_location("ovex_readme_live_server", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def blocks(kind: str) -> list[str]:
     return [body for lang, body in BLOCK.findall(README.read_text()) if lang == kind]
 
@@ -47,7 +36,7 @@ def blocks(kind: str) -> list[str]:
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """`ovex demo` (what `make run` runs) over a pre-built, smaller demo model (same vocabulary and
     label names as the full one, fewer labels and rows, so it trains in seconds)."""
-    live = _load_live_server()
+    live = load_live_server()
     if not live.server_available():
         pytest.skip("the ovex server stack is not installed")
     from service.serve import build_demo_model

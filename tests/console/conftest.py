@@ -7,20 +7,15 @@ Where Chromium is missing and cannot be installed with apt-get, the tests are sk
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROME_FLAGS = (
@@ -56,17 +51,6 @@ def _install_chromium() -> str | None:
         if r.returncode != 0:
             return f"{' '.join(cmd)} failed: {r.stderr.strip()[-300:]}"
     return None
-
-
-def load_live_server() -> ModuleType:
-    """The live-server helper shared with the client's tests (by path: that folder is not a package)."""
-    path = ROOT / "clients" / "python" / "tests" / "live_server.py"
-    spec = importlib.util.spec_from_file_location("ovex_console_live_server", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")

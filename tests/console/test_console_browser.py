@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.console.conftest import load_live_server
+from tests.live import load_live_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
