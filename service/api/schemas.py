@@ -10,9 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 from trainer.losses import LOSSES, load_plugins
 from trainer.params import TrainParams
 
-# float32 is what the model computes in; larger magnitudes would become inf there.
 # words of the `ovex demo` model's vocabulary: the OpenAPI examples work against it as they stand
 DEMO_TEXT = "noci dotavo jihede kupici"
+# float32 is what the model computes in; larger magnitudes would become inf there.
 F32_MAX = 3.4028234663852886e38
 
 FeatureIndex = Annotated[StrictInt, Field(ge=0)]

@@ -9,6 +9,11 @@ export function resolve(schema, root) {
     s = path.reduce((node, part) => (node ? node[part] : undefined), root) || {};
   }
   if (!s.properties && Array.isArray(s.allOf) && s.allOf.length === 1) return resolve(s.allOf[0], root);
+  if (!s.properties && Array.isArray(s.anyOf)) {
+    // an optional object (`X | None`): the member that has properties
+    const member = s.anyOf.map((m) => resolve(m, root)).find((m) => m.properties);
+    if (member) return member;
+  }
   return s;
 }
 
