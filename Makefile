@@ -16,9 +16,9 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml
 
 install: $(STAMP)
 
-## run: train a demo model on generated data (once) and serve it on http://127.0.0.1:8000
+## run: train a demo model on generated data (once) and serve it on http://127.0.0.1:8000 (PORT=… for another)
 run: $(STAMP)
-	$(VENV)/bin/ovex demo
+	$(if $(PORT),OVEX_PORT=$(PORT) )$(VENV)/bin/ovex demo
 
 ## test: lint, type-check and run the test suite
 test: $(STAMP)

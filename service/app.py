@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from service.api import datasets, health, jobs, models, predict
 from service.api import metrics as metrics_api
+from service.api.console import install_console
 from service.api.errors import document_errors, install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import Metrics, MetricsMiddleware
@@ -68,6 +69,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=API_VERSION,
         description="Extreme classification: the few labels that matter, with sparse probabilities.",
         lifespan=lifespan,
+        docs_url=None,  # served from local files by install_console
+        redoc_url=None,  # its bundle fetches a logo from a CDN
     )
     app.state.settings = settings
     app.state.metrics = metrics
@@ -84,4 +87,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     for r in (predict.router, models.router, health.router, metrics_api.router, datasets.router, jobs.router):
         app.include_router(r)
+    install_console(app)
     return app

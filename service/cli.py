@@ -7,6 +7,7 @@ and exit with status 2 — never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -16,8 +17,18 @@ from trainer import cli as trainer_cli
 from trainer.errors import OvexError
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ovex")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ovex", description="extreme classification with OVE-SGD")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     trainer_cli.add_commands(sub)
     jobs_worker.add_command(sub)
@@ -33,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OvexError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `ovex predict ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -7,9 +7,12 @@ uvicorn in this process (one process; indexes load inside it, never before a for
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import os
 import secrets
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ import scipy.sparse as sp
 
 from service.logs import configure_logging, uvicorn_log_config
 from service.settings import Settings
+from trainer.errors import OvexError
 
 log = logging.getLogger("ovex.serve")
 
@@ -70,7 +74,9 @@ def run_server(settings: Settings) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    return run_server(settings_from_args(args))
+    settings = settings_from_args(args)
+    check_port_free(settings.host, settings.port, "ovex serve --port {port}")
+    return run_server(settings)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -110,20 +116,30 @@ def rows_to_texts(x: sp.csr_matrix, vocab: list[str]) -> list[str]:
     return texts
 
 
-def build_demo_model(
-    models_dir: Path, labels: int = 2000, features: int = 3000, rows: int = 4000, seed: int = 7
-) -> tuple[Path, str]:
-    """Synthetic text data with readable label names → a trained model at models_dir/demo/1.
+DEMO = {"labels": 2000, "features": 3000, "rows": 4000, "seed": 7}
 
-    Returns the artifact path and one held-out text to try."""
+
+def _demo_vocab(labels: int, features: int, seed: int) -> tuple[list[str], list[str]]:
+    """The demo's words (feature j is `vocab[j]`) and label names, both deterministic in the seed."""
+    vocab = pseudo_words(features, seed)
+    topic_words = pseudo_words(2 * labels + features, seed + 1)[features:]
+    return vocab, [f"{topic_words[2 * i]} {topic_words[2 * i + 1]}" for i in range(labels)]
+
+
+def build_demo_model(
+    models_dir: Path,
+    labels: int = DEMO["labels"],
+    features: int = DEMO["features"],
+    rows: int = DEMO["rows"],
+    seed: int = DEMO["seed"],
+) -> Path:
+    """Synthetic text data with readable label names → a trained model at models_dir/demo/1."""
     from trainer.data import Dataset
     from trainer.params import TrainParams
     from trainer.synth import synth
     from trainer.train import train
 
-    vocab = pseudo_words(features, seed)
-    topic_words = pseudo_words(2 * labels + features, seed + 1)[features:]
-    names = [f"{topic_words[2 * i]} {topic_words[2 * i + 1]}" for i in range(labels)]
+    vocab, names = _demo_vocab(labels, features, seed)
     x, y = synth(labels, features, rows, seed)
     xt, yt = synth(labels, features, max(500, rows // 10), seed, part=1)
     train_ds = Dataset(
@@ -134,40 +150,112 @@ def build_demo_model(
         label_names=names,
         path="<demo train>",
     )
-    test_texts = rows_to_texts(xt, vocab)
     test_ds = Dataset(
-        Y=yt, n_features=0, n_labels=labels, texts=test_texts, label_names=names, path="<demo test>"
+        Y=yt, n_features=0, n_labels=labels, texts=rows_to_texts(xt, vocab), label_names=names,
+        path="<demo test>",
     )
     params = TrainParams(
         dim=64, epochs=3, negatives=256, batch_size=128, lr=0.02, seed=seed, device="cpu", min_df=1
     )
     out = models_dir / "demo" / "1"
     train(params, train_ds, test_ds, out_dir=out)
-    return out, test_texts[0][:300]
+    return out
+
+
+def demo_sample(artifact: Path, labels: int = DEMO["labels"], features: int = DEMO["features"],
+                rows: int = DEMO["rows"], seed: int = DEMO["seed"]) -> str:
+    """A four-word input whose sparsemax answer has two or three labels: two words from the planted
+    prototypes of each of two frequent labels. Candidates are tried in a fixed order against the model."""
+    from trainer.artifact import load_artifact
+    from trainer.sparse_maps import sparsemax
+    from trainer.synth import planted_prototypes, synth
+
+    vocab, _ = _demo_vocab(labels, features, seed)
+    protos = planted_prototypes(labels, features, seed)
+    _, y = synth(labels, features, rows, seed)
+    top = np.argsort(-np.asarray(y.sum(axis=0)).ravel(), kind="stable")[:5]
+    candidates = [
+        " ".join(vocab[int(j)] for lab in (a, b) for j in protos[int(lab)].indices[:2])
+        for i, a in enumerate(top)
+        for b in top[i + 1 :]
+    ]
+    model = load_artifact(artifact)
+    for text in candidates:
+        h = model.encode(model.featurizer.transform_texts([text]))
+        scores = (h @ model.head_weight.T + model.head_bias)[0]
+        if 2 <= int((sparsemax(scores) > 0).sum()) <= 3:
+            return text
+    return candidates[0]
+
+
+API_KEY_FILE = "api_key"
+
+
+def persistent_api_key(data_dir: Path) -> tuple[str, Path]:
+    """The key kept in `<data_dir>/api_key` (mode 0600), created on first use: a restart keeps it."""
+    path = data_dir / API_KEY_FILE
+    if path.exists():
+        key = path.read_text().strip()
+        if key:
+            path.chmod(0o600)
+            return key, path
+    data_dir.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(18)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    path.chmod(0o600)
+    return key, path
+
+
+def check_port_free(host: str, port: int, fix: str) -> None:
+    """Fail fast, before any work, with one line that says how to pick another port."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise OvexError(
+                    f"port {port} on {host} is already in use; start on another one: "
+                    + fix.format(port=port + 1)
+                ) from None
+            raise OvexError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    key = args.api_key
     settings = settings_from_args(args)
+    check_port_free(settings.host, settings.port, "make run PORT={port} (or: ovex demo --port {port})")
+    key_line = "from OVEX_API_KEY"
     if settings.api_key is None:
-        key = secrets.token_urlsafe(12)
+        key, key_path = persistent_api_key(Path(settings.data_dir))
         settings = settings_from_args(args, api_key=key)
+        key_line = f"{key}\n    kept in {key_path} (mode 0600): export OVEX_API_KEY=$(cat {key_path})"
     configure_logging(settings.log_level, settings.log_json)
     demo_dir = Path(settings.models_dir) / "demo"
-    has_version = demo_dir.is_dir() and any(
-        p.is_dir() and not p.name.startswith(".") for p in demo_dir.iterdir()
-    )
-    sample = "kavo kavo lemi"
-    if not has_version:
+    versions = sorted(
+        (p for p in demo_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
+    ) if demo_dir.is_dir() else []
+    if not versions:
         t0 = time.perf_counter()
         print("ovex demo: generating synthetic data and training a 2,000-label model …", flush=True)
-        _, sample = build_demo_model(Path(settings.models_dir))
-        print(f"ovex demo: trained in {time.perf_counter() - t0:.1f}s → {demo_dir / '1'}", flush=True)
+        versions = [build_demo_model(Path(settings.models_dir))]
+        print(f"ovex demo: trained in {time.perf_counter() - t0:.1f}s → {versions[0]}", flush=True)
+    try:
+        sample = demo_sample(versions[0])
+    except OvexError:  # a demo model that cannot be read is reported by the registry once serving
+        from service.api.schemas import DEMO_TEXT
+
+        sample = DEMO_TEXT
     base = f"http://{settings.host}:{settings.port}"
     body = json.dumps({"inputs": [{"text": sample}], "top_k": 5})
     print(
-        f"ovex demo: serving {settings.models_dir} on {base}  (docs: {base}/docs)\n"
-        f"  API key for mutating calls: {key if key else '(from OVEX_API_KEY)'}\n"
+        f"ovex demo: serving {settings.models_dir} on {base}\n"
+        f"  console: {base}/    API docs: {base}/docs\n"
+        f"  API key (uploads, jobs, activation): {key_line}\n"
         f"  try: curl -s {base}/v1/predict -H 'content-type: application/json' -d '{body}'",
         flush=True,
     )

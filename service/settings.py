@@ -56,8 +56,10 @@ class Settings(BaseSettings):
         default=False, description="predictions also need the read key when one is set (default: open)"
     )
     access_log: bool = Field(default=False, description="one JSON log line per request")
-    log_level: str = "info"
-    log_json: bool = True
+    log_level: str = Field(default="info", description="debug, info, warning or error")
+    log_json: bool | None = Field(
+        default=None, description="JSON log lines; None: JSON unless stderr is a terminal (then readable)"
+    )
 
     # --- prediction limits ---------------------------------------------------------------------------
     max_batch: int = Field(default=256, ge=1, description="most inputs in one predict request")

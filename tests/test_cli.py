@@ -21,9 +21,11 @@ def test_synth_train_evaluate_predict(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["synth", "--labels", "40", "--features", "300", "--rows", "1200", "--out", str(train),
                  "--seed", "1", "--test-out", str(test), "--test-rows", "250"]) == 0
     assert read_xc(test).n_rows == 250
+    names = [f"topic-{i:02d}" for i in range(40)]
+    (tmp_path / "names.txt").write_text("\n".join(names) + "\n")
     code = main(["train", "--train", str(train), "--test", str(test), "--out", str(model), "--dim", "32",
                  "--epochs", "4", "--batch-size", "100", "--negatives", "24", "--seed", "3",
-                 "--quiet"])
+                 "--label-names", str(tmp_path / "names.txt"), "--quiet"])
     assert code == 0
     capsys.readouterr()
 
@@ -42,11 +44,47 @@ def test_synth_train_evaluate_predict(tmp_path: Path, capsys: pytest.CaptureFixt
     loaded = load_artifact(model)
     test_ds = read_xc(test)
     ids, scores = loaded.topk(loaded.featurizer.transform(test_ds), 4)
+    assert loaded.label_names == names  # --label-names: the model answers names, not ids
     for row, (line, row_ids) in enumerate(zip(lines, ids.tolist(), strict=True)):
-        assert set(line) == {"labels", "scores"}
+        assert set(line) == {"labels", "scores", "names"}
         assert line["labels"] == row_ids, row  # rows in input order
+        assert line["names"] == [names[i] for i in row_ids]
         assert len(line["scores"]) == 4 and all(a >= b for a, b in pairwise(line["scores"]))
     np.testing.assert_allclose([line["scores"] for line in lines], scores, rtol=1e-5)
+
+    # without --out the same lines go to stdout
+    capsys.readouterr()
+    assert main(["predict", str(model), str(test), "--top-k", "4"]) == 0
+    assert capsys.readouterr().out == preds.read_text()
+
+
+def test_label_names_file_must_match_the_labels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "d.txt"
+    data.write_text("2 3 3\n0,2 1:1\n1 0:1\n")
+    out = ["train", "--train", str(data), "--out", str(tmp_path / "m"), "--epochs", "1", "--quiet"]
+    for text, message in (("a\nb\n", ":2: 2 names for 3 labels"), ("a\n\nc\n", ":2: blank label name"),
+                          ("a\nb\na\n", ":3: label name 'a' repeats line 1")):
+        (tmp_path / "names.txt").write_text(text)
+        assert main([*out, "--label-names", str(tmp_path / "names.txt")]) == 2
+        assert message in capsys.readouterr().err
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text('{"text": "a b", "labels": ["x"]}\n')
+    assert main(["train", "--train", str(jsonl), "--out", str(tmp_path / "m"), "--label-names", "n.txt"]) == 2
+    assert "JSONL rows already name their labels" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+
+
+def test_version_and_loss_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"ovex {version('ovex')}"
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    helptext = capsys.readouterr().out
+    assert "--loss {dropmax,evsoftmax,ove," in helptext.replace("\n", "")
+    assert "(default: 7)" in helptext and "passes over the training rows" in helptext
 
 
 def test_bad_data_prints_file_and_line_and_exits_2(tmp_path: Path) -> None:
@@ -68,8 +106,9 @@ def test_bad_artifact_and_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "not a model directory" in capsys.readouterr().err
     assert main(["train", "--train", str(data), "--out", str(tmp_path / "m"), "--dim", "0"]) == 2
     assert "dim" in capsys.readouterr().err
-    assert main(["train", "--train", str(data), "--out", str(tmp_path / "m"), "--loss", "nope"]) == 2
-    assert "unknown loss" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # argparse lists the losses
+        main(["train", "--train", str(data), "--out", str(tmp_path / "m"), "--loss", "nope"])
+    assert refused.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
     unigram = ["train", "--train", str(data), "--out", str(tmp_path / "m"), "--sampler", "unigram"]
     assert main(unigram) == 2
     err = capsys.readouterr().err

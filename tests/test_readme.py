@@ -5,7 +5,6 @@ table lists exactly the server's settings."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shlex
@@ -13,10 +12,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
+
+from tests.live import load_live_server
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -27,17 +28,6 @@ README_URL = "http://127.0.0.1:8000"
 NON_SETTINGS = {"OVEX_URL", "OVEX_DEMO", "OVEX_PUBLISH"}
 
 
-def _load_live_server() -> ModuleType:
-    """The live-server helper shared with the client's tests (by path: that folder is not a package)."""
-    path = ROOT / "clients" / "python" / "tests" / "live_server.py"
-    spec = importlib.util.spec_from_file_location("ovex_readme_live_server", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def blocks(kind: str) -> list[str]:
     return [body for lang, body in BLOCK.findall(README.read_text()) if lang == kind]
 
@@ -46,7 +36,7 @@ def blocks(kind: str) -> list[str]:
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """`ovex demo` (what `make run` runs) over a pre-built, smaller demo model (same vocabulary and
     label names as the full one, fewer labels and rows, so it trains in seconds)."""
-    live = _load_live_server()
+    live = load_live_server()
     if not live.server_available():
         pytest.skip("the ovex server stack is not installed")
     from service.serve import build_demo_model
@@ -147,3 +137,148 @@ def test_readme_opens_with_the_two_setup_commands() -> None:
     assert any(ln.startswith("make run") for ln in head) and any(ln.startswith("make test") for ln in head)
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in ci
+
+
+# --------------------------------------------------------------------------------------------------
+# figures: every measured figure names the bench/results file it comes from, and that file holds it
+
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+CITATION = re.compile(r"bench/results/[\w.*-]+")
+FIGURE = re.compile(r"(?<![\w.=@^-])(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+)(?![\w]|\.\d)")
+MEASURED = re.compile(
+    r"P@\d|nDCG|PSP|recall|\bms\b|CPU-second|examples per|ex/s|req/s|\d s\b|slower|faster|\bMB\b|GiB"
+)
+
+
+def figure_units(text: str) -> list[str]:
+    """Paragraphs and table rows outside code blocks; configuration rows (defaults, not figures) left out."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    units: list[str] = []
+    for para in re.split(r"\n\s*\n", text):
+        lines = para.splitlines()
+        if lines and all(ln.startswith("|") for ln in lines):
+            units += [ln for ln in lines if "OVEX_" not in ln]
+        else:
+            units.append(para)
+    return units
+
+
+def figures_in(unit: str) -> list[str]:
+    prose = re.sub(r"\]\([^)]*\)", "]", unit)  # link targets
+    prose = re.sub(r"`[^`]*`", "", prose)  # code: flags, values, file names
+    return FIGURE.findall(prose) if MEASURED.search(prose) else []
+
+
+def cited_text(unit: str, doc: Path) -> tuple[list[str], str]:
+    cited = sorted(set(CITATION.findall(unit)))
+    texts = []
+    for name in cited:
+        paths = sorted(ROOT.glob(name))
+        assert paths, f"{doc.name}: cites {name}, which does not exist"
+        texts += [p.read_text() for p in paths]
+    return cited, "\n".join(texts)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_figure_cites_a_results_file_that_holds_it(doc: Path) -> None:
+    problems = []
+    for unit in figure_units(doc.read_text()):
+        figures = figures_in(unit)
+        if not figures:
+            continue
+        cited, source = cited_text(unit, doc)
+        if not cited:
+            problems.append(f"no bench/results file cited for {figures} in: {unit[:160]!r}")
+            continue
+        missing = [f for f in figures if f not in source and f.replace(",", "") not in source]
+        if missing:
+            problems.append(f"{missing} not in {cited}: {unit[:160]!r}")
+    assert problems == [], "\n".join(problems)
+
+
+def test_figure_check_catches_a_stale_or_uncited_figure() -> None:
+    """The rule above on made-up units: a figure missing from its file, and one citing no file."""
+    stale = "P@1 rose to 0.6999 (`bench/results/scale.md`)."
+    uncited = "P@1 rose to 0.7030 after 2 epochs."
+    assert figures_in(stale) == ["0.6999"] and "0.6999" not in cited_text(stale, README)[1]
+    assert "0.7030" in cited_text("0.7030 (bench/results/scale.md)", README)[1]
+    assert figures_in(uncited) == ["0.7030"] and cited_text(uncited, README)[0] == []
+    assert figures_in("| `OVEX_X` | 0.99 | recall target |") == ["0.99"]  # rows are filtered by figure_units
+    assert figure_units("| `OVEX_X` | 0.99 | recall |\n| a | 0.5 ms | b |") == ["| a | 0.5 ms | b |"]
+
+
+def _table_default(text: str) -> Any:
+    """A default as the configuration table writes it, as a Python value ("computed" when none is fixed)."""
+    if text.strip() in ("none", "first by name", "auto", "half the cores", "SQLite in `data_dir`"):
+        return "computed"  # written in words: nothing fixed (in backticks, `auto` is a literal value)
+    value = text.strip().strip("`")
+    sized = re.fullmatch(r"(\d+) (KiB|MiB|GiB)", value)
+    if sized:
+        return int(sized[1]) << {"KiB": 10, "MiB": 20, "GiB": 30}[sized[2]]
+    if value in ("true", "false"):
+        return value == "true"
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+def test_readme_configuration_defaults_are_the_settings_defaults() -> None:
+    from service.settings import Settings
+
+    table = README.read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    checked = set()
+    for row in (ln for ln in table.splitlines() if ln.startswith("|")):
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        names = re.findall(r"OVEX_([A-Z0-9_]+)", cells[0])
+        if not names:
+            continue
+        defaults = cells[1].split(", ")
+        if len(defaults) == 1:
+            defaults *= len(names)
+        assert len(defaults) == len(names), row
+        for name, written in zip(names, defaults, strict=True):
+            field = Settings.model_fields[name.lower()]
+            value = _table_default(written)
+            if value == "computed":
+                assert field.default is None or field.default_factory is not None, (name, written)
+            elif isinstance(value, float):
+                assert float(field.default) == pytest.approx(value), (name, written)
+            else:
+                default = field.default
+                default = str(default) if isinstance(default, Path) else default
+                assert default == value, (name, written, field.default)
+            checked.add(name)
+    assert {n.upper() for n in Settings.model_fields} == checked
+
+
+@pytest.mark.slow
+def test_readme_sample_answer_is_what_the_demo_returns(tmp_path: Path) -> None:
+    """The full `ovex demo` model: its suggested input is the README's, and the README shows its answer."""
+    import json
+
+    from service.api.schemas import DEMO_TEXT
+    from service.serve import build_demo_model, demo_sample
+    from trainer.artifact import load_artifact
+    from trainer.sparse_maps import sparsemax
+
+    artifact = build_demo_model(tmp_path / "models")
+    assert demo_sample(artifact) == DEMO_TEXT
+    model = load_artifact(artifact)
+    scores = (model.encode(model.featurizer.transform_texts([DEMO_TEXT])) @ model.head_weight.T
+              + model.head_bias)[0]
+    probs = sparsemax(scores)
+    order = [int(i) for i in np.argsort(-probs) if probs[i] > 0]
+    text = README.read_text()
+    shown = text.split("The demo's\nanswer to the first request:", 1)[1].split("```", 2)[1]
+    answer = json.loads(shown)
+    labels = answer["predictions"][0]["labels"]
+    assert [lab["id"] for lab in labels] == order[:5]
+    assert [lab["name"] for lab in labels] == [model.label_names[i] for i in order[:5]]
+    for lab in labels:
+        assert lab["prob"] == pytest.approx(probs[lab["id"]], abs=0.02)
+        assert lab["score"] == pytest.approx(scores[lab["id"]], abs=0.05)
+    assert answer["predictions"][0]["known_features"] == 4
+    assert f'"text": "{DEMO_TEXT}"' in text.split("## Predict with curl", 1)[1]

@@ -12,6 +12,7 @@ import json
 import sys
 import types
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,15 @@ def _field_type(annotation: Any) -> Any:
 
 def add_train_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per TrainParams field (default None = keep the TrainParams default)."""
+    from trainer.losses import LOSSES, load_plugins
+
+    load_plugins()
     group = parser.add_argument_group("training parameters (defaults from TrainParams)")
     for name, info in TrainParams.model_fields.items():
         flag = "--" + name.replace("_", "-")
         typ, choices = _field_type(info.annotation)
+        if name == "loss":  # a free string in TrainParams (plug-ins may add losses): list what is there
+            choices = sorted(LOSSES)
         helptext = f"{info.description or name} (default: {info.default})"
         if typ is bool:
             group.add_argument(
@@ -81,6 +87,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     params = params_from_args(args)
     train_ds = read_dataset(args.train)
+    if args.label_names:
+        train_ds = with_label_names(train_ds, args.label_names)
     test_ds = read_dataset(args.test, label_names=train_ds.label_names) if args.test else None
     result = train(
         params,
@@ -94,6 +102,32 @@ def cmd_train(args: argparse.Namespace) -> int:
     if result.metrics:
         print(json.dumps(result.metrics))
     return 0
+
+
+def with_label_names(ds: Any, path: str) -> Any:
+    """Name the labels of an XC data set from a file with one name per line (line i names label i-1),
+    so the model answers names instead of ids."""
+    from dataclasses import replace
+
+    if ds.is_text:
+        raise ParamsError("--label-names is for XC data; JSONL rows already name their labels")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            names = [line.rstrip("\r\n") for line in fh]
+    except OSError as exc:
+        raise ParamsError(f"--label-names: cannot read {path}: {exc.strerror}") from None
+    while names and not names[-1].strip():
+        names.pop()
+    if len(names) != ds.n_labels:
+        raise DataFormatError(path, len(names), f"{len(names)} names for {ds.n_labels} labels (one a line)")
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if not name.strip():
+            raise DataFormatError(path, i + 1, "blank label name")
+        if name in seen:
+            raise DataFormatError(path, i + 1, f"label name {name!r} repeats line {seen[name] + 1}")
+        seen[name] = i
+    return replace(ds, label_names=names)
 
 
 def _features_for(model: Any, path: str) -> tuple[sp.csr_matrix, sp.csr_matrix]:
@@ -121,6 +155,29 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prediction_lines(
+    model: Any, x: sp.csr_matrix, top_k: int, normalization: str | None
+) -> Iterator[str]:
+    """One JSON object per row: label ids, scores and names best first (+ probs/exact when normalised)."""
+    names = model.label_names
+    chunk = 4096
+    for start in range(0, x.shape[0], chunk):
+        xs = x[start : start + chunk]
+        dist = None
+        if normalization:  # probs over the k returned labels + exactness flag (trainer.normalize)
+            from trainer.normalize import predict_topk
+
+            ids, scores, dist = predict_topk(model, xs, top_k, normalization)
+        else:
+            ids, scores = model.topk(xs, top_k)
+        for i, (row_ids, row_scores) in enumerate(zip(ids.tolist(), scores.tolist(), strict=True)):
+            rec: dict[str, Any] = {"labels": row_ids, "scores": row_scores}
+            rec["names"] = [names[j] for j in row_ids]
+            if dist is not None:
+                rec.update(probs=dist.probs[i].tolist(), exact=bool(dist.exact[i]))
+            yield json.dumps(rec, ensure_ascii=False) + "\n"
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     from trainer.artifact import load_artifact
 
@@ -128,23 +185,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ParamsError("--top-k must be >= 1")
     model = load_artifact(args.model_dir)
     x, _ = _features_for(model, args.data)
+    lines = _prediction_lines(model, x, args.top_k, args.normalization)
+    if args.out in (None, "-"):
+        for line in lines:
+            sys.stdout.write(line)
+        sys.stdout.flush()
+        return 0
     out = Path(args.out)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(out.name + ".tmp")  # a reader never sees half a file
     with open(tmp, "w", encoding="utf-8") as fh:
-        chunk = 4096
-        for start in range(0, x.shape[0], chunk):
-            if args.normalization:  # probs over the k returned labels + exactness flag (trainer.normalize)
-                from trainer.normalize import predict_topk
-
-                xs = x[start : start + chunk]
-                ids, scores, dist = predict_topk(model, xs, args.top_k, args.normalization)
-                for i, (row_ids, row_scores) in enumerate(zip(ids.tolist(), scores.tolist(), strict=True)):
-                    rec = {"labels": row_ids, "scores": row_scores, "probs": dist.probs[i].tolist()}
-                    fh.write(json.dumps({**rec, "exact": bool(dist.exact[i])}) + "\n")
-                continue
-            ids, scores = model.topk(x[start : start + chunk], args.top_k)
-            for row_ids, row_scores in zip(ids.tolist(), scores.tolist(), strict=True):
-                fh.write(json.dumps({"labels": row_ids, "scores": row_scores}) + "\n")
+        fh.writelines(lines)
     tmp.replace(out)
     return 0
 
@@ -176,32 +226,42 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--checkpoint-dir", help="save checkpoints here and resume from the latest one")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0 = never)")
     p.add_argument("--quiet", action="store_true", help="no log messages on stderr")
+    p.add_argument(
+        "--label-names",
+        metavar="FILE",
+        help="XC data: label names, one a line (line i names label i-1), served instead of ids",
+    )
     add_train_flags(p)
     p.set_defaults(func=cmd_train)
 
     p = subparsers.add_parser("evaluate", help="print P@k, nDCG@k, PSP@k of a model on a data file as JSON")
-    p.add_argument("model_dir")
-    p.add_argument("data")
+    p.add_argument("model_dir", help="a model directory written by `ovex train` (models/<name>/<version>)")
+    p.add_argument("data", help="labelled data in the model's format (XC or JSONL)")
     p.set_defaults(func=cmd_evaluate)
 
-    p = subparsers.add_parser("predict", help="write the top-k labels of each row as JSON lines")
-    p.add_argument("model_dir")
-    p.add_argument("data")
-    p.add_argument("--top-k", type=int, default=5)
+    p = subparsers.add_parser(
+        "predict",
+        help="the top-k labels of each row as JSON lines on stdout",
+        description='one JSON line per input row: {"labels": [ids], "scores": [...], "names": [...]}, '
+        "best first",
+    )
+    p.add_argument("model_dir", help="a model directory written by `ovex train` (models/<name>/<version>)")
+    p.add_argument("data", help="rows to label, in the model's format (XC or JSONL; labels are ignored)")
+    p.add_argument("--top-k", type=int, default=5, help="labels per row (default: 5)")
     p.add_argument(
         "--normalization",
         choices=["sparsemax", "evsoftmax", "softmax"],
         help='add "probs" (distribution over the k returned labels) and "exact" (equals the map over all K)',
     )
-    p.add_argument("--out", required=True, help="output .jsonl file")
+    p.add_argument("--out", default=None, help="write to this .jsonl file instead of stdout (atomically)")
     p.set_defaults(func=cmd_predict)
 
     p = subparsers.add_parser("synth", help="generate XC-format data with planted structure")
-    p.add_argument("--labels", type=int, required=True)
-    p.add_argument("--features", type=int, required=True)
-    p.add_argument("--rows", type=int, required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--labels", type=int, required=True, help="number of labels L")
+    p.add_argument("--features", type=int, required=True, help="number of features D")
+    p.add_argument("--rows", type=int, required=True, help="number of training rows N")
+    p.add_argument("--out", required=True, help="XC file to write")
+    p.add_argument("--seed", type=int, default=0, help="same seed, same data (default: 0)")
     p.add_argument("--test-out", help="also write a test split from the same planted structure")
-    p.add_argument("--test-rows", type=int, default=1000)
+    p.add_argument("--test-rows", type=int, default=1000, help="rows in the test split (default: 1000)")
     p.set_defaults(func=cmd_synth)

@@ -32,7 +32,11 @@ class TrainParams(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # objective
-    loss: str = Field(default="ove", description="loss name (trainer.losses.LOSSES)")
+    loss: str = Field(
+        default="ove",
+        description="training objective: ove (grouped one-vs-each bound), softmax (exact, the reference), "
+        "ove-subset, sparsemax, evsoftmax, dropmax (trainer.losses.LOSSES)",
+    )
     negatives: int = Field(
         default=1024, ge=1, le=MAX_NEGATIVES, description="negatives drawn per step (shared)"
     )
@@ -62,7 +66,7 @@ class TrainParams(BaseModel):
     # optimisation
     # grouped ove (like softmax) peaks after 6-8 epochs on Bibtex and Corel5k and over-fits Corel5k's
     # noisy tags after that; pairwise ove needed 20 (accuracy_sweep.md, round v7)
-    epochs: int = Field(default=7, ge=1, le=10_000)
+    epochs: int = Field(default=7, ge=1, le=10_000, description="passes over the training rows")
     # measured with pairwise ove (group_size 1, 20 epochs): adam 0.6374 / 0.3687 P@1 on Bibtex / Corel5k,
     # adagrad lr 0.1 0.6335 / 0.3627 (sweep 9); on the 10^6-label set of bench/scale.py adam reached 0.69
     # in 4 epochs (adagrad 0.63), adagrad led after 2 (0.62 vs 0.56); adagrad steps are cheaper
@@ -71,11 +75,13 @@ class TrainParams(BaseModel):
     dense_lr: float = Field(default=0.002, gt=0.0, le=10.0, description="peak lr of hidden layers (Adam)")
     warmup: float = Field(default=0.05, ge=0.0, lt=1.0, description="fraction of steps with linear warmup")
     schedule: Schedule = Field(default="cosine", description="decay after warmup")
-    batch_size: int = Field(default=256, ge=1, le=MAX_BATCH)
+    batch_size: int = Field(default=256, ge=1, le=MAX_BATCH, description="rows per training step")
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="decoupled L2 on touched rows")
     init_scale: float = Field(default=1.0, gt=0.0, le=100.0, description="init scale of input projection")
-    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="random seed (numpy takes 32 bits)")
-    device: Device = "auto"
+    seed: int = Field(
+        default=0, ge=0, le=MAX_SEED, description="seed of initialisation, sampling and shuffling"
+    )
+    device: Device = Field(default="auto", description="auto (a GPU when there is one), cpu or cuda")
     # featurizer
     tfidf: bool = Field(default=True, description="re-weight features by inverse document frequency")
     l2: bool = Field(default=True, description="L2-normalise each input row")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
 from service.api.auth import ApiKey, ReadKey
@@ -16,20 +17,26 @@ router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 
 
 class DatasetOut(BaseModel):
-    id: str
-    name: str
-    rows: int
-    features: int | None  # None for JSONL text: the featurizer fixes the width at training time
-    labels: int
-    format: str
-    size_bytes: int
-    checksum: str
-    filename: str
-    created_at: float
+    """An uploaded data set, checked by the trainer's reader and stored under its SHA-256."""
+
+    id: str = Field(description="dataset id, for `train_dataset`/`test_dataset` of a job")
+    name: str = Field(description="display name (the file name unless one was given)")
+    rows: int = Field(description="number of rows")
+    features: int | None = Field(
+        description="input width (XC header D); null for JSONL text: the featurizer fixes it in training"
+    )
+    labels: int = Field(description="number of labels (XC header L, or distinct names in JSONL)")
+    format: str = Field(description="xc or jsonl")
+    size_bytes: int = Field(description="file size")
+    checksum: str = Field(description="SHA-256 of the file: the same bytes uploaded twice are one dataset")
+    filename: str = Field(description="the uploaded file's name")
+    created_at: float = Field(description="upload time, seconds since the Unix epoch")
 
 
 class DatasetList(BaseModel):
-    datasets: list[DatasetOut]
+    """Uploaded data sets, one page at a time."""
+
+    datasets: list[DatasetOut] = Field(description="newest first")
     next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last")
 
 
@@ -61,6 +68,7 @@ Limit = Annotated[int, Query(ge=1, le=1000, description="most items on one page"
 Cursor = Annotated[
     str | None, Query(max_length=200, description="`next_cursor` of the previous page; omitted: the first")
 ]
+DatasetId = Annotated[str, PathParam(description="dataset id (from POST /v1/datasets)")]
 
 KEYED: dict[int | str, dict[str, Any]] = {
     401: {"description": "missing key"},
@@ -124,7 +132,8 @@ def list_datasets(jobs: Jobs, _: ReadKey, limit: Limit = 100, cursor: Cursor = N
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut, responses={**KEYED, **UNKNOWN})
-def get_dataset(dataset_id: str, jobs: Jobs, _: ReadKey) -> DatasetOut:
+def get_dataset(dataset_id: DatasetId, jobs: Jobs, _: ReadKey) -> DatasetOut:
+    """One uploaded data set by id."""
     return dataset_out(jobs.get_dataset(dataset_id))
 
 
@@ -134,7 +143,7 @@ def get_dataset(dataset_id: str, jobs: Jobs, _: ReadKey) -> DatasetOut:
     response_class=Response,
     responses={**KEYED, **UNKNOWN, 409: {"description": "a job still names the dataset"}},
 )
-def delete_dataset(dataset_id: str, jobs: Jobs, _: ApiKey) -> Response:
+def delete_dataset(dataset_id: DatasetId, jobs: Jobs, _: ApiKey) -> Response:
     """Remove the dataset and its file; refused (409) while any job names it — queued, running or ended
     (delete ended jobs first), so no job record loses its data."""
     jobs.delete_dataset(dataset_id)

@@ -136,6 +136,16 @@ def document_errors(app: FastAPI) -> None:
                 },
             },
         )
+        schemas = spec["components"]["schemas"]
+        for name, doc in (("HTTPValidationError", "invalid request: one entry per field at fault"),
+                          ("ValidationError", "what is wrong with one field of the request")):
+            if name in schemas:  # FastAPI's own 422 models, described like ours
+                schemas[name]["description"] = doc
+                for field, text in (("loc", "where: the path to the field"), ("msg", "what is wrong"),
+                                    ("type", "error kind"), ("detail", "the fields at fault"),
+                                    ("input", "the value given"), ("ctx", "details of the check")):
+                    if field in schemas[name].get("properties", {}):
+                        schemas[name]["properties"][field]["description"] = text
         extra = {
             "401": "missing API key",
             "403": "wrong API key, or none configured on the server",

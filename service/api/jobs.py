@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
@@ -15,74 +16,107 @@ from service.api.auth import ApiKey, ReadKey
 from service.api.datasets import KEYED, Cursor, Jobs, Limit
 from service.jobs.models import JobRow
 from service.jobs.service import Event, JobRequest
+from trainer.losses import LOSSES, load_plugins
 from trainer.params import TrainParams
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+DATASET_ID = r"^[A-Za-z0-9_.-]{1,40}$"  # ids are ds_<hex>; anything else (NUL, ...) never reaches the DB
 State = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+JobId = Annotated[str, PathParam(description="job id (from POST /v1/jobs)")]
+
+
+def _list_losses(schema: dict[str, Any]) -> None:
+    """Name the losses as an enum, so the OpenAPI document (and the console's form) lists them."""
+    load_plugins()
+    schema["properties"]["loss"]["enum"] = sorted(LOSSES)
 
 
 class JobParams(TrainParams):
     """`TrainParams` as a request takes them: strict JSON types (`"3"` and `true` are not integers)."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", validate_assignment=True, title="TrainParams")
+    model_config = ConfigDict(
+        strict=True,
+        extra="forbid",
+        validate_assignment=True,
+        title="TrainParams",
+        json_schema_extra=_list_losses,
+    )
 
 
 class JobCreate(BaseModel):
     """A training request. Datasets are named by id (from `POST /v1/datasets`), never by path."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"model": "mymodel", "train_dataset": "ds_0123456789abcdef0123", "params": {"epochs": 3},
+                 "activate": True}
+            ]
+        },
+    )
 
     model: StrictStr = Field(
         pattern=MODEL_NAME, description="model name; the artifact becomes its next version"
     )
-    train_dataset: StrictStr = Field(min_length=1, max_length=40)
-    test_dataset: StrictStr | None = Field(None, min_length=1, max_length=40)
+    train_dataset: StrictStr = Field(pattern=DATASET_ID, description="id of the training data set")
+    test_dataset: StrictStr | None = Field(
+        None, pattern=DATASET_ID, description="id of a test data set: P@k after each epoch"
+    )
     params: JobParams = Field(default_factory=JobParams, description="trainer options; omitted: defaults")
     activate: StrictBool = Field(False, description="activate the new version for serving when it succeeds")
 
 
 class JobProgress(BaseModel):
-    epoch: int | None = None
-    epochs: int | None = None
-    step: int | None = None
-    steps_total: int | None = None
-    examples_per_s: float | None = None
-    loss: float | None = None
-    metrics: dict[str, float] | None = None
+    """The last progress report of a running or finished job."""
+
+    epoch: int | None = Field(None, description="current epoch, from 1")
+    epochs: int | None = Field(None, description="epochs in the run")
+    step: int | None = Field(None, description="training steps done")
+    steps_total: int | None = Field(None, description="training steps in the run")
+    examples_per_s: float | None = Field(None, description="training rows per second")
+    loss: float | None = Field(None, description="training loss (moving average)")
+    metrics: dict[str, float] | None = Field(None, description="test metrics of the last evaluated epoch")
 
 
 class JobOut(BaseModel):
-    id: str
-    state: State
-    model: str
-    train_dataset: str
-    test_dataset: str | None
-    params: dict[str, Any]
-    activate: bool
+    """A training job: what was asked, where it is, what it produced."""
+
+    id: str = Field(description="job id")
+    state: State = Field(description="queued → running → succeeded, failed or cancelled")
+    model: str = Field(description="the model the job trains a version of")
+    train_dataset: str = Field(description="id of the training data set")
+    test_dataset: str | None = Field(description="id of the test data set, if any")
+    params: dict[str, Any] = Field(description="every training option, defaults filled in")
+    activate: bool = Field(description="the new version is activated when the job succeeds")
     activated: bool = Field(description="the new version serves (set shortly after success when asked)")
-    progress: JobProgress
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    updated_at: datetime
-    error: str | None
-    model_version: str | None
-    attempts: int
-    worker: str | None
-    resumed_from_step: int | None
-    cancel_requested: bool
+    progress: JobProgress = Field(description="the last progress report")
+    created_at: datetime = Field(description="when it was submitted")
+    started_at: datetime | None = Field(description="when a worker started it")
+    finished_at: datetime | None = Field(description="when it ended")
+    updated_at: datetime = Field(description="last change of any field")
+    error: str | None = Field(description="why it failed")
+    model_version: str | None = Field(description="the version it produced")
+    attempts: int = Field(description="workers that started it (more than one after a worker was lost)")
+    worker: str | None = Field(description="the worker running it")
+    resumed_from_step: int | None = Field(description="the checkpoint step a retry resumed from")
+    cancel_requested: bool = Field(description="a cancel was asked for; a running job stops at its next step")
 
 
 class JobList(BaseModel):
-    jobs: list[JobOut]
+    """Jobs, newest first."""
+
+    jobs: list[JobOut] = Field(description="newest first")
     next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last")
 
 
 class JobAccepted(BaseModel):
-    id: str
-    state: State
+    """A job recorded and queued."""
+
+    id: str = Field(description="job id: follow it at /v1/jobs/{id}/events")
+    state: State = Field(description='always "queued"')
 
 
 def _ts(v: float) -> datetime:
@@ -146,16 +180,17 @@ def list_jobs(
     jobs: Jobs,
     limit: Limit = 100,
     cursor: Cursor = None,
-    state: State | None = None,
-    model: Annotated[str | None, Query(max_length=64)] = None,
+    state: Annotated[State | None, Query(description="only jobs in this state")] = None,
+    model: Annotated[str | None, Query(max_length=64, description="only jobs of this model")] = None,
 ) -> JobList:
-    """Newest first, one page at a time."""
+    """Jobs, newest first, one page at a time, optionally of one state or model."""
     rows, nxt = jobs.list_jobs(limit, cursor, state=state, model=model)
     return JobList(jobs=[job_out(j) for j in rows], next_cursor=nxt)
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=UNKNOWN)
-def get_job(job_id: str, jobs: Jobs) -> JobOut:
+def get_job(job_id: JobId, jobs: Jobs) -> JobOut:
+    """One job: state, progress, timestamps, the version it produced or why it failed."""
     return job_out(jobs.get(job_id))
 
 
@@ -169,7 +204,7 @@ def get_job(job_id: str, jobs: Jobs) -> JobOut:
         409: {"description": "the job already succeeded or failed"},
     },
 )
-def cancel_job(job_id: str, jobs: Jobs, _: ApiKey) -> JobOut:
+def cancel_job(job_id: JobId, jobs: Jobs, _: ApiKey) -> JobOut:
     """202 with the job whenever it is or will be cancelled: a queued job at once, a running one at its
     next step, a cancelled one again (so a retry is safe); 409 when it already succeeded or failed."""
     return job_out(jobs.cancel(job_id))
@@ -181,7 +216,7 @@ def cancel_job(job_id: str, jobs: Jobs, _: ApiKey) -> JobOut:
     response_class=Response,
     responses={**KEYED, **UNKNOWN, 409: {"description": "the job is queued or running: cancel it first"}},
 )
-def delete_job(job_id: str, jobs: Jobs, _: ApiKey) -> Response:
+def delete_job(job_id: JobId, jobs: Jobs, _: ApiKey) -> Response:
     """Remove an ended job with its events, logs and checkpoints; the model version it made stays."""
     jobs.delete(job_id)
     return Response(status_code=204)
@@ -192,7 +227,7 @@ def delete_job(job_id: str, jobs: Jobs, _: ApiKey) -> Response:
     response_class=PlainTextResponse,
     responses={**KEYED, **UNKNOWN, 200: {"content": {"text/plain": {}}, "description": "the log"}},
 )
-def job_logs(job_id: str, jobs: Jobs, _: ReadKey) -> PlainTextResponse:
+def job_logs(job_id: JobId, jobs: Jobs, _: ReadKey) -> PlainTextResponse:
     """The job's log as text: one line per message or state change, oldest first."""
     lines = jobs.log_lines(job_id)
     return PlainTextResponse("\n".join(lines) + ("\n" if lines else ""))
@@ -214,10 +249,13 @@ def _sse(e: Event) -> str:
     },
 )
 async def job_events(
-    job_id: str,
+    job_id: JobId,
     request: Request,
     jobs: Jobs,
-    last_event_id: Annotated[str | None, Header(max_length=32)] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(max_length=32, description="resume after this event id (sent by EventSource on reconnect)"),
+    ] = None,
 ) -> StreamingResponse:
     """Server-Sent Events: `state` and `progress` events from the start (or after `Last-Event-ID`); the stream
     ends after the event of a terminal state (succeeded, failed, cancelled)."""

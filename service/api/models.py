@@ -9,7 +9,15 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import ApiKey
 from service.api.deps import RegistryDep
-from service.api.schemas import ActivateResponse, ErrorBody, ModelInfo, ModelList, VersionInfo
+from service.api.schemas import (
+    ActivateResponse,
+    ErrorBody,
+    ModelInfo,
+    ModelList,
+    ModelName,
+    VersionInfo,
+    VersionName,
+)
 from service.errors import NotFound
 from service.registry import ModelRegistry
 
@@ -57,7 +65,7 @@ def list_models(registry: RegistryDep) -> ModelList:
 
 
 @router.get("/v1/models/{name}", response_model=ModelInfo, responses={404: {"model": ErrorBody}})
-def get_model(name: str, registry: RegistryDep) -> ModelInfo:
+def get_model(name: ModelName, registry: RegistryDep) -> ModelInfo:
     """Versions, label count, dims, metrics, and which version is active."""
     versions = registry.scan().get(name)
     if versions is None:
@@ -70,7 +78,9 @@ def get_model(name: str, registry: RegistryDep) -> ModelInfo:
     response_model=ActivateResponse,
     responses={**VERSION_ERRORS, 409: {"model": ErrorBody, "description": "failed to load; old one serves"}},
 )
-async def activate(name: str, version: str, registry: RegistryDep, _: ApiKey) -> ActivateResponse:
+async def activate(
+    name: ModelName, version: VersionName, registry: RegistryDep, _: ApiKey
+) -> ActivateResponse:
     """Hot swap: load and warm `version`, then route new requests to it; in-flight ones finish on theirs."""
     served, prev = await run_in_threadpool(registry.activate, name, version)
     return ActivateResponse(name=name, active_version=served.version, previous_version=prev)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import numpy as np
 from fastapi import APIRouter, Response
@@ -10,7 +11,7 @@ from fastapi import APIRouter, Response
 from service.api.auth import PredictKey
 from service.api.deps import BatcherDep, MetricsDep, RegistryDep, SettingsDep
 from service.api.metrics import Metrics
-from service.api.schemas import ErrorBody, PredictRequest, PredictResponse
+from service.api.schemas import ErrorBody, ModelName, PredictRequest, PredictResponse
 from service.batching import MicroBatcher
 from service.errors import InputError, Loc, Unavailable
 from service.predictor import InputRow, Job, Options
@@ -77,6 +78,17 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
     return Job(rows, Options(top_k=req.top_k, normalization=req.normalization, exact=req.exact))
 
 
+def known_features(served: ServedModel, rows: Sequence[InputRow]) -> list[int]:
+    """Per input, the features the model recognises (0: an answer from the label biases alone)."""
+    counts = [0 if r.values is None else int(np.count_nonzero(r.values)) for r in rows]
+    text_pos = [i for i, r in enumerate(rows) if r.text is not None]
+    if text_pos:
+        x = served.predictor.model.featurizer.transform_texts([rows[i].text for i in text_pos])
+        for i, n in zip(text_pos, np.diff(x.indptr), strict=True):
+            counts[i] = int(n)
+    return counts
+
+
 async def _predict(
     served: ServedModel, req: PredictRequest, batcher: MicroBatcher, settings: Settings, metrics: Metrics
 ) -> Response:
@@ -88,6 +100,7 @@ async def _predict(
             f"prediction took over {settings.request_timeout_s}s; retry later", headers={"Retry-After": "1"}
         ) from None
     metrics.predicted_rows.labels(served.name, served.version).inc(len(preds))
+    known = known_features(served, job.rows)
     body = {
         "model": served.name,
         "version": served.version,
@@ -95,8 +108,9 @@ async def _predict(
             {
                 "labels": [{"id": b.id, "name": b.name, "score": b.score, "prob": b.prob} for b in p.labels],
                 "exact": p.exact,
+                "known_features": n,
             }
-            for p in preds
+            for p, n in zip(preds, known, strict=True)
         ],
     }
     # Built by hand: skips re-validating our own output, which costs more than the prediction itself.
@@ -105,7 +119,7 @@ async def _predict(
 
 @router.post("/v1/models/{name}/predict", response_model=PredictResponse, responses=ERRORS)
 async def predict_model(
-    name: str,
+    name: ModelName,
     req: PredictRequest,
     registry: RegistryDep,
     batcher: BatcherDep,
@@ -113,7 +127,8 @@ async def predict_model(
     metrics: MetricsDep,
     _: PredictKey,
 ) -> Response:
-    """Top labels with sparse probabilities from the active version of `name`."""
+    """Top labels with sparse probabilities from the active version of `name`. Text inputs are featurized
+    as in training; `known_features` says how many of an input's features the model recognised."""
     return await _predict(registry.get(name), req, batcher, settings, metrics)
 
 

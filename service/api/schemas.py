@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
+# words of the `ovex demo` model's vocabulary: the OpenAPI examples work against it as they stand
+DEMO_TEXT = "noci dotavo jihede kupici"
 # float32 is what the model computes in; larger magnitudes would become inf there.
 F32_MAX = 3.4028234663852886e38
 
 FeatureIndex = Annotated[StrictInt, Field(ge=0)]
+ModelName = Annotated[str, Path(description="model name (GET /v1/models lists them)", examples=["demo"])]
+VersionName = Annotated[str, Path(description="version of the model (its directory name)", examples=["1"])]
 FeatureValue = Annotated[float, Field(allow_inf_nan=False, ge=-F32_MAX, le=F32_MAX)]
 
 
@@ -33,10 +38,22 @@ class SparseFeatures(BaseModel):
 class PredictInput(BaseModel):
     """Exactly one of `text` (featurized by the model) or `features` (already in its input space)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"text": "sparse labels"}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"text": DEMO_TEXT},
+                {"features": {"indices": [3, 17, 42], "values": [1.0, 1.0, 0.5]}},
+            ]
+        },
+    )
 
-    text: str | None = Field(None, min_length=1, description="raw text; must not be blank")
-    features: SparseFeatures | None = None
+    text: str | None = Field(
+        None, min_length=1, description="raw text for a model trained on text; must not be blank"
+    )
+    features: SparseFeatures | None = Field(
+        None, description="a sparse vector for a model trained on XC-format features"
+    )
 
     @field_validator("text")
     @classmethod
@@ -53,79 +70,119 @@ class PredictInput(BaseModel):
 
 
 class PredictRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Inputs to label, and how: how many labels at most, which map turns scores into probabilities."""
 
-    inputs: list[PredictInput] = Field(min_length=1, description="at most the server's max_batch inputs")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"inputs": [{"text": DEMO_TEXT}], "top_k": 5}]},
+    )
+
+    inputs: list[PredictInput] = Field(
+        min_length=1, description="one answer per input, in order; at most the server's max_batch inputs"
+    )
     top_k: StrictInt = Field(10, ge=1, description="most labels per answer (at most the server's max_top_k)")
-    normalization: Literal["sparsemax", "evsoftmax", "softmax", "none"] = "sparsemax"
+    normalization: Literal["sparsemax", "evsoftmax", "softmax", "none"] = Field(
+        "sparsemax",
+        description="scores → probabilities: sparsemax and evsoftmax give exact zeros (only labels with "
+        "non-zero probability are listed), softmax a dense distribution, none scores only",
+    )
     exact: StrictBool = Field(False, description="score every label instead of using the index")
 
 
 class LabelOut(BaseModel):
-    id: int
-    name: str
-    score: float
+    """One label of an answer."""
+
+    id: int = Field(description="label id, 0 ≤ id < n_labels")
+    name: str = Field(description="label name (the id as text where the training data had no names)")
+    score: float = Field(description="the model's score ⟨w_k, h(x)⟩ + b_k")
     prob: float | None = Field(description="probability under the normalization; null for `none`")
 
 
 class PredictionOut(BaseModel):
+    """The answer for one input."""
+
     labels: list[LabelOut] = Field(description="best first; for sparse maps only non-zero probabilities")
     exact: bool = Field(description="equals the answer from scoring every label")
+    known_features: int = Field(
+        description="how many of the input's features the model knows: for text, the distinct words found "
+        "in its vocabulary (or hash buckets hit); for sparse features, the non-zero values. 0 means nothing "
+        "was recognised and the answer reflects only the label biases"
+    )
 
 
 class PredictResponse(BaseModel):
-    model: str
-    version: str
-    predictions: list[PredictionOut]
+    """Answers, in input order, all from one model version."""
+
+    model: str = Field(description="the model that answered")
+    version: str = Field(description="the version that answered (each request sees exactly one)")
+    predictions: list[PredictionOut] = Field(description="one per input, in order")
 
 
 class VersionInfo(BaseModel):
-    version: str
-    active: bool
-    loaded: bool
-    n_labels: int | None = None
-    n_features: int | None = None
-    dim: int | None = None
-    metrics: dict[str, Any] = Field(default_factory=dict)
+    """One version of a model on disk."""
+
+    version: str = Field(description="version directory name (models/<name>/<version>)")
+    active: bool = Field(description="this version answers predictions")
+    loaded: bool = Field(description="loaded in memory (the active version is)")
+    n_labels: int | None = Field(None, description="number of labels K")
+    n_features: int | None = Field(None, description="width of the input space")
+    dim: int | None = Field(None, description="width of the representation h(x)")
+    metrics: dict[str, Any] = Field(
+        default_factory=dict, description="test metrics from training (p@k, ndcg@k, psp@k), if tested"
+    )
     error: str | None = Field(None, description="why this version was refused, if it was")
 
 
 class ModelInfo(BaseModel):
-    name: str
-    active_version: str | None
-    n_labels: int | None = None
-    n_features: int | None = None
-    dim: int | None = None
+    """A model: its versions and the one that serves."""
+
+    name: str = Field(description="model name (models/<name>/)")
+    active_version: str | None = Field(description="the version that answers predictions; null: none loaded")
+    n_labels: int | None = Field(None, description="labels of the active version")
+    n_features: int | None = Field(None, description="input width of the active version")
+    dim: int | None = Field(None, description="representation width of the active version")
     retrieval: str | None = Field(None, description="top-k backend of the active version")
-    metrics: dict[str, Any] = Field(default_factory=dict)
-    versions: list[VersionInfo]
+    metrics: dict[str, Any] = Field(default_factory=dict, description="test metrics of the active version")
+    versions: list[VersionInfo] = Field(description="every version on disk, oldest first")
 
 
 class ModelList(BaseModel):
-    default: str | None
-    models: list[ModelInfo]
+    """Every model on disk."""
+
+    default: str | None = Field(description="the model behind POST /v1/predict")
+    models: list[ModelInfo] = Field(description="by name")
 
 
 class ActivateResponse(BaseModel):
-    name: str
-    active_version: str
-    previous_version: str | None
+    """The outcome of a hot swap."""
+
+    name: str = Field(description="the model")
+    active_version: str = Field(description="the version that now answers")
+    previous_version: str | None = Field(description="the version that answered before (null: none)")
 
 
 class Health(BaseModel):
-    status: str
+    """The process is up."""
+
+    status: str = Field(description='always "ok"')
 
 
 class Readiness(BaseModel):
-    ready: bool
+    """Whether predictions can be answered."""
+
+    ready: bool = Field(description="at least one model version is loaded and warmed")
     models: dict[str, str] = Field(default_factory=dict, description="model → active version")
 
 
 class ErrorField(BaseModel):
-    loc: list[str | int]
-    msg: str
-    type: str
+    """What is wrong with one field of the request."""
+
+    loc: list[str | int] = Field(description='where: e.g. ["body", "inputs", 2, "features", "indices", 5]')
+    msg: str = Field(description="what is wrong and how to fix it")
+    type: str = Field(description="error kind (value_error, missing, not_found, ...)")
 
 
 class ErrorBody(BaseModel):
-    detail: str | list[ErrorField]
+    """Every error answer: a message, or one entry per field at fault."""
+
+    detail: str | list[ErrorField] = Field(description="a message, or the fields at fault")

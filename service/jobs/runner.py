@@ -129,7 +129,8 @@ class _Hooks:
             fields["metrics"] = {str(k): float(v) for k, v in dict(metrics).items()}
         now = time.monotonic()
         final = fields["step"] is not None and fields["step"] == fields["steps_total"]
-        if not final and now - self._last < _PROGRESS_EVERY_S:
+        # an epoch's evaluation is never dropped by the rate limit: it is a point on the P@k curve
+        if not final and not metrics and now - self._last < _PROGRESS_EVERY_S:
             return
         self._last = now
         try:

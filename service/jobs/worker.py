@@ -152,16 +152,19 @@ def add_command(sub: Any) -> None:
     add_worker_arguments(parser)
 
     def _run(args: argparse.Namespace) -> int:
-        _configure_logging()
-        run_worker(settings_from_args(args))
+        settings = settings_from_args(args)
+        _configure_logging(settings)
+        run_worker(settings)
         return 0
 
     parser.set_defaults(func=_run)
 
 
-def _configure_logging() -> None:
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+def _configure_logging(settings: Settings) -> None:
+    """The server's log format (readable on a terminal, JSON otherwise or when OVEX_LOG_JSON says so)."""
+    from service.logs import configure_logging
+
+    configure_logging(settings.log_level, settings.log_json)
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
@@ -186,9 +189,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent-pid", type=int, default=0, help="stop when this process is gone")
     args = parser.parse_args(argv)
     settings = Settings.model_validate_json(sys.stdin.read())
+    _configure_logging(settings)
     run_worker(settings, args.parent_pid)
 
 
 if __name__ == "__main__":
-    _configure_logging()
     main()

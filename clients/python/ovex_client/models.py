@@ -94,6 +94,8 @@ class LabelScore(_Answer):
 class Prediction(_Answer):
     labels: list[LabelScore]
     exact: bool | None = None
+    # features of the input the model knows; 0: nothing recognised, the answer is the label biases alone
+    known_features: int | None = None
 
 
 class PredictResponse(_Answer):

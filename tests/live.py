@@ -1,0 +1,23 @@
+"""The live-server helper shared with the client's tests, loaded by path (that folder is not a package)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_live_server() -> ModuleType:
+    name = "ovex_tests_live_server"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = ROOT / "clients" / "python" / "tests" / "live_server.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
