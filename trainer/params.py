@@ -68,6 +68,14 @@ class TrainParams(BaseModel):
     init_scale: float = Field(default=1.0, gt=0.0, le=100.0, description="init scale of input projection")
     seed: int = Field(default=0, ge=0)
     device: Device = "auto"
+    # ranks: the label head is sharded across them, the encoder data-parallel (trainer.label_shards)
+    nproc_per_node: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="training processes (ranks) to start on this machine; batch_size is the batch of all "
+        "of them together. Under torchrun the ranks come from its environment instead",
+    )
     # featurizer
     tfidf: bool = Field(default=True, description="re-weight features by inverse document frequency")
     l2: bool = Field(default=True, description="L2-normalise each input row")
