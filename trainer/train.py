@@ -443,7 +443,7 @@ def _fit(
     check_shardable(params.loss, group.world)
     if not group.is_main:
         hooks = QuietHooks()
-    torch.manual_seed(params.seed + group.rank)
+    torch.manual_seed(params.seed)  # the dense layers' init: the same on every rank
     spec = get_loss(params.loss)
 
     valid_ds: Dataset | None = None
@@ -481,6 +481,8 @@ def _fit(
     model = XCModel(shape, init_scale=params.init_scale, seed=params.seed, label_rows=(shard.lo, shard.hi))
     model = model.to(device)
     model.train()
+    if group.world > 1:
+        torch.manual_seed(params.seed + group.rank)  # dropout: each rank masks its own rows
     counts = label_counts(y)[shard.lo : shard.hi]
     # rank 0 keeps the stream of a one-process run; other ranks draw their own
     seed = params.seed + 1 + 7919 * group.rank
