@@ -75,7 +75,8 @@ def test_sharded_ove_estimate_is_unbiased_by_enumeration(kind: str) -> None:
     counts = np.array([5.0, 0.0, 2.0, 9.0, 1.0, 0.0, 3.0])
     m, world = 4, 2
     shards = [shard_bounds(K, world, r) for r in range(world)]
-    samplers = [FixedDraw(sh.size, kind, counts[sh.lo : sh.hi] if kind == "unigram" else None) for sh in shards]
+    samplers = [FixedDraw(sh.size, kind, counts[sh.lo : sh.hi] if kind == "unigram" else None)
+                for sh in shards]
 
     def outcomes(shard: LabelShard, sampler: NegativeSampler) -> list[tuple[tuple[int, ...], float]]:
         mr = shard.negatives(m)
@@ -86,7 +87,8 @@ def test_sharded_ove_estimate_is_unbiased_by_enumeration(kind: str) -> None:
         return [(t, float(np.prod(q[list(t)]))) for t in itertools.product(range(shard.size), repeat=mr)]
 
     expected = 0.0
-    for (a, pa), (b, pb) in itertools.product(outcomes(shards[0], samplers[0]), outcomes(shards[1], samplers[1])):
+    both = itertools.product(outcomes(shards[0], samplers[0]), outcomes(shards[1], samplers[1]))
+    for (a, pa), (b, pb) in both:
         samplers[0].outcome, samplers[1].outcome = list(a), list(b)  # type: ignore[attr-defined]
         expected += pa * pb * _sharded_ove(s, ROWS, shards, samplers, m, 1)
     assert expected == pytest.approx(direct_ove_bound(s, ROWS).item(), rel=1e-6)
@@ -114,7 +116,7 @@ def test_sharded_grouped_ove_has_the_expectation_of_a_bound_within_shards() -> N
             expected_pairs.append(acc)
     expected = float(np.mean(expected_pairs))
     assert direct_softmax_nll(s, ROWS).item() < expected < direct_ove_bound(s, ROWS).item()
-    samplers: list[NegativeSampler] = [NegativeSampler(sh.size, "uniform", seed=20 + i) for i, sh in enumerate(shards)]
+    samplers = [NegativeSampler(sh.size, "uniform", seed=20 + i) for i, sh in enumerate(shards)]
     draws = [_sharded_ove(s, ROWS, shards, samplers, m, group) for _ in range(3000)]
     mean, sem = float(np.mean(draws)), float(np.std(draws) / math.sqrt(len(draws)))
     assert abs(mean - expected) < 5 * sem, (mean, expected, sem)
@@ -158,7 +160,8 @@ class RecordingAdagrad(RowAdagrad):
         offset = self.lo if name == "head" else 0
         if name == "input":
             self.seen.append({})
-        self.seen[-1][name] = {int(i) + offset: g.numpy().copy() for i, g in zip(ids, grad.reshape(len(ids), -1))}
+        lines = grad.reshape(len(ids), -1)
+        self.seen[-1][name] = {int(i) + offset: g.numpy().copy() for i, g in zip(ids, lines, strict=True)}
         super().step(name, param, grad, lr, rows, weight_decay)
 
 
