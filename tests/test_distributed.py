@@ -216,3 +216,122 @@ def test_two_ranks_give_the_loss_and_gradients_of_one(options: dict[str, Any], t
             assert sorted(r["grads"][step]["input"]) == sorted(one["grads"][step]["input"])
             for row, g in one["grads"][step]["input"].items():
                 np.testing.assert_allclose(r["grads"][step]["input"][row], g, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------ checkpoints
+
+
+def test_a_checkpoint_reshards_to_any_number_of_ranks(tmp_path: Path) -> None:
+    """A one-rank checkpoint read by each rank of two: its rows of the head and of their optimizer
+    state, the replicated tables whole, and the step position."""
+    from trainer.checkpoints import load_checkpoint, save_checkpoint
+    from trainer.collectives import RankGroup
+
+    x, y = _toy()
+    params = TrainParams(dim=6, dropout=0.0, batch_size=N_ROWS, negatives=4)
+    shape = ModelShape(n_features=N_FEAT, n_labels=N_LAB, dim=6)
+
+    def stepper(group: RankGroup) -> Stepper:
+        shard = shard_bounds(N_LAB, group.world, group.rank)
+        model = XCModel(shape, seed=3, label_rows=(shard.lo, shard.hi))
+        sampler = NegativeSampler(shard.size, "uniform", seed=9)
+        return Stepper(model, get_loss("ove"), params, sampler, group, shard)
+
+    full = stepper(RankGroup())
+    ep = EpochData(x, y, np.arange(N_ROWS), torch.device("cpu"))
+    for _ in range(3):
+        full.step(ep, 0, N_ROWS, 0.05)
+    save_checkpoint(tmp_path, full, 3, 0, 1, {})
+    for rank in range(2):
+        part = stepper(RankGroup(rank, 2))
+        meta = load_checkpoint(tmp_path, part)
+        assert meta is not None and meta["step"] == 3 and meta["world"] == 1
+        lo, hi = part.shard.lo, part.shard.hi
+        torch.testing.assert_close(part.model.head, full.model.head[lo:hi])
+        torch.testing.assert_close(part.model.input_weight, full.model.input_weight)
+        for key in ("head.mv", "head.last"):
+            torch.testing.assert_close(part.optim.state[key], full.optim.state[key][lo:hi])
+        torch.testing.assert_close(part.optim.state["head.step"], full.optim.state["head.step"])
+
+
+def _rank_pids(proc: Any) -> dict[int, int]:
+    """Local rank -> pid of the workers the launcher spawned under `proc`, in the order it started them
+    (a worker sets its RANK variables after exec, so /proc shows none)."""
+    import psutil
+
+    workers = [
+        c for c in psutil.Process(proc.pid).children(recursive=True)
+        if any("spawn_main" in part for part in c.cmdline())
+    ]
+    workers.sort(key=lambda c: (c.create_time(), c.pid))
+    return {rank: c.pid for rank, c in enumerate(workers)}
+
+
+def _wait_for_checkpoint(ckpt: Path, after: int, proc: Any, timeout: float = 240.0) -> int:
+    import json
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        latest = ckpt / "latest.json"
+        if latest.exists():
+            step = int(json.loads(latest.read_text())["step"])
+            if step > after:
+                return step
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise AssertionError("no new checkpoint in time")
+
+
+def test_a_killed_rank_fails_the_run_and_it_resumes_on_another_number_of_ranks(tmp_path: Path) -> None:
+    """Real kills: rank 1 of 2 killed mid-run fails the run with a clear error; the run resumes from its
+    sharded checkpoint on 1 rank (re-shard 2 -> 1), is killed again, and finishes on 2 ranks (1 -> 2)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from trainer.artifact import load_artifact
+    from trainer.synth import write_synth
+
+    train_path, test_path = tmp_path / "train.txt", tmp_path / "test.txt"
+    write_synth(train_path, 40, 300, 2000, seed=2, test_path=test_path, test_rows=300)
+    ckpt, out = tmp_path / "ckpt", tmp_path / "model"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def start(nproc: int) -> subprocess.Popen[str]:
+        cmd = [sys.executable, "-m", "service.cli", "train", "--train", str(train_path),
+               "--test", str(test_path), "--out", str(out), "--checkpoint-dir", str(ckpt),
+               "--checkpoint-every", "10",
+               "--nproc-per-node", str(nproc), "--dim", "16", "--epochs", "8", "--batch-size", "64",
+               "--negatives", "16", "--group-size", "4", "--eval-every", "0"]
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    proc = start(2)
+    killed_at = _wait_for_checkpoint(ckpt, 10, proc)
+    pids = _rank_pids(proc)
+    assert sorted(pids) == [0, 1], pids
+    os.kill(pids[1], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "rank 1 of 2 failed" in err, err[-2000:]
+    assert not out.exists()
+    latest = json.loads((ckpt / "latest.json").read_text())["checkpoint"]
+    manifest = json.loads((ckpt / latest / "manifest.json").read_text())
+    assert manifest["world"] == 2 and [s["hi"] for s in manifest["shards"]] == [20, 40]
+    assert manifest["step"] >= killed_at
+
+    proc = start(1)
+    resumed_at = _wait_for_checkpoint(ckpt, manifest["step"], proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert resumed_at > manifest["step"]
+
+    proc = start(2)
+    stdout, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err[-3000:]
+    assert "resumed from step" in err
+    model = load_artifact(out)
+    assert model.n_labels == 40
+    assert json.loads(stdout.strip().splitlines()[-1])["p@1"] > 0.5
