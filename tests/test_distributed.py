@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ class FixedDraw(NegativeSampler):
 
 
 def _sharded_ove(
-    scores: torch.Tensor, rows: list[list[int]], shards: list[LabelShard], samplers: list[NegativeSampler],
+    scores: torch.Tensor, rows: list[list[int]], shards: list[LabelShard], samplers: Sequence[NegativeSampler],
     m: int, group: int,
 ) -> float:
     """Σ over shards of each rank's loss, as the step computes it (scores from a full [B, K] matrix)."""
@@ -89,7 +90,7 @@ def test_sharded_ove_estimate_is_unbiased_by_enumeration(kind: str) -> None:
     expected = 0.0
     both = itertools.product(outcomes(shards[0], samplers[0]), outcomes(shards[1], samplers[1]))
     for (a, pa), (b, pb) in both:
-        samplers[0].outcome, samplers[1].outcome = list(a), list(b)  # type: ignore[attr-defined]
+        samplers[0].outcome, samplers[1].outcome = list(a), list(b)
         expected += pa * pb * _sharded_ove(s, ROWS, shards, samplers, m, 1)
     assert expected == pytest.approx(direct_ove_bound(s, ROWS).item(), rel=1e-6)
 
