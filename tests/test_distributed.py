@@ -47,8 +47,12 @@ class FixedDraw(NegativeSampler):
 
 
 def _sharded_ove(
-    scores: torch.Tensor, rows: list[list[int]], shards: list[LabelShard], samplers: Sequence[NegativeSampler],
-    m: int, group: int,
+    scores: torch.Tensor,
+    rows: list[list[int]],
+    shards: list[LabelShard],
+    samplers: Sequence[NegativeSampler],
+    m: int,
+    group: int,
 ) -> float:
     """Σ over shards of each rank's loss, as the step computes it (scores from a full [B, K] matrix)."""
     ptr, ind = _labels(rows)
