@@ -76,27 +76,9 @@ class _CliHooks:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Train in this process, or start `--nproc-per-node` ranks here (torch's elastic launcher) that each
-    run `train_rank`; inside ranks started by torchrun the environment says so and this process is one."""
-    from trainer.collectives import in_launched_rank, launch
-
-    params = params_from_args(args)
-    options = {k: v for k, v in vars(args).items() if k != "func"}
-    if params.nproc_per_node > 1 and not in_launched_rank():
-        metrics = launch(params.nproc_per_node, train_rank, (options,))
-    else:
-        metrics = train_rank(options)
-    if metrics:
-        print(json.dumps(metrics))
-    return 0
-
-
-def train_rank(options: dict[str, Any]) -> dict[str, float]:
-    """One process's part of `ovex train` (the whole of it with one rank); returns the test metrics."""
     from trainer.data import read_dataset
     from trainer.train import train
 
-    args = argparse.Namespace(**options)
     params = params_from_args(args)
     train_ds = read_dataset(args.train)
     test_ds = read_dataset(args.test, label_names=train_ds.label_names) if args.test else None
@@ -109,7 +91,9 @@ def train_rank(options: dict[str, Any]) -> dict[str, float]:
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
     )
-    return result.metrics
+    if result.metrics:
+        print(json.dumps(result.metrics))
+    return 0
 
 
 def _features_for(model: Any, path: str) -> tuple[sp.csr_matrix, sp.csr_matrix]:

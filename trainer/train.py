@@ -23,7 +23,7 @@ import torch
 from trainer import metrics as xc_metrics
 from trainer import row_kernels
 from trainer.checkpoints import load_checkpoint, save_checkpoint
-from trainer.collectives import RankGroup, join_group, rank_device
+from trainer.collectives import RankGroup, in_launched_rank, join_group, rank_device
 from trainer.data import Dataset, check_compatible, label_counts
 from trainer.errors import ParamsError, TrainingCancelled
 from trainer.label_shards import (
@@ -390,6 +390,9 @@ def train(
 ) -> TrainResult:
     """Train on `train_ds`, evaluate on `test_ds` every `params.eval_every` epochs, write the artifact.
 
+    With `params.nproc_per_node > 1` this starts that many ranks here (`trainer.launch`) and returns rank
+    0's result; inside ranks started by torchrun (or by that launcher) it is one rank of the run.
+
     With `params.valid_fraction > 0` a seeded share of the training rows is held out (featurizer and
     model never train on it), scored after every epoch, and the weights of the best epoch by P@1 on
     it are the ones saved and reported; `test_ds` is only ever reported, never used to decide. With
@@ -397,6 +400,11 @@ def train(
     is the one saved: the held-out rows then only choose how long to train, and are not lost.
     """
     hooks = hooks or LoggingHooks()
+    if params.nproc_per_node > 1 and not in_launched_rank():
+        from trainer.launch import train_on_ranks
+
+        return train_on_ranks(params, train_ds, test_ds, out_dir=out_dir, hooks=hooks,
+                              checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     if params.valid_fraction > 0 and params.refit:
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         # the selection run never sees the test split, not even to report it
