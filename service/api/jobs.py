@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -126,6 +127,14 @@ def _validate_params(raw: dict[str, Any]) -> TrainParams:
             for e_ in e.errors(include_url=False, include_context=False, include_input=False)
         ]
         raise HTTPException(422, errors) from None
+    cores = os.cpu_count() or 1
+    if params.nproc_per_node > cores:
+        raise _error(
+            422,
+            ["body", "params", "nproc_per_node"],
+            f"nproc_per_node {params.nproc_per_node} exceeds the worker's {cores} CPU cores",
+            "value_error",
+        )
     if params.device == "cuda":
         import torch
 
