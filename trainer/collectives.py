@@ -218,7 +218,3 @@ def launch(nproc: int, entry: Callable[..., Any], args: tuple[Any, ...], run_id:
         raise RankFailed(f"rank {rank} of {nproc} failed ({why})") from None
     return results[0]
 
-
-def leave_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()

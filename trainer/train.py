@@ -85,6 +85,16 @@ class QuietHooks(LoggingHooks):
         pass
 
 
+class _Muted(QuietHooks):
+    """Another rank's view of the caller's hooks: rank 0 alone reports, every rank obeys a stop."""
+
+    def __init__(self, hooks: TrainHooks) -> None:
+        self.hooks = hooks
+
+    def should_stop(self) -> bool:
+        return self.hooks.should_stop()
+
+
 @dataclass
 class TrainResult:
     out_dir: Path | None
@@ -450,7 +460,7 @@ def _fit(
     device = rank_device(device, group)
     check_shardable(params.loss, group.world)
     if not group.is_main:
-        hooks = QuietHooks()
+        hooks = _Muted(hooks)
     torch.manual_seed(params.seed)  # the dense layers' init: the same on every rank
     spec = get_loss(params.loss)
 
