@@ -190,37 +190,41 @@ def run_steps(options: dict[str, Any]) -> dict[str, Any]:
             "input": model.input_weight.detach().numpy().copy()}
 
 
-def run_steps_all_ranks(options: dict[str, Any], out: str) -> dict[str, Any]:
-    result = run_steps(options)
-    np.save(Path(out) / f"rank{result['rank']}.npy", np.array([result], dtype=object), allow_pickle=True)
-    return result
+EXACT_CASES: dict[str, dict[str, Any]] = {
+    "softmax": {"loss": "softmax"},
+    "ove-all-negatives": {"loss": "ove", "negatives": 1000, "group_size": 1},
+}
 
 
-@pytest.mark.parametrize(
-    "options",
-    [{"loss": "softmax"}, {"loss": "ove", "negatives": 1000, "group_size": 1}],
-    ids=["softmax", "ove-all-negatives"],
-)
-def test_two_ranks_give_the_loss_and_gradients_of_one(options: dict[str, Any], tmp_path: Path) -> None:
+def run_steps_all_ranks(out: str) -> None:
+    for name, options in EXACT_CASES.items():
+        result = run_steps(options)
+        box = np.array([result], dtype=object)
+        np.save(Path(out) / f"{name}-rank{result['rank']}.npy", box, allow_pickle=True)
+
+
+def test_two_ranks_give_the_loss_and_gradients_of_one(tmp_path: Path) -> None:
     """With every label a candidate the sharded step is exact: 2 ranks' losses, head and encoder
-    gradients and updated weights equal one process's to float rounding, step after step."""
-    one = run_steps(options)
-    launch(2, run_steps_all_ranks, (options, str(tmp_path)), run_id="test-exact")
-    ranks = [np.load(tmp_path / f"rank{r}.npy", allow_pickle=True)[0] for r in range(2)]
-    for r in ranks:
-        np.testing.assert_allclose(r["losses"], one["losses"], rtol=1e-5)
-        np.testing.assert_allclose(r["input"], one["input"], rtol=1e-5, atol=1e-6)
-        for name, value in one["hidden"].items():
-            np.testing.assert_allclose(r["hidden"][name], value, rtol=1e-4, atol=1e-6)
-    for step in range(3):
-        merged = {**ranks[0]["grads"][step]["head"], **ranks[1]["grads"][step]["head"]}
-        assert sorted(merged) == list(range(N_LAB))
-        for label, g in one["grads"][step]["head"].items():
-            np.testing.assert_allclose(merged[label], g, rtol=1e-4, atol=1e-6)
-        for r in ranks:  # the replicated input table: the same summed gradient on every rank
-            assert sorted(r["grads"][step]["input"]) == sorted(one["grads"][step]["input"])
-            for row, g in one["grads"][step]["input"].items():
-                np.testing.assert_allclose(r["grads"][step]["input"][row], g, rtol=1e-4, atol=1e-6)
+    gradients and updated weights equal one process's to float rounding, step after step (exact softmax,
+    and OVE over all negatives)."""
+    launch(2, run_steps_all_ranks, (str(tmp_path),), run_id="test-exact")
+    for name, options in EXACT_CASES.items():
+        one = run_steps(options)
+        ranks = [np.load(tmp_path / f"{name}-rank{r}.npy", allow_pickle=True)[0] for r in range(2)]
+        for r in ranks:
+            np.testing.assert_allclose(r["losses"], one["losses"], rtol=1e-5)
+            np.testing.assert_allclose(r["input"], one["input"], rtol=1e-5, atol=1e-6)
+            for key, value in one["hidden"].items():
+                np.testing.assert_allclose(r["hidden"][key], value, rtol=1e-4, atol=1e-6)
+        for step in range(3):
+            merged = {**ranks[0]["grads"][step]["head"], **ranks[1]["grads"][step]["head"]}
+            assert sorted(merged) == list(range(N_LAB))
+            for label, g in one["grads"][step]["head"].items():
+                np.testing.assert_allclose(merged[label], g, rtol=1e-4, atol=1e-6)
+            for r in ranks:  # the replicated input table: the same summed gradient on every rank
+                assert sorted(r["grads"][step]["input"]) == sorted(one["grads"][step]["input"])
+                for row, g in one["grads"][step]["input"].items():
+                    np.testing.assert_allclose(r["grads"][step]["input"][row], g, rtol=1e-4, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------ checkpoints
