@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,21 @@ def _model_tensors(model: XCModel) -> dict[str, torch.Tensor]:
     return {k: v.cpu().contiguous().clone() for k, v in out.items()}
 
 
+def artifact_tensors(model: XCModel, label_counts: np.ndarray | None, where: str) -> dict[str, torch.Tensor]:
+    """The tensors of `weights.safetensors` (label counts as float32 when given)."""
+    tensors = _model_tensors(model)
+    if label_counts is not None:
+        counts = np.asarray(label_counts, dtype=np.float32)
+        if counts.shape != (model.shape.n_labels,):
+            raise ArtifactError(where, f"label_counts has shape {counts.shape}")
+        tensors[COUNTS] = torch.from_numpy(counts.copy())
+    return tensors
+
+
+# writes weights.safetensors at the given path from the given tensors; returns each tensor's shape
+WeightsWriter = Callable[[Path, dict[str, torch.Tensor]], dict[str, list[int]]]
+
+
 def _expected_shapes(model: XCModel) -> dict[str, list[int]]:
     return {k: list(v.shape) for k, v in _model_tensors(model).items()}
 
@@ -65,10 +81,12 @@ def save_artifact(
     *,
     label_counts: np.ndarray | None = None,
     n_train_rows: int = 0,
+    write_weights: WeightsWriter | None = None,
 ) -> Path:
     """Write the model directory atomically; an existing model at `out_dir` is replaced.
 
     `label_counts`/`n_train_rows` (training label frequencies) let evaluation compute PSP@k later.
+    `write_weights` replaces the plain safetensors writer (ranks of a sharded head write their rows).
     """
     out = Path(out_dir)
     if len(label_names) != model.shape.n_labels:
@@ -78,13 +96,13 @@ def save_artifact(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        tensors = _model_tensors(model)
-        if label_counts is not None:
-            counts = np.asarray(label_counts, dtype=np.float32)
-            if counts.shape != (model.shape.n_labels,):
-                raise ArtifactError(str(out), f"label_counts has shape {counts.shape}")
-            tensors[COUNTS] = torch.from_numpy(counts.copy())
-        save_file(tensors, str(tmp / "weights.safetensors"))
+        tensors = artifact_tensors(model, label_counts, str(out))
+        if write_weights is None:
+            save_file(tensors, str(tmp / "weights.safetensors"))
+            shapes = {k: list(v.shape) for k, v in tensors.items()}
+        else:
+            shapes = write_weights(tmp / "weights.safetensors", tensors)
+        del tensors
         config = {
             "schema_version": SCHEMA_VERSION,
             "format": FORMAT,
@@ -94,7 +112,7 @@ def save_artifact(
             "dim": model.shape.dim,
             "shape": model.shape.to_json(),
             "n_train_rows": int(n_train_rows),
-            "tensors": {k: list(v.shape) for k, v in tensors.items()},
+            "tensors": shapes,
         }
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         with open(tmp / "labels.txt", "w", encoding="utf-8") as fh:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import types
 import typing
@@ -99,7 +100,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
     )
-    if result.metrics:
+    if result.metrics and os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 answers
         print(json.dumps(result.metrics))
     return 0
 

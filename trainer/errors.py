@@ -32,3 +32,7 @@ class ParamsError(OvexError):
 
 class TrainingCancelled(OvexError):
     """Raised inside the training loop when hooks ask it to stop."""
+
+
+class RankFailed(OvexError):
+    """A rank of a multi-process training run failed or was killed; the run stopped on every rank."""

@@ -143,13 +143,44 @@ def csr_to_tensors(x: sp.csr_matrix, device: torch.device | str = "cpu") -> tupl
     return indices.to(device), indptr[:-1].to(device), values.to(device)
 
 
+HEAD_INIT_BLOCK = 1 << 12  # label rows drawn from one seeded generator
+
+
+def init_head_rows(lo: int, hi: int, dim: int, seed: int) -> torch.Tensor:
+    """Initial head rows [lo, hi): W small random, bias (last column) 0.
+
+    Drawn in fixed blocks of labels, each from its own seeded generator, so a rank that owns a shard
+    of the labels draws exactly the rows one process would have, without ever holding all K of them.
+    """
+    out = torch.empty(hi - lo, dim + 1)
+    for block in range(lo // HEAD_INIT_BLOCK, (hi + HEAD_INIT_BLOCK - 1) // HEAD_INIT_BLOCK):
+        start = block * HEAD_INIT_BLOCK
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + block + 1)
+        rows = torch.randn(HEAD_INIT_BLOCK, dim + 1, generator=gen) * (0.01 / math.sqrt(dim))
+        a, b = max(lo, start), min(hi, start + HEAD_INIT_BLOCK)
+        out[a - lo : b - lo] = rows[a - start : b - start]
+    out[:, dim] = 0.0
+    return out
+
+
 class XCModel(nn.Module):
-    def __init__(self, shape: ModelShape, init_scale: float = 1.0, seed: int = 0, init: bool = True) -> None:
+    def __init__(
+        self,
+        shape: ModelShape,
+        init_scale: float = 1.0,
+        seed: int = 0,
+        init: bool = True,
+        label_rows: tuple[int, int] | None = None,
+    ) -> None:
         """`init=False` leaves the big tables uninitialised: a loader about to overwrite them would
-        otherwise hold a random K×d head (and its temporaries) beside the weights it reads."""
+        otherwise hold a random K×d head (and its temporaries) beside the weights it reads.
+        `label_rows=(lo, hi)`: hold only those rows of the label tables (one rank's shard); scores and
+        top-k are then over that shard, in its local ids."""
         super().__init__()
         self.shape = shape
-        d, k, n_in = shape.dim, shape.n_labels, shape.n_features
+        d, n_in = shape.dim, shape.n_features
+        lo, hi = label_rows if label_rows is not None else (0, shape.n_labels)
+        k = hi - lo
         if shape.hidden > 0 and shape.encoder == "linear":
             raise ParamsError("encoder 'linear' takes no hidden layers; use --encoder mlp or maxout")
         gen = torch.Generator().manual_seed(seed)
@@ -164,12 +195,7 @@ class XCModel(nn.Module):
             make_hidden_layer(shape.encoder, d, shape.pieces, shape.dropout) for _ in range(shape.hidden)
         )
         self.drop = nn.Dropout(shape.dropout)
-        # head: W (K×d) small random, bias (last column) 0
-        if init:
-            head = torch.randn(k, d + 1, generator=gen) * (0.01 / math.sqrt(d))
-            head[:, d] = 0.0
-        else:
-            head = torch.empty(k, d + 1)
+        head = init_head_rows(lo, hi, d, seed) if init else torch.empty(k, d + 1)
         self.head = nn.Parameter(head, requires_grad=False)
         self.extra = nn.ParameterDict(
             {name: nn.Parameter(torch.zeros(k, d + 1), requires_grad=False) for name in shape.extra_heads}
@@ -239,7 +265,7 @@ class XCModel(nn.Module):
     @torch.no_grad()
     def topk(self, x: sp.csr_matrix, k: int, budget: int = 1 << 23) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-k (ids, scores) by blocked products, memory bounded by `budget` scores at a time."""
-        n, kk = x.shape[0], self.shape.n_labels
+        n, kk = x.shape[0], self.head.shape[0]
         k = min(k, kk)
         rows = max(1, budget // max(kk, 1))
         ids = np.zeros((n, k), dtype=np.int64)

@@ -82,6 +82,14 @@ class TrainParams(BaseModel):
         default=0, ge=0, le=MAX_SEED, description="seed of initialisation, sampling and shuffling"
     )
     device: Device = Field(default="auto", description="auto (a GPU when there is one), cpu or cuda")
+    # ranks: the label head is sharded across them, the encoder data-parallel (trainer.label_shards)
+    nproc_per_node: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="training processes (ranks) to start on this machine; batch_size is the batch of all "
+        "of them together. Under torchrun the ranks come from its environment instead",
+    )
     # featurizer
     tfidf: bool = Field(default=True, description="re-weight features by inverse document frequency")
     l2: bool = Field(default=True, description="L2-normalise each input row")

@@ -8,13 +8,9 @@ state plus the position in the epoch, so a resumed run continues the same step s
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import math
-import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,20 +19,22 @@ from typing import Any, Protocol
 import numpy as np
 import scipy.sparse as sp
 import torch
-from safetensors.torch import load_file, save_file
 
 from trainer import metrics as xc_metrics
 from trainer import row_kernels
+from trainer.checkpoints import load_checkpoint, save_checkpoint
+from trainer.collectives import RankGroup, in_launched_rank, join_group, rank_device
 from trainer.data import Dataset, check_compatible, label_counts
 from trainer.errors import ParamsError, TrainingCancelled
-from trainer.losses import (
-    CandidateBatch,
-    LossSpec,
-    exhaustive_candidates,
-    get_loss,
-    row_pair_weights,
-    sampled_candidates,
+from trainer.label_shards import (
+    LabelShard,
+    check_shardable,
+    shard_bounds,
+    shard_candidates,
+    shard_softmax_loss,
+    shard_topk,
 )
+from trainer.losses import CandidateBatch, LossSpec, get_loss, row_pair_weights
 from trainer.model import ModelShape, XCModel
 from trainer.negatives import NegativeSampler
 from trainer.optim import RowAdagrad, RowAdam
@@ -85,6 +83,16 @@ class QuietHooks(LoggingHooks):
 
     def on_log(self, message: str) -> None:
         pass
+
+
+class _Muted(QuietHooks):
+    """Another rank's view of the caller's hooks: rank 0 alone reports, every rank obeys a stop."""
+
+    def __init__(self, hooks: TrainHooks) -> None:
+        self.hooks = hooks
+
+    def should_stop(self) -> bool:
+        return self.hooks.should_stop()
 
 
 @dataclass
@@ -236,13 +244,28 @@ class EpochData:
 
 
 class Stepper:
-    """Holds model, optimizer, sampler and loss; `step(epoch, i, j, lr)` trains on rows [i, j)."""
+    """Holds model, optimizer, sampler and loss; `step(epoch, i, j, lr)` trains on rows [i, j).
 
-    def __init__(self, model: XCModel, spec: LossSpec, params: TrainParams, sampler: NegativeSampler) -> None:
+    The same step runs alone or as one of R ranks (`trainer.label_shards` derives it): the model holds
+    the label rows of `shard`, [i, j) is the global batch, split across ranks for the encoder, and the
+    collectives of `group` are identities when it has one rank.
+    """
+
+    def __init__(
+        self,
+        model: XCModel,
+        spec: LossSpec,
+        params: TrainParams,
+        sampler: NegativeSampler,
+        group: RankGroup | None = None,
+        shard: LabelShard | None = None,
+    ) -> None:
         self.model = model
         self.spec = spec
         self.params = params
         self.sampler = sampler
+        self.group = group or RankGroup()
+        self.shard = shard or LabelShard(0, model.shape.n_labels, model.shape.n_labels)
         self.optim = RowAdam()  # dense parameters, and the tables unless params.optimizer says otherwise
         self.table_optim: RowAdam | RowAdagrad = RowAdagrad() if params.optimizer == "adagrad" else self.optim
         self.exhaustive = spec.needs_all_labels
@@ -257,42 +280,54 @@ class Stepper:
             return self._step(ep, i, j, lr)
 
     def _step(self, ep: EpochData, i: int, j: int, lr: float) -> float:
-        model, params = self.model, self.params
-        a, b = int(ep.x_ptr_np[i]), int(ep.x_ptr_np[j])
+        model, params, group = self.model, self.params, self.group
+        # this rank encodes its slice of the global batch [i, j); h of the whole batch is gathered
+        per = -(-(j - i) // group.world)
+        li, lj = min(j, i + group.rank * per), min(j, i + (group.rank + 1) * per)
+        a, b = int(ep.x_ptr_np[li]), int(ep.x_ptr_np[lj])
         ind, val = ep.x_ind[a:b], ep.x_val[a:b]
-        off = ep.x_ptr[i:j] - a
+        off = ep.x_ptr[li:lj] - a
         uf, inv = torch.unique(ind, return_inverse=True)
         e_rows = model.input_weight.index_select(0, uf).requires_grad_()
         h = model.encode_tensors(inv, off, val, table=e_rows)
+        if group.world > 1:
+            h = group.gather_rows(torch.cat([h, h.new_zeros(per - h.shape[0], h.shape[1])]))[: j - i]
 
         ya, yb = int(ep.y_ptr_np[i]), int(ep.y_ptr_np[j])
         y_ind = ep.y_ind[ya:yb]
         y_ptr = ep.y_ptr[i : j + 1] - ya
+        rows: torch.Tensor | None = None
         if self.exhaustive:
-            cand = exhaustive_candidates(y_ptr, y_ind, model.shape.n_labels)
+            sc = shard_candidates(y_ptr, y_ind, self.shard, None, 0, 1)
             head_rows = model.head.detach().requires_grad_()
-            rows: torch.Tensor | None = None
         else:
-            group = params.group_size if self.spec.grouped else 1
-            cand = sampled_candidates(y_ptr, y_ind, self.sampler, params.negatives, group)
-            rows = cand.label_ids
+            groups = params.group_size if self.spec.grouped else 1
+            sc = shard_candidates(y_ptr, y_ind, self.shard, self.sampler, params.negatives, groups)
+            rows = sc.cand.label_ids
             head_rows = model.head.index_select(0, rows).requires_grad_()
+        cand = sc.cand
         if params.label_weighting == "row":
             cand.pair_weight = row_pair_weights(cand)
         h_aug = torch.cat([h, h.new_ones(h.shape[0], 1)], dim=1)
-        pos_scores = None
+        own_rows = cand.pos_rows.index_select(0, sc.owned)
+        own_cols = cand.pos_cols.index_select(0, sc.owned)
         if self.spec.sampled_scores_only and not self.exhaustive:
             # score only the sampled columns; f_y by row-wise dot products (P·d, not B·C·d)
             scores = h_aug @ head_rows[: cand.n_sampled].T
-            pos_h = h_aug.index_select(0, cand.pos_rows)
-            pos_scores = (pos_h * head_rows.index_select(0, cand.pos_cols)).sum(1)
+            own = (h_aug.index_select(0, own_rows) * head_rows.index_select(0, own_cols)).sum(1)
         else:
             scores = h_aug @ head_rows.T
+            own = scores[own_rows, own_cols]
+        # f_y of every pair: each scored by the rank owning its label, summed over ranks
+        pos_scores = own
+        if group.world > 1:
+            pos_scores = group.sum(own.new_zeros(y_ind.numel()).index_copy(0, sc.owned, own))
         extra: dict[str, torch.Tensor] = {}
         for name, table in model.extra.items():
             picked = table.detach() if rows is None else table.index_select(0, rows)
             extra[name] = picked.requires_grad_()
-        loss = self.spec.fn(CandidateBatch(cand=cand, scores=scores, h=h, extra=extra, pos_scores=pos_scores))
+        batch = CandidateBatch(cand=cand, scores=scores, h=h, extra=extra, pos_scores=pos_scores)
+        loss = shard_softmax_loss(batch, group) if params.loss == "softmax" else self.spec.fn(batch)
         for p in self.dense.values():
             p.grad = None
         loss.backward()
@@ -300,7 +335,12 @@ class Stepper:
         wd = params.weight_decay
         opt = self.table_optim
         assert e_rows.grad is not None and head_rows.grad is not None
-        opt.step("input", model.input_weight, e_rows.grad, lr, rows=uf, weight_decay=wd)
+        if group.world > 1:  # the replicated encoder: gradients summed over ranks
+            uf, e_grad = group.sum_sparse_rows(uf, e_rows.grad)
+            self._sum_dense_grads()
+        else:
+            e_grad = e_rows.grad
+        opt.step("input", model.input_weight, e_grad, lr, rows=uf, weight_decay=wd)
         opt.step("head", model.head, head_rows.grad, lr, rows=rows, weight_decay=wd)
         for name, t in extra.items():
             if t.grad is not None:
@@ -309,100 +349,39 @@ class Stepper:
         for name, p in self.dense.items():
             if p.grad is not None:
                 self.optim.step(name, p, p.grad, dense_lr)
-        return float(loss.detach())
+        return float(group.sum_(loss.detach().clone()))  # each rank's share: the sum is the step's loss
+
+    def _sum_dense_grads(self) -> None:
+        """One all-reduce for every dense gradient (a parameter no rank's loss reached gets zeros)."""
+        params = list(self.dense.values())
+        if not params:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = self.group.sum_(torch.cat([g.reshape(-1) for g in grads]))
+        start = 0
+        for p in params:
+            p.grad = flat[start : start + p.numel()].view_as(p)
+            start += p.numel()
 
 
 # ------------------------------------------------------------------------------------ checkpoints
-
-CKPT_LATEST = "latest.json"
-
-
-def _rng_tensor(state: torch.Tensor) -> torch.Tensor:
-    return state.clone().to(torch.uint8)
-
-
-def save_checkpoint(
-    ckpt_dir: Path, stepper: Stepper, step: int, epoch: int, pos: int, extra: dict[str, Any]
-) -> Path:
-    """Write `step-NNN/` via a temp dir + rename, then point `latest.json` at it (os.replace)."""
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
-    for name, t in stepper.model.state_dict().items():
-        tensors[f"model.{name}"] = t.detach().cpu().contiguous()
-    for name, t in stepper.optim.state_tensors().items():
-        tensors[f"optim.{name}"] = t.detach().cpu().contiguous()
-    if stepper.table_optim is not stepper.optim:
-        for name, t in stepper.table_optim.state_tensors().items():
-            tensors[f"toptim.{name}"] = t.detach().cpu().contiguous()
-    for name, t in stepper.best.state.items():
-        tensors[f"best.{name}"] = t.detach().cpu().contiguous()
-    tensors["rng.torch"] = _rng_tensor(torch.get_rng_state())
-    tensors["rng.sampler"] = _rng_tensor(stepper.sampler.get_state())
-    if torch.cuda.is_available():
-        tensors["rng.cuda"] = _rng_tensor(torch.cuda.get_rng_state())
-    meta = {
-        "step": step, "epoch": epoch, "pos": pos, "shape": stepper.model.shape.to_json(),
-        **stepper.best.meta(), **extra,
-    }
-    name = f"step-{step:09d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=ckpt_dir))
-    try:
-        save_file(tensors, str(tmp / "state.safetensors"))
-        (tmp / "meta.json").write_text(json.dumps(meta))
-        final = ckpt_dir / name
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    latest_tmp = ckpt_dir / f".{CKPT_LATEST}.tmp"
-    latest_tmp.write_text(json.dumps({"checkpoint": name, "step": step}))
-    os.replace(latest_tmp, ckpt_dir / CKPT_LATEST)
-    for old in ckpt_dir.glob("step-*"):
-        if old.name != name and old.is_dir():
-            shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def load_checkpoint(ckpt_dir: Path, stepper: Stepper) -> dict[str, Any] | None:
-    """Restore the latest checkpoint into `stepper`; None when there is none."""
-    latest = ckpt_dir / CKPT_LATEST
-    if not latest.exists():
-        return None
-    name = json.loads(latest.read_text())["checkpoint"]
-    meta: dict[str, Any] = json.loads((ckpt_dir / name / "meta.json").read_text())
-    if meta["shape"] != stepper.model.shape.to_json():
-        raise ParamsError(
-            f"checkpoint {ckpt_dir / name} was made for model shape {meta['shape']}, "
-            f"not {stepper.model.shape.to_json()}"
-        )
-    tensors = load_file(str(ckpt_dir / name / "state.safetensors"))
-    device = stepper.model.head.device
-    model_state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
-    stepper.model.load_state_dict(model_state)
-    stepper.optim.load_state_tensors(
-        {k[len("optim.") :]: v.to(device) for k, v in tensors.items() if k.startswith("optim.")}
-    )
-    if stepper.table_optim is not stepper.optim:
-        stepper.table_optim.load_state_tensors(
-            {k[len("toptim.") :]: v.to(device) for k, v in tensors.items() if k.startswith("toptim.")}
-        )
-    stepper.best.load(meta, {k: v.to(device) for k, v in tensors.items() if k.startswith("best.")})
-    torch.set_rng_state(tensors["rng.torch"])
-    stepper.sampler.set_state(tensors["rng.sampler"])
-    if "rng.cuda" in tensors and torch.cuda.is_available():
-        torch.cuda.set_rng_state(tensors["rng.cuda"])
-    return meta
-
 
 # ------------------------------------------------------------------------------------ evaluation
 
 
 def evaluate_model(
-    model: XCModel, x: sp.csr_matrix, y: sp.csr_matrix, prop: np.ndarray | None
+    model: XCModel,
+    x: sp.csr_matrix,
+    y: sp.csr_matrix,
+    prop: np.ndarray | None,
+    shard: LabelShard | None = None,
+    group: RankGroup | None = None,
 ) -> dict[str, float]:
-    top, _ = model.topk(x, EVAL_K)
+    """P@k etc. of the exact top-k over all labels (merged over the ranks' shards when sharded)."""
+    if shard is None or group is None:
+        top, _ = model.topk(x, EVAL_K)
+    else:
+        top, _ = shard_topk(model, x, EVAL_K, shard, group)
     return xc_metrics.evaluate_topk(top, y, prop)
 
 
@@ -421,6 +400,9 @@ def train(
 ) -> TrainResult:
     """Train on `train_ds`, evaluate on `test_ds` every `params.eval_every` epochs, write the artifact.
 
+    With `params.nproc_per_node > 1` this starts that many ranks here (`trainer.launch`) and returns rank
+    0's result; inside ranks started by torchrun (or by that launcher) it is one rank of the run.
+
     With `params.valid_fraction > 0` a seeded share of the training rows is held out (featurizer and
     model never train on it), scored after every epoch, and the weights of the best epoch by P@1 on
     it are the ones saved and reported; `test_ds` is only ever reported, never used to decide. With
@@ -428,6 +410,11 @@ def train(
     is the one saved: the held-out rows then only choose how long to train, and are not lost.
     """
     hooks = hooks or LoggingHooks()
+    if params.nproc_per_node > 1 and not in_launched_rank():
+        from trainer.launch import train_on_ranks
+
+        return train_on_ranks(params, train_ds, test_ds, out_dir=out_dir, hooks=hooks,
+                              checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     if params.valid_fraction > 0 and params.refit:
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         # the selection run never sees the test split, not even to report it
@@ -469,7 +456,12 @@ def _fit(
     tune_malloc()
     t_start = time.perf_counter()
     device = resolve_device(params.device)
-    torch.manual_seed(params.seed)
+    group = join_group(device)
+    device = rank_device(device, group)
+    check_shardable(params.loss, group.world)
+    if not group.is_main:
+        hooks = _Muted(hooks)
+    torch.manual_seed(params.seed)  # the dense layers' init: the same on every rank
     spec = get_loss(params.loss)
 
     valid_ds: Dataset | None = None
@@ -503,10 +495,17 @@ def _fit(
         dropout=params.dropout,
         extra_heads=spec.extra_heads,
     )
-    model = XCModel(shape, init_scale=params.init_scale, seed=params.seed).to(device)
+    shard = shard_bounds(k, group.world, group.rank)
+    model = XCModel(shape, init_scale=params.init_scale, seed=params.seed, label_rows=(shard.lo, shard.hi))
+    model = model.to(device)
     model.train()
-    sampler = NegativeSampler(k, params.sampler, params.alpha, label_counts(y), seed=params.seed + 1)
-    stepper = Stepper(model, spec, params, sampler)
+    if group.world > 1:
+        torch.manual_seed(params.seed + group.rank)  # dropout: each rank masks its own rows
+    counts = label_counts(y)[shard.lo : shard.hi]
+    # rank 0 keeps the stream of a one-process run; other ranks draw their own
+    seed = params.seed + 1 + 7919 * group.rank
+    sampler = NegativeSampler(shard.size, params.sampler, params.alpha, counts, seed=seed)
+    stepper = Stepper(model, spec, params, sampler, group, shard)
 
     bs = params.batch_size
     steps_per_epoch = math.ceil(n / bs)
@@ -523,9 +522,10 @@ def _fit(
     hooks.on_log(
         f"training {params.loss} on {n} rows, {shape.n_features} features, {k} labels; "
         f"d={params.dim}, {total} steps on {device}"
+        + (f", {group.world} ranks of {shard.size} labels each" if group.world > 1 else "")
     )
 
-    bar = _progress_bar(total, step)
+    bar = _progress_bar(total, step) if group.is_main else None
     history: list[dict[str, Any]] = []
     last_metrics: dict[str, float] = {}
     loss_ema = float("nan")
@@ -576,11 +576,11 @@ def _fit(
             is_last = epoch + 1 == last_epoch
             due = params.eval_every > 0 and (epoch + 1) % params.eval_every == 0
             if xt is not None and yt is not None and (due or is_last):
-                evaluated = evaluate_model(model, xt, yt, prop)
+                evaluated = evaluate_model(model, xt, yt, prop, shard, group)
                 last_metrics = evaluated
                 record["metrics"] = evaluated
             if xv is not None and yv is not None:
-                valid = evaluate_model(model, xv, yv, None)
+                valid = evaluate_model(model, xv, yv, None, shard, group)
                 record["valid"] = valid
                 best.update(epoch + 1, valid["p@1"], model)
             history.append(record)
@@ -605,7 +605,7 @@ def _fit(
         if best.epoch != epochs_run or not history or "metrics" not in history[-1]:
             best.restore(model)
             if xt is not None and yt is not None:
-                last_metrics = evaluate_model(model, xt, yt, prop)
+                last_metrics = evaluate_model(model, xt, yt, prop, shard, group)
         hooks.on_log(f"kept the weights of epoch {best.epoch} (valid p@1 {best.score:.4f})")
     seconds = time.perf_counter() - t_start
     overall_rate = examples / max(train_time, 1e-9)
@@ -624,11 +624,9 @@ def _fit(
     )
     out_path: Path | None = None
     if out_dir is not None:
-        from trainer.artifact import save_artifact
-
-        out_path = save_artifact(
-            out_dir, model, featurizer, label_names, artifact_params or params, summary,
-            label_counts=label_counts(y), n_train_rows=n,
+        out_path = _save_model(
+            Path(out_dir), stepper, featurizer, label_names, artifact_params or params, summary,
+            label_counts(y), n,
         )
         hooks.on_log(f"model written to {out_path}")
     return TrainResult(
@@ -644,6 +642,38 @@ def _fit(
         best_epoch=best_epoch,
         metrics_valid_p1=float(best.score) if best_epoch is not None else None,
     )
+
+
+def _save_model(
+    out: Path,
+    stepper: Stepper,
+    featurizer: Any,
+    label_names: list[str],
+    params: TrainParams,
+    summary: dict[str, float],
+    counts: np.ndarray,
+    n_rows: int,
+) -> Path:
+    """The artifact, in one format whatever the number of ranks; with several, every rank writes its
+    label rows into the one weights file (`trainer.merged_weights`) and rank 0 writes the rest."""
+    from trainer.artifact import artifact_tensors, save_artifact
+    from trainer.merged_weights import write_merged_weights
+
+    group, shard, model = stepper.group, stepper.shard, stepper.model
+    if group.world == 1:
+        return save_artifact(out, model, featurizer, label_names, params, summary,
+                             label_counts=counts, n_train_rows=n_rows)
+    if group.is_main:
+        def write(file: Path, tensors: dict[str, torch.Tensor]) -> dict[str, list[int]]:
+            return write_merged_weights(file, tensors, shard, group)
+
+        path = save_artifact(out, model, featurizer, label_names, params, summary,
+                             label_counts=counts, n_train_rows=n_rows, write_weights=write)
+    else:
+        write_merged_weights(None, artifact_tensors(model, counts, str(out)), shard, group)
+        path = out
+    group.barrier()  # every rank returns once the model directory is in place
+    return path
 
 
 def _progress_bar(total: int, initial: int) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -85,6 +86,12 @@ class JobsService:
     # -- jobs -------------------------------------------------------------------------------------
     def submit(self, req: JobRequest) -> JobRow:
         """Check datasets and the memory budget; only then record the job (the row is its queue entry)."""
+        cores = os.cpu_count() or 1
+        if req.params.nproc_per_node > cores:
+            raise Invalid(
+                f"nproc_per_node {req.params.nproc_per_node} exceeds the worker's {cores} CPU cores",
+                loc=["body", "params", "nproc_per_node"],
+            )
         if req.params.device == "cuda":
             import torch
 

@@ -3,6 +3,7 @@ is queued or stored afterwards."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,7 @@ def test_wrong_types(srv: Server, train_id: str, patch: dict[str, Any], loc: lis
         ({"dropout": 1.0}, "dropout"),
         ({"batch_size": 0}, "batch_size"),
         ({"loss": "no-such-loss"}, "loss"),
+        ({"nproc_per_node": (os.cpu_count() or 1) + 1}, "nproc_per_node"),  # more ranks than cores
     ],
 )
 def test_out_of_range_params(srv: Server, train_id: str, params: dict[str, Any], field: str) -> None:

@@ -1,0 +1,119 @@
+"""`train(...)` with `nproc_per_node > 1`: start the ranks here and be their caller's single training run.
+
+Why here and not in each caller: the CLI, the job worker and the benchmarks all call `train(...)`;
+launching inside it keeps one entry point. The ranks are started by torch's elastic launcher (as torchrun
+does) and receive the datasets as arguments; rank 0's log lines and progress come back over a queue to
+the caller's hooks, and the caller's `should_stop()` is passed on as an event every rank checks between
+steps. A rank that dies (killed, out of memory) makes the launcher stop the others; the caller then gets
+`RankFailed` naming the rank, or `TrainingCancelled` when it had asked the run to stop.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import threading
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from trainer.collectives import launch
+from trainer.data import Dataset
+from trainer.errors import OvexError, RankFailed, TrainingCancelled
+from trainer.label_shards import check_shardable
+from trainer.params import TrainParams
+
+POLL_S = 0.2
+
+
+class _RankHooks:
+    """Hooks inside a rank: messages and progress to the caller's queue, stop when the caller says so
+    or is gone (a launcher on a thread cannot trap signals, so a killed caller must not leave ranks)."""
+
+    def __init__(self, events: Any, stop: Any) -> None:
+        self.events, self.stop = events, stop
+        self.parent = os.getppid()
+
+    def on_progress(self, progress: Any) -> None:
+        self.events.put(("progress", asdict(progress)))
+
+    def on_log(self, message: str) -> None:
+        self.events.put(("log", message))
+
+    def should_stop(self) -> bool:
+        return bool(self.stop.is_set()) or os.getppid() != self.parent
+
+
+def _rank_main(
+    params: TrainParams,
+    train_ds: Dataset,
+    test_ds: Dataset | None,
+    options: dict[str, Any],
+    events: Any,
+    stop: Any,
+) -> Any:
+    from trainer.train import train
+
+    try:
+        return train(params, train_ds, test_ds, hooks=_RankHooks(events, stop), **options)
+    except OvexError as exc:  # the caller reports this message rather than the launcher's summary
+        events.put(("error", f"{type(exc).__name__}: {exc}"))
+        raise
+
+
+def train_on_ranks(
+    params: TrainParams,
+    train_ds: Dataset,
+    test_ds: Dataset | None,
+    *,
+    out_dir: str | Path | None,
+    hooks: Any,
+    checkpoint_dir: str | Path | None,
+    checkpoint_every: int,
+) -> Any:
+    """Run `train` on `params.nproc_per_node` ranks of this machine; returns rank 0's `TrainResult`."""
+    from trainer.train import Progress
+
+    check_shardable(params.loss, params.nproc_per_node)
+    ctx = mp.get_context("spawn")
+    events, stop = ctx.Queue(), ctx.Event()
+    options = {"out_dir": out_dir, "checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every}
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = launch(
+                params.nproc_per_node, _rank_main, (params, train_ds, test_ds, options, events, stop),
+                run_id="ovex-train",
+            )
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    runner = threading.Thread(target=run, name="ovex-ranks", daemon=True)
+    runner.start()
+    rank_error: str | None = None
+    cancelled = False
+    while runner.is_alive() or not events.empty():
+        try:
+            kind, value = events.get(timeout=POLL_S)
+        except queue.Empty:
+            kind, value = "", None
+        if kind == "log":
+            hooks.on_log(value)
+        elif kind == "progress":
+            hooks.on_progress(Progress(**value))
+        elif kind == "error":
+            rank_error = value
+        if not cancelled and hooks.should_stop():
+            cancelled = True
+            stop.set()
+    runner.join()
+    error = outcome.get("error")
+    if error is not None:
+        if cancelled:
+            raise TrainingCancelled("training stopped on every rank") from None
+        if rank_error is not None and isinstance(error, RankFailed):
+            raise RankFailed(f"{error} - {rank_error}") from None
+        raise error
+    return outcome["result"]
