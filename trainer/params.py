@@ -83,7 +83,7 @@ class TrainParams(BaseModel):
         description="with a base model: epochs of a continual run when `epochs` is not given",
     )
     replay: float = Field(
-        default=1.0,
+        default=2.0,
         ge=0.0,
         le=100.0,
         description="with a base model: rows the base already trained on, replayed per epoch, as a "

@@ -16,6 +16,8 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import require_api_key
 from service.api.datasets import KEYED, Runtime, _error
+from service.api.deps import RegistryDep
+from service.continual import resolve_base
 from service.jobs import budget
 from service.jobs.models import STATES, TERMINAL_STATES, JobEventRow, JobRow
 from service.jobs.runtime import JobsRuntime
@@ -26,6 +28,24 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 State = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class JobBase(BaseModel):
+    """The stored model version a job continues (`ovex train --init-from`): labels keep their ids."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr | None = Field(None, pattern=MODEL_NAME, description="default: the job's model")
+    version: StrictStr | None = Field(
+        None, min_length=1, max_length=64, description="default: the active version of that model"
+    )
+    replay_dataset: StrictStr | None = Field(
+        None,
+        min_length=1,
+        max_length=40,
+        description="rows replayed against forgetting; default: the training dataset of the job that "
+        "made the base version, when it is known",
+    )
 
 
 class JobCreate(BaseModel):
@@ -40,6 +60,11 @@ class JobCreate(BaseModel):
     test_dataset: StrictStr | None = Field(None, min_length=1, max_length=40)
     params: dict[str, Any] = Field(default_factory=dict, description="trainer options (TrainParams fields)")
     activate: StrictBool = Field(False, description="activate the new version for serving when it succeeds")
+    base: JobBase | None = Field(
+        None,
+        description="continue a stored version instead of training from scratch; params not given come "
+        "from it, and the job's metrics add new.* and old.* (test rows with and without a new label)",
+    )
 
 
 class JobProgress(BaseModel):
@@ -71,6 +96,7 @@ class JobOut(BaseModel):
     worker: str | None
     resumed_from_step: int | None
     cancel_requested: bool
+    base: dict[str, Any] | None = None
 
 
 class JobList(BaseModel):
@@ -114,6 +140,7 @@ def job_out(job: JobRow) -> JobOut:
         worker=job.worker,
         resumed_from_step=job.resumed_from_step,
         cancel_requested=job.cancel_requested,
+        base=job.base,
     )
 
 
@@ -139,11 +166,18 @@ def _validate_params(raw: dict[str, Any]) -> TrainParams:
     return params
 
 
-def _submit(rt: JobsRuntime, body: JobCreate) -> JobRow:
+def _submit(rt: JobsRuntime, body: JobCreate, registry: Any) -> JobRow:
     params = _validate_params(body.params)
     train = rt.store.get_dataset(body.train_dataset)
     if train is None:
         raise _error(404, ["body", "train_dataset"], f"dataset {body.train_dataset!r} not found", "not_found")
+    base = None
+    labels, features = train.labels, train.features
+    if body.base is not None:
+        resolved = resolve_base(registry, rt.store, job_model=body.model, base=body.base.model_dump(),
+                                params=params, train=train)
+        params, base = resolved.params, resolved.base.to_json()
+        labels, features = labels + resolved.labels, resolved.features
     if body.test_dataset is not None:
         test = rt.store.get_dataset(body.test_dataset)
         if test is None:
@@ -172,7 +206,7 @@ def _submit(rt: JobsRuntime, body: JobCreate) -> JobRow:
                 f"test dataset is {test.format} but the training dataset is {train.format}",
                 "value_error",
             )
-    need = budget.estimate(params, train.labels, train.features)
+    need = budget.estimate(params, labels, features)
     if need.bytes > rt.cfg.memory_budget_bytes:
         raise _error(
             422,
@@ -190,6 +224,7 @@ def _submit(rt: JobsRuntime, body: JobCreate) -> JobRow:
         test_dataset=body.test_dataset,
         params=params.to_json_dict(),
         activate=body.activate,
+        base=base,
     )
     try:
         rt.queue.enqueue(job.id)
@@ -208,14 +243,15 @@ def _submit(rt: JobsRuntime, body: JobCreate) -> JobRow:
     response_model=JobAccepted,
     responses={
         **KEYED,
-        404: {"description": "unknown dataset"},
-        422: {"description": "invalid params or over budget"},
+        404: {"description": "unknown dataset, or base model/version"},
+        422: {"description": "invalid params, a base that does not fit the data, or over budget"},
         503: {"description": "the queue is unavailable; nothing was queued"},
     },
 )
-def submit_job(body: JobCreate, rt: Runtime) -> JobAccepted:
-    """Validate params (types, ranges), datasets and the memory budget; only then record and queue the job."""
-    job = _submit(rt, body)
+def submit_job(body: JobCreate, rt: Runtime, registry: RegistryDep) -> JobAccepted:
+    """Validate params (types, ranges), datasets, the base version and the memory budget; only then record
+    and queue the job."""
+    job = _submit(rt, body, registry)
     return JobAccepted(id=job.id, state="queued")
 
 
