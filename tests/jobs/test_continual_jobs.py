@@ -106,3 +106,12 @@ def test_a_base_that_does_not_fit_is_refused_before_queueing(
     detail = refused({"base": {"model": "../etc"}}, 422)
     assert detail[0]["loc"][:3] == ["body", "base", "model"]
     assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs  # nothing was queued
+
+
+def test_the_client_sends_the_base() -> None:
+    from ovex_client import _api
+
+    req = _api.submit_job("m", "ds_1", test_dataset=None, params=None, activate=None, base={"version": "2"})
+    assert req.json == {"model": "m", "train_dataset": "ds_1", "base": {"version": "2"}}
+    fresh = _api.submit_job("m", "ds_1", test_dataset=None, params=None, activate=None)
+    assert "base" not in fresh.json
