@@ -298,10 +298,10 @@ def _mean_init(model: Any, x: sp.csr_matrix, y: sp.csr_matrix, new_labels: np.nd
     if rows.size == 0 or old.size == 0:
         return
     yr = sp.csr_matrix(yn[rows])
-    h = model.encode(x[rows]).cpu().double().numpy()
+    h = model.encode(x[rows]).cpu().numpy()
     counts = np.asarray(yr.sum(axis=0)).ravel()
     has = counts > 0
-    mean = torch.from_numpy(np.asarray(yr.T @ h)[has] / counts[has, None])
+    mean = torch.from_numpy(np.asarray(yr.T @ h, dtype=np.float64)[has] / counts[has, None])
     d = model.shape.dim
     trained = model.head[torch.from_numpy(old).to(model.head.device)].double().cpu()
     scale = float(trained[:, :d].norm(dim=1).median())
