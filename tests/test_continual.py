@@ -247,3 +247,27 @@ def test_unknown_test_label_is_named(tmp_path: Path) -> None:
     with pytest.raises(DataFormatError, match=r"t.jsonl:1: label 'zzz' is not in the model's label set"):
         train(_params(epochs=1), read_jsonl(tmp_path / "b.jsonl"), read_jsonl(tmp_path / "t.jsonl"),
               out_dir=tmp_path / "v2", hooks=QuietHooks(), base=tmp_path / "v1")
+
+
+def test_a_base_without_fingerprints_treats_every_row_as_new(
+    planted: tuple[Dataset, Dataset], tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tr, _ = planted
+    small = tr.take(np.arange(300))
+    train(_params(epochs=1), small, None, out_dir=tmp_path / "v1", hooks=QuietHooks())
+    weights = tmp_path / "v1" / "weights.safetensors"
+    tensors = load_file(str(weights))
+    del tensors["stats.row_hashes"]  # as written before fingerprints existed
+    save_file(tensors, str(weights))
+    assert load_artifact(tmp_path / "v1").row_hashes is None
+    again = train(_params(epochs=2), small, None, out_dir=tmp_path / "v2", hooks=QuietHooks(),
+                  base=tmp_path / "v1")
+    assert again.steps == 2 * 5  # 300 rows in batches of 64, all of them new to the base
+    assert load_artifact(tmp_path / "v2").config["n_train_rows"] == 600  # counted again: it cannot tell
+
+
+def test_replay_data_needs_a_base(tmp_path: Path) -> None:
+    proc = _cli("train", "--train", "x.txt", "--replay-data", "y.txt", "--out", str(tmp_path / "m"))
+    assert proc.returncode == 2 and "--replay-data needs --init-from" in proc.stderr

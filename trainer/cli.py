@@ -80,9 +80,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from trainer.train import train
 
     params = params_from_args(args)
-    train_ds = read_dataset(args.train)
     if args.replay_data and not args.init_from:
         raise ParamsError("--replay-data needs --init-from (it holds rows the base model trained on)")
+    train_ds = read_dataset(args.train)
     # with a base, test labels are matched by name against the grown label set inside train()
     names = None if args.init_from else train_ds.label_names
     test_ds = read_dataset(args.test, label_names=names) if args.test else None

@@ -26,7 +26,7 @@ import torch
 
 from trainer import metrics as xc_metrics
 from trainer.data import Dataset, label_counts
-from trainer.errors import DataFormatError, ParamsError
+from trainer.errors import ArtifactError, DataFormatError, ParamsError
 from trainer.params import TrainParams
 
 __all__ = [
@@ -341,8 +341,11 @@ def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None,
     """
     from trainer.artifact import load_artifact
 
-    base = load_artifact(base_dir)
     name = base_name or str(base_dir)
+    try:
+        base = load_artifact(base_dir)
+    except ArtifactError as exc:  # named as the caller names the base (the service hides its paths)
+        raise ArtifactError(name, exc.message) from None
     train_ds = _check_inputs(base, train_ds, name)
     featurizer = base.featurizer
     if train_ds.is_text and featurizer.vocab is not None:
