@@ -60,7 +60,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 DEFAULT_VARIANTS = ["random-init", "no-replay"]
 # 10^5 labels; rows kept small enough for three seeds of three trainings on a shared 2-core machine
-SYNTH = {"labels": 100_000, "features": 50_000, "rows": 30_000, "test_rows": 3_000, "seed": 7}
+SYNTH = {"labels": 100_000, "features": 50_000, "rows": 10_000, "test_rows": 1_000, "seed": 7}
 
 
 def load_set(name: str, data_dir: Path) -> tuple[Dataset, Dataset]:
