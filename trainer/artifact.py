@@ -7,6 +7,8 @@ Layout of a model directory:
   labels.txt           one label name per line, each a JSON string (names may hold any character)
   featurizer/          the fitted featurizer (trainer.featurize)
   metrics.json         evaluation and training figures
+weights.safetensors may also hold stats.label_counts [K] and stats.row_hashes [N] (sorted fingerprints of
+the rows trained on, so a continual run can tell new rows from replayed ones).
 It is written to a temp dir beside the target and renamed into place, so readers never see half a model.
 """
 
@@ -34,6 +36,7 @@ from trainer.params import TrainParams
 SCHEMA_VERSION = 1
 FORMAT = "ovex-model"
 COUNTS = "stats.label_counts"  # optional [K] float32: training rows per label (for PSP@k)
+HASHES = "stats.row_hashes"  # optional [N] int64: fingerprints of the training rows (trainer.continual)
 REQUIRED_FILES = ("config.json", "weights.safetensors", "labels.txt", "metrics.json")
 
 
@@ -52,14 +55,19 @@ def _model_tensors(model: XCModel) -> dict[str, torch.Tensor]:
     return {k: v.cpu().contiguous().clone() for k, v in out.items()}
 
 
-def artifact_tensors(model: XCModel, label_counts: np.ndarray | None, where: str) -> dict[str, torch.Tensor]:
-    """The tensors of `weights.safetensors` (label counts as float32 when given)."""
+def artifact_tensors(
+    model: XCModel, label_counts: np.ndarray | None, where: str, row_hashes: np.ndarray | None = None
+) -> dict[str, torch.Tensor]:
+    """The tensors of `weights.safetensors` (label counts as float32 and the training rows' fingerprints
+    when given)."""
     tensors = _model_tensors(model)
     if label_counts is not None:
         counts = np.asarray(label_counts, dtype=np.float32)
         if counts.shape != (model.shape.n_labels,):
             raise ArtifactError(where, f"label_counts has shape {counts.shape}")
         tensors[COUNTS] = torch.from_numpy(counts.copy())
+    if row_hashes is not None:
+        tensors[HASHES] = torch.from_numpy(np.unique(np.asarray(row_hashes, dtype=np.int64)))
     return tensors
 
 
@@ -82,6 +90,7 @@ def save_artifact(
     label_counts: np.ndarray | None = None,
     n_train_rows: int = 0,
     write_weights: WeightsWriter | None = None,
+    row_hashes: np.ndarray | None = None,
 ) -> Path:
     """Write the model directory atomically; an existing model at `out_dir` is replaced.
 
@@ -96,7 +105,7 @@ def save_artifact(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        tensors = artifact_tensors(model, label_counts, str(out))
+        tensors = artifact_tensors(model, label_counts, str(out), row_hashes)
         if write_weights is None:
             save_file(tensors, str(tmp / "weights.safetensors"))
             shapes = {k: list(v.shape) for k, v in tensors.items()}
@@ -145,6 +154,7 @@ class LoadedModel:
     featurizer: Any
     model: XCModel
     label_counts: np.ndarray | None = None
+    row_hashes: np.ndarray | None = None  # sorted int64 fingerprints of the training rows
 
     def propensities(self, a: float = 0.55, b: float = 1.5) -> np.ndarray | None:
         """Jain et al. (2016) propensities from the training label counts (None if not recorded)."""
@@ -251,6 +261,9 @@ def load_artifact(path: str | Path) -> LoadedModel:
         raise ArtifactError(
             str(root), f"tensor {COUNTS!r} has shape {list(counts.shape)}, expected [{shape.n_labels}]"
         )
+    hashes = tensors.pop(HASHES, None)
+    if hashes is not None and (hashes.dim() != 1 or hashes.dtype != torch.int64):
+        raise ArtifactError(str(root), f"tensor {HASHES!r} must be a 1-d int64 tensor")
     unknown = sorted(set(tensors) - set(expected))
     if unknown:
         raise ArtifactError(str(root), f"weights.safetensors has unexpected tensors {unknown[:5]}")
@@ -266,7 +279,8 @@ def load_artifact(path: str | Path) -> LoadedModel:
         raise ArtifactError(str(root), "metrics.json must hold a JSON object")
     featurizer = _load_featurizer(root, shape.n_features)
     counts_np = None if counts is None else counts.numpy().astype(np.float64)
-    return LoadedModel(root, config, params, label_names, metrics, featurizer, model, counts_np)
+    hashes_np = None if hashes is None else hashes.numpy()
+    return LoadedModel(root, config, params, label_names, metrics, featurizer, model, counts_np, hashes_np)
 
 
 def _load_weights(model: XCModel, tensors: dict[str, torch.Tensor]) -> None:

@@ -87,10 +87,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     from trainer.train import train
 
     params = params_from_args(args)
+    if args.replay_data and not args.init_from:
+        raise ParamsError("--replay-data needs --init-from (it holds rows the base model trained on)")
     train_ds = read_dataset(args.train)
     if args.label_names:
         train_ds = with_label_names(train_ds, args.label_names)
-    test_ds = read_dataset(args.test, label_names=train_ds.label_names) if args.test else None
+    # with a base, test labels are matched by name against the grown label set inside train()
+    names = None if args.init_from else train_ds.label_names
+    test_ds = read_dataset(args.test, label_names=names) if args.test else None
+    replay_ds = read_dataset(args.replay_data) if args.replay_data else None
     result = train(
         params,
         train_ds,
@@ -99,6 +104,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         hooks=_CliHooks(args.quiet),
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
+        base=args.init_from,
+        replay_ds=replay_ds,
     )
     if result.metrics and os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 answers
         print(json.dumps(result.metrics))
@@ -224,6 +231,18 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--train", required=True, help="training data (XC format or JSONL)")
     p.add_argument("--test", help="test data, evaluated every epoch")
     p.add_argument("--out", required=True, help="model directory to write")
+    p.add_argument(
+        "--init-from",
+        metavar="MODEL_DIR",
+        help="continue this model: its featurizer, encoder and head; labels matched by name, new ones "
+        "appended; flags not given come from it (epochs: --continual-epochs)",
+    )
+    p.add_argument(
+        "--replay-data",
+        metavar="FILE",
+        help="with --init-from: rows the base trained on, replayed against forgetting (e.g. its training "
+        "set; --replay sets how many per epoch)",
+    )
     p.add_argument("--checkpoint-dir", help="save checkpoints here and resume from the latest one")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0 = never)")
     p.add_argument("--quiet", action="store_true", help="no log messages on stderr")

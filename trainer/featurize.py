@@ -218,6 +218,36 @@ class Featurizer:
         else:
             self.idf = None
 
+    def extended(self, texts: Sequence[str]) -> Featurizer:
+        """A copy whose vocabulary also holds the terms of `texts` it lacks (same min_df; the total stays
+        within max_features), appended after the old ones.
+
+        Why: a continual run on new texts should learn their new words. Old terms keep their columns
+        and idf weights, so a text without new words featurizes exactly as before; a new term's idf is
+        taken over `texts`. A hashing featurizer has no vocabulary to grow and is returned as it is.
+        """
+        self._require_fitted()
+        if self.vocab is None:
+            return self
+        cfg = self.config
+        df: Counter[str] = Counter()
+        for t in texts:
+            df.update(set(tokenize(t, cfg.ngrams)))
+        room = max(cfg.max_features - len(self.vocab), 0)
+        kept = sorted(((c, term) for term, c in df.items() if c >= cfg.min_df and term not in self.vocab),
+                      key=lambda ct: (-ct[0], ct[1]))[:room]
+        out = Featurizer(cfg)
+        out.kind = self.kind
+        out.vocab = dict(self.vocab)
+        for _, term in kept:
+            out.vocab[term] = len(out.vocab)
+        out._n_features = len(out.vocab)
+        out.n_docs = self.n_docs + len(texts)
+        if self.idf is not None:
+            new_idf = self._idf(np.array([c for c, _ in kept], dtype=np.float64), len(texts))
+            out.idf = np.concatenate([self.idf, new_idf]).astype(np.float32)
+        return out
+
     @staticmethod
     def _idf(df: np.ndarray, n_docs: int) -> np.ndarray:
         """Smoothed idf: ln((1 + N) / (1 + df)) + 1, so unseen columns get the largest weight."""

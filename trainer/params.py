@@ -19,6 +19,7 @@ Schedule = Literal["cosine", "linear", "constant"]
 Device = Literal["auto", "cpu", "cuda"]
 LabelWeighting = Literal["row", "pair"]
 Optimizer = Literal["adam", "adagrad"]
+NewLabelInit = Literal["mean", "random"]
 
 # upper bounds of the per-step sizes: a step holds batch × (negatives + positives) scores
 MAX_BATCH = 65_536
@@ -97,6 +98,25 @@ class TrainParams(BaseModel):
     max_vocab: int = Field(default=200_000, ge=1, le=1 << 26, description="text: vocabulary size cap")
     min_df: int = Field(
         default=1, ge=1, le=1_000_000_000, description="text: minimum document frequency of a vocabulary term"
+    )
+    # continual training (`train --init-from`): only used when a run starts from a base model
+    continual_epochs: int = Field(
+        default=3,
+        ge=1,
+        le=10_000,
+        description="with a base model: epochs of a continual run when `epochs` is not given",
+    )
+    replay: float = Field(
+        default=2.0,
+        ge=0.0,
+        le=100.0,
+        description="with a base model: rows the base already trained on, replayed per epoch, as a "
+        "multiple of the rows new to it (0 = train on new rows only)",
+    )
+    new_label_init: NewLabelInit = Field(
+        default="mean",
+        description="with a base model: start of the head rows of labels new to it: mean (the mean "
+        "encoding of their positive rows, scaled like the trained rows) or random",
     )
     # evaluation
     eval_every: int = Field(

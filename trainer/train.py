@@ -24,6 +24,7 @@ from trainer import metrics as xc_metrics
 from trainer import row_kernels
 from trainer.checkpoints import load_checkpoint, save_checkpoint
 from trainer.collectives import RankGroup, in_launched_rank, join_group, rank_device
+from trainer.continual import WarmStart, continual_params, row_fingerprints, split_metrics, warm_start
 from trainer.data import Dataset, check_compatible, label_counts
 from trainer.errors import ParamsError, TrainingCancelled
 from trainer.label_shards import (
@@ -376,13 +377,18 @@ def evaluate_model(
     prop: np.ndarray | None,
     shard: LabelShard | None = None,
     group: RankGroup | None = None,
+    new_labels: np.ndarray | None = None,
 ) -> dict[str, float]:
-    """P@k etc. of the exact top-k over all labels (merged over the ranks' shards when sharded)."""
+    """P@k etc. of the exact top-k over all labels (merged over the ranks' shards when sharded); with
+    `new_labels` (a continual run) also on new-label and old-label rows apart."""
     if shard is None or group is None:
         top, _ = model.topk(x, EVAL_K)
     else:
         top, _ = shard_topk(model, x, EVAL_K, shard, group)
-    return xc_metrics.evaluate_topk(top, y, prop)
+    out = xc_metrics.evaluate_topk(top, y, prop)
+    if new_labels is not None:
+        out.update(split_metrics(top, y, new_labels, prop))
+    return out
 
 
 # ------------------------------------------------------------------------------------ train
@@ -397,11 +403,19 @@ def train(
     hooks: TrainHooks | None = None,
     checkpoint_dir: str | Path | None = None,
     checkpoint_every: int = 0,
+    base: str | Path | None = None,
+    base_name: str | None = None,
+    replay_ds: Dataset | None = None,
 ) -> TrainResult:
     """Train on `train_ds`, evaluate on `test_ds` every `params.eval_every` epochs, write the artifact.
 
     With `params.nproc_per_node > 1` this starts that many ranks here (`trainer.launch`) and returns rank
     0's result; inside ranks started by torchrun (or by that launcher) it is one rank of the run.
+
+    With `base` (a model directory) the run continues that model (trainer.continual): its featurizer,
+    encoder and head, labels matched by name, new ones appended; parameters the caller did not set come
+    from the base. `replay_ds` (e.g. the base's training set) adds rows to replay; `base_name` is how
+    errors name the base (default: its path).
 
     With `params.valid_fraction > 0` a seeded share of the training rows is held out (featurizer and
     model never train on it), scored after every epoch, and the weights of the best epoch by P@1 on
@@ -410,15 +424,24 @@ def train(
     is the one saved: the held-out rows then only choose how long to train, and are not lost.
     """
     hooks = hooks or LoggingHooks()
+    if base is not None and (params.nproc_per_node > 1 or in_launched_rank()):
+        raise ParamsError("continuing a base model runs on one rank: leave out nproc_per_node (and torchrun)")
     if params.nproc_per_node > 1 and not in_launched_rank():
         from trainer.launch import train_on_ranks
 
         return train_on_ranks(params, train_ds, test_ds, out_dir=out_dir, hooks=hooks,
                               checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
+    warm: WarmStart | None = None
+    if base is not None:
+        warm, train_ds, test_ds = warm_start(base, train_ds, test_ds, base_name=base_name,
+                                             replay_ds=replay_ds)
+        params = continual_params(warm.base.params, params, warm.name)
+        hooks.on_log(f"continuing {warm.name}: {warm.n_base_labels} labels, "
+                     f"{len(warm.label_names) - warm.n_base_labels} new")
     if params.valid_fraction > 0 and params.refit:
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         # the selection run never sees the test split, not even to report it
-        select = _fit(params, train_ds, None, out_dir=None, hooks=hooks,
+        select = _fit(params, train_ds, None, out_dir=None, hooks=hooks, warm=warm,
                       checkpoint_dir=None if ckpt is None else ckpt / "select",
                       checkpoint_every=checkpoint_every)
         assert select.best_epoch is not None and select.metrics_valid_p1 is not None
@@ -426,7 +449,7 @@ def train(
         refit = params.model_copy(
             update={"valid_fraction": 0.0, "refit": False, "patience": 0, "stop_epoch": select.best_epoch}
         )
-        result = _fit(refit, train_ds, test_ds, out_dir=out_dir, hooks=hooks,
+        result = _fit(refit, train_ds, test_ds, out_dir=out_dir, hooks=hooks, warm=warm,
                       checkpoint_dir=None if ckpt is None else ckpt / "refit",
                       checkpoint_every=checkpoint_every, artifact_params=params,
                       extra_summary={"best_epoch": float(select.best_epoch),
@@ -436,7 +459,7 @@ def train(
         result.history = [{**h, "phase": "select"} for h in select.history] + result.history
         result.seconds += select.seconds
         return result
-    return _fit(params, train_ds, test_ds, out_dir=out_dir, hooks=hooks,
+    return _fit(params, train_ds, test_ds, out_dir=out_dir, hooks=hooks, warm=warm,
                 checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
 
 
@@ -451,6 +474,7 @@ def _fit(
     checkpoint_every: int,
     artifact_params: TrainParams | None = None,
     extra_summary: dict[str, float] | None = None,
+    warm: WarmStart | None = None,
 ) -> TrainResult:
     """One training run (the body of `train`); the artifact records `artifact_params` when given."""
     tune_malloc()
@@ -469,7 +493,11 @@ def _fit(
         fit_rows, valid_rows = split_validation(train_ds.n_rows, params.valid_fraction, params.seed)
         valid_ds = train_ds.take(valid_rows)
         train_ds = train_ds.take(fit_rows)
-    featurizer = fit_featurizer(params, train_ds)
+    if warm is not None:
+        train_ds = warm.training_rows(train_ds)
+        featurizer = warm.featurizer
+    else:
+        featurizer = fit_featurizer(params, train_ds)
     x = _as_csr32(featurizer.transform(train_ds))
     y = _as_csr32(train_ds.Y)
     n, k = x.shape[0], train_ds.n_labels
@@ -498,6 +526,10 @@ def _fit(
     shard = shard_bounds(k, group.world, group.rank)
     model = XCModel(shape, init_scale=params.init_scale, seed=params.seed, label_rows=(shard.lo, shard.hi))
     model = model.to(device)
+    new_labels = None
+    if warm is not None:
+        warm.init_model(model, x, y, params.new_label_init)
+        new_labels = warm.new_labels
     model.train()
     if group.world > 1:
         torch.manual_seed(params.seed + group.rank)  # dropout: each rank masks its own rows
@@ -508,7 +540,8 @@ def _fit(
     stepper = Stepper(model, spec, params, sampler, group, shard)
 
     bs = params.batch_size
-    steps_per_epoch = math.ceil(n / bs)
+    n_epoch = n if warm is None else warm.epoch_size(params.replay)  # rows trained on per epoch
+    steps_per_epoch = math.ceil(n_epoch / bs)
     total = steps_per_epoch * params.epochs
     step, start_epoch, start_pos = 0, 0, 0
     resumed: int | None = None
@@ -520,7 +553,7 @@ def _fit(
             resumed = step
             hooks.on_log(f"resumed from step {step}")
     hooks.on_log(
-        f"training {params.loss} on {n} rows, {shape.n_features} features, {k} labels; "
+        f"training {params.loss} on {n_epoch} rows per epoch, {shape.n_features} features, {k} labels; "
         f"d={params.dim}, {total} steps on {device}"
         + (f", {group.world} ranks of {shard.size} labels each" if group.world > 1 else "")
     )
@@ -539,7 +572,8 @@ def _fit(
         for epoch in range(start_epoch, last_epoch):
             if xv is not None and params.patience > 0 and best.epoch > 0 and best.stale >= params.patience:
                 break  # resumed after the patience ran out
-            perm = np.random.default_rng([params.seed, epoch]).permutation(n)
+            perm = (np.random.default_rng([params.seed, epoch]).permutation(n) if warm is None
+                    else warm.epoch_rows(params.seed, epoch, params.replay))
             ep = EpochData(x, y, perm, device)
             t_epoch = time.perf_counter()
             epoch_examples = 0
@@ -548,7 +582,7 @@ def _fit(
             for pos in range(pos0, steps_per_epoch):
                 if hooks.should_stop():
                     raise TrainingCancelled(f"training stopped at step {step}")
-                i, j = pos * bs, min(n, (pos + 1) * bs)
+                i, j = pos * bs, min(n_epoch, (pos + 1) * bs)
                 value = stepper.step(ep, i, j, lr_at(params, step, total))
                 if not math.isfinite(value):
                     raise ParamsError(f"loss became {value} at step {step}; lower --lr")
@@ -576,7 +610,7 @@ def _fit(
             is_last = epoch + 1 == last_epoch
             due = params.eval_every > 0 and (epoch + 1) % params.eval_every == 0
             if xt is not None and yt is not None and (due or is_last):
-                evaluated = evaluate_model(model, xt, yt, prop, shard, group)
+                evaluated = evaluate_model(model, xt, yt, prop, shard, group, new_labels)
                 last_metrics = evaluated
                 record["metrics"] = evaluated
             if xv is not None and yv is not None:
@@ -605,7 +639,7 @@ def _fit(
         if best.epoch != epochs_run or not history or "metrics" not in history[-1]:
             best.restore(model)
             if xt is not None and yt is not None:
-                last_metrics = evaluate_model(model, xt, yt, prop, shard, group)
+                last_metrics = evaluate_model(model, xt, yt, prop, shard, group, new_labels)
         hooks.on_log(f"kept the weights of epoch {best.epoch} (valid p@1 {best.score:.4f})")
     seconds = time.perf_counter() - t_start
     overall_rate = examples / max(train_time, 1e-9)
@@ -624,9 +658,11 @@ def _fit(
     )
     out_path: Path | None = None
     if out_dir is not None:
+        counts, n_rows, hashes = (label_counts(y), n, row_fingerprints(train_ds)) if warm is None \
+            else warm.artifact_stats(y)
         out_path = _save_model(
             Path(out_dir), stepper, featurizer, label_names, artifact_params or params, summary,
-            label_counts(y), n,
+            counts, n_rows, hashes,
         )
         hooks.on_log(f"model written to {out_path}")
     return TrainResult(
@@ -653,6 +689,7 @@ def _save_model(
     summary: dict[str, float],
     counts: np.ndarray,
     n_rows: int,
+    row_hashes: np.ndarray | None,
 ) -> Path:
     """The artifact, in one format whatever the number of ranks; with several, every rank writes its
     label rows into the one weights file (`trainer.merged_weights`) and rank 0 writes the rest."""
@@ -662,15 +699,16 @@ def _save_model(
     group, shard, model = stepper.group, stepper.shard, stepper.model
     if group.world == 1:
         return save_artifact(out, model, featurizer, label_names, params, summary,
-                             label_counts=counts, n_train_rows=n_rows)
+                             label_counts=counts, n_train_rows=n_rows, row_hashes=row_hashes)
     if group.is_main:
         def write(file: Path, tensors: dict[str, torch.Tensor]) -> dict[str, list[int]]:
             return write_merged_weights(file, tensors, shard, group)
 
         path = save_artifact(out, model, featurizer, label_names, params, summary,
-                             label_counts=counts, n_train_rows=n_rows, write_weights=write)
+                             label_counts=counts, n_train_rows=n_rows, row_hashes=row_hashes,
+                             write_weights=write)
     else:
-        write_merged_weights(None, artifact_tensors(model, counts, str(out)), shard, group)
+        write_merged_weights(None, artifact_tensors(model, counts, str(out), row_hashes), shard, group)
         path = out
     group.barrier()  # every rank returns once the model directory is in place
     return path

@@ -45,6 +45,24 @@ class JobParams(TrainParams):
     )
 
 
+class JobBase(BaseModel):
+    """The stored model version a job continues (`ovex train --init-from`): labels keep their ids."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr | None = Field(None, pattern=MODEL_NAME, description="default: the job's model")
+    version: StrictStr | None = Field(
+        None, min_length=1, max_length=64, description="default: the active version of that model"
+    )
+    replay_dataset: StrictStr | None = Field(
+        None,
+        min_length=1,
+        max_length=40,
+        description="rows replayed against forgetting; default: the training dataset of the job that "
+        "made the base version, when it is known",
+    )
+
+
 class JobCreate(BaseModel):
     """A training request. Datasets are named by id (from `POST /v1/datasets`), never by path."""
 
@@ -67,6 +85,11 @@ class JobCreate(BaseModel):
     )
     params: JobParams = Field(default_factory=JobParams, description="trainer options; omitted: defaults")
     activate: StrictBool = Field(False, description="activate the new version for serving when it succeeds")
+    base: JobBase | None = Field(
+        None,
+        description="continue a stored version instead of training from scratch; params not given come "
+        "from it, and the job's metrics add new.* and old.* (test rows with and without a new label)",
+    )
 
 
 class JobProgress(BaseModel):
@@ -103,6 +126,7 @@ class JobOut(BaseModel):
     worker: str | None = Field(description="the worker running it")
     resumed_from_step: int | None = Field(description="the checkpoint step a retry resumed from")
     cancel_requested: bool = Field(description="a cancel was asked for; a running job stops at its next step")
+    base: dict[str, Any] | None = Field(None, description="the stored version the job continues, if any")
 
 
 class JobList(BaseModel):
@@ -152,6 +176,7 @@ def job_out(job: JobRow) -> JobOut:
         worker=job.worker,
         resumed_from_step=job.resumed_from_step,
         cancel_requested=job.cancel_requested,
+        base=job.base,
     )
 
 
@@ -164,14 +189,17 @@ UNKNOWN: dict[int | str, dict[str, Any]] = {404: {"description": "unknown job"}}
     response_model=JobAccepted,
     responses={
         **KEYED,
-        404: {"description": "unknown dataset"},
-        422: {"description": "invalid params, incompatible datasets or over the memory budget"},
+        404: {"description": "unknown dataset, or base model/version"},
+        422: {"description": "invalid params, a base that does not fit the data, or over the memory budget"},
     },
 )
 def submit_job(body: JobCreate, jobs: Jobs, _: ApiKey) -> JobAccepted:
-    """Validate params (types, ranges), datasets and the memory budget; only then queue the job."""
-    params = TrainParams.model_validate(body.params.model_dump())
-    req = JobRequest(body.model, body.train_dataset, body.test_dataset, params, body.activate)
+    """Validate params (types, ranges), datasets, the base version and the memory budget; only then queue
+    the job."""
+    # only the fields the request set count as set: a continual run takes the others from its base
+    params = TrainParams.model_validate(body.params.model_dump(exclude_unset=True))
+    base = None if body.base is None else body.base.model_dump()
+    req = JobRequest(body.model, body.train_dataset, body.test_dataset, params, body.activate, base)
     return JobAccepted(id=jobs.submit(req).id, state="queued")
 
 

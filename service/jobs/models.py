@@ -51,6 +51,8 @@ class JobRow(Base):
     train_dataset: Mapped[str] = mapped_column(String(40), ForeignKey("datasets.id"))
     test_dataset: Mapped[str | None] = mapped_column(String(40), ForeignKey("datasets.id"), nullable=True)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # {"model", "version", "replay_dataset"} of the version a continual job grows (service.continual)
+    base: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True, default=None)
     activate: Mapped[bool] = mapped_column(Boolean, default=False)
     state: Mapped[str] = mapped_column(String(16), index=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from service.continual import trainer_inputs
 from service.jobs.config import JobsConfig
 from service.jobs.models import CANCELLED, FAILED, SUCCEEDED, DatasetRow, JobRow
 from service.jobs.store import JobStore
@@ -163,13 +164,17 @@ def _opt_float(v: Any) -> float | None:
     return f if f == f and f not in (float("inf"), float("-inf")) else None
 
 
+def _public(row: DatasetRow) -> str:
+    return f"dataset {row.id} ({row.filename})"
+
+
 @contextlib.contextmanager
 def _named(row: DatasetRow) -> Iterator[None]:
     """Report data errors by dataset id and upload name, not by the server's storage path."""
     try:
         yield
     except DataFormatError as e:
-        raise DataFormatError(f"dataset {row.id} ({row.filename})", e.line, e.message) from None
+        raise DataFormatError(_public(row), e.line, e.message) from None
 
 
 class JobRunner:
@@ -223,15 +228,19 @@ class JobRunner:
             raise OvexError(f"training dataset {job.train_dataset} no longer exists")
         with _named(train_row):
             train_ds = read_dataset(dataset_path(self.cfg, train_row))
+        train_ds.path = _public(train_row)  # later errors (e.g. against a base) name the upload
+        base_kw = trainer_inputs(self.cfg.models_dir, job.base, self._read_replay) if job.base else {}
         test_ds = None
         if job.test_dataset:
             test_row = self.store.get_dataset(job.test_dataset)
             if test_row is None:
                 raise OvexError(f"test dataset {job.test_dataset} no longer exists")
             with _named(test_row):
-                test_ds = check_compatible(
-                    train_ds, read_dataset(dataset_path(self.cfg, test_row), label_names=train_ds.label_names)
-                )
+                test_ds = read_dataset(dataset_path(self.cfg, test_row),
+                                       label_names=None if job.base else train_ds.label_names)
+                # with a base, labels are matched by name against the grown label set inside train()
+                test_ds = test_ds if job.base else check_compatible(train_ds, test_ds)
+            test_ds.path = _public(test_row)
         shutil.rmtree(staging, ignore_errors=True)  # a partial artifact from a killed attempt
         checkpoints.mkdir(parents=True, exist_ok=True)
         return train(
@@ -242,7 +251,19 @@ class JobRunner:
             hooks=hooks,
             checkpoint_dir=checkpoints,
             checkpoint_every=self.cfg.settings.checkpoint_every,
+            **base_kw,
         )
+
+    def _read_replay(self, dataset_id: str) -> Any:
+        from trainer.data import read_dataset
+
+        row = self.store.get_dataset(dataset_id)
+        if row is None:
+            raise OvexError(f"replay dataset {dataset_id} no longer exists")
+        with _named(row):
+            ds = read_dataset(dataset_path(self.cfg, row))
+        ds.path = _public(row)
+        return ds
 
     def _stopped(self, job_id: str, job_dir: Path) -> None:
         lease_lost = not self._still_ours(job_id)

@@ -45,7 +45,7 @@ class JobsRuntime:
         self.engine = make_engine(self.cfg.db_url)
         migrate(self.engine)
         self.store = JobStore(self.engine)
-        self.service = JobsService(self.cfg, self.store)
+        self.service = JobsService(self.cfg, self.store, registry)
         self.registry = registry
         self._since = time.time()  # versions finished earlier are found by the registry's start-up scan
         self._given_up: set[str] = set()

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from service.errors import Invalid, NotFound
+from service.continual import resolve_base
+from service.errors import Invalid, NotFound, Unavailable
 from service.jobs import budget
 from service.jobs.config import JobsConfig
 from service.jobs.datasets import ingest, receive_file
@@ -39,6 +40,7 @@ class JobRequest:
     test_dataset: str | None
     params: TrainParams
     activate: bool
+    base: dict[str, Any] | None = None  # continue a stored version: optional model, version, replay_dataset
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,9 @@ class Event:
 
 
 class JobsService:
-    def __init__(self, cfg: JobsConfig, store: JobStore) -> None:
+    def __init__(self, cfg: JobsConfig, store: JobStore, registry: Any | None = None) -> None:
         self.cfg, self.store = cfg, store
+        self.registry = registry  # the stored versions a job's base is resolved against
 
     # -- datasets ---------------------------------------------------------------------------------
     async def upload(
@@ -100,10 +103,19 @@ class JobsService:
                     "device 'cuda' requested but no GPU is available", loc=["body", "params", "device"]
                 )
         train = self.get_dataset(req.train_dataset, ["body", "train_dataset"])
+        params, base, labels, features = req.params, None, train.labels, train.features
+        if req.base is not None:
+            if self.registry is None:
+                raise Unavailable("continuing a base model needs the model registry of the API process")
+            resolved = resolve_base(
+                self.registry, self.store, job_model=req.model, base=req.base, params=params, train=train
+            )
+            params, base = resolved.params, resolved.base.to_json()
+            labels, features = labels + resolved.labels, resolved.features
         if req.test_dataset is not None:
             test = self.get_dataset(req.test_dataset, ["body", "test_dataset"])
             _check_compatible(train, test)
-        need = budget.estimate(req.params, train.labels, train.features)
+        need = budget.estimate(params, labels, features)
         limit = self.cfg.settings.memory_budget_bytes
         if need.bytes > limit:
             raise Invalid(
@@ -118,8 +130,9 @@ class JobsService:
             model=req.model,
             train_dataset=req.train_dataset,
             test_dataset=req.test_dataset,
-            params=req.params.to_json_dict(),
+            params=params.to_json_dict(),
             activate=req.activate,
+            base=base,
         )
 
     def get(self, job_id: str) -> JobRow:

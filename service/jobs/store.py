@@ -138,6 +138,7 @@ class JobStore:
         test_dataset: str | None,
         params: dict[str, Any],
         activate: bool,
+        base: dict[str, Any] | None = None,
     ) -> JobRow:
         now = time.time()
         row = JobRow(
@@ -146,6 +147,7 @@ class JobStore:
             train_dataset=train_dataset,
             test_dataset=test_dataset,
             params=params,
+            base=base,
             activate=activate,
             state=QUEUED,
             cancel_requested=False,

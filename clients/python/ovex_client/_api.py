@@ -226,8 +226,11 @@ def submit_job(
     test_dataset: str | int | None,
     params: Mapping[str, Any] | None,
     activate: bool | None,
+    base: Mapping[str, Any] | None = None,
 ) -> Request:
     body: dict[str, Any] = {"model": model, "train_dataset": str(train_dataset)}
+    if base is not None:
+        body["base"] = dict(base)
     if test_dataset is not None:
         body["test_dataset"] = str(test_dataset)
     if params:

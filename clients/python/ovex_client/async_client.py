@@ -194,9 +194,10 @@ class AsyncClient:
         test_dataset: str | int | None = None,
         params: Mapping[str, Any] | None = None,
         activate: bool | None = None,
+        base: Mapping[str, Any] | None = None,
     ) -> Job:
         req = _api.submit_job(
-            model, train_dataset, test_dataset=test_dataset, params=params, activate=activate
+            model, train_dataset, test_dataset=test_dataset, params=params, activate=activate, base=base
         )
         return await self._call(req, _api.PARSE_JOB)
 

@@ -204,10 +204,12 @@ class Client:
         test_dataset: str | int | None = None,
         params: Mapping[str, Any] | None = None,
         activate: bool | None = None,
+        base: Mapping[str, Any] | None = None,
     ) -> Job:
-        """Queue a training job; `params` are trainer options (e.g. `{"epochs": 2, "dim": 64}`)."""
+        """Queue a training job; `params` are trainer options (e.g. `{"epochs": 2, "dim": 64}`); `base`
+        (`{"model": ..., "version": ...}`, `{}` = the model's active version) continues a stored version."""
         req = _api.submit_job(
-            model, train_dataset, test_dataset=test_dataset, params=params, activate=activate
+            model, train_dataset, test_dataset=test_dataset, params=params, activate=activate, base=base
         )
         return self._call(req, _api.PARSE_JOB)
 

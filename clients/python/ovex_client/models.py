@@ -189,6 +189,7 @@ class Job(_Answer):
     worker: str | None = None
     resumed_from_step: int | None = None
     cancel_requested: bool | None = None
+    base: dict[str, Any] | None = None
 
     @property
     def done(self) -> bool:

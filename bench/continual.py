@@ -1,0 +1,250 @@
+"""Continual training against a full retrain: new labels learned, old labels kept, time saved.
+
+For each data set and seed, in one run: hold out 20 % of the label ids (seeded) and every training row
+that carries one; train the *base* on the rest (its label names are the original ids, so labels match
+by name later); then a *continual* run from the base on the full training set (`train(..., base=...)`,
+the code path of `ovex train --init-from`), and a *full retrain* on the full training set. All three use
+the default `TrainParams` a user gets (only `seed` set; the continual run's defaults are its own:
+`continual_epochs`, `replay`, `new_label_init`). Every model is written as an artifact, loaded back and
+scored on the test split in the original label ids:
+
+* new: P@k on the test rows carrying a held-out label (continual vs full retrain; target ≥ 95 %);
+* old: P@1 on the test rows whose labels are all kept, continual vs the base (target: within 1 point);
+* overall P@1, continual vs full retrain (target: within 1 point);
+* wall time of the continual run (load base, featurize, train, save) over the full retrain's (≤ 1/3).
+
+Extra rows, not the defaults: `--variants` adds continual runs with random new-label rows
+(`new_label_init=random`) and without replay (`replay=0`, to measure forgetting), and, on request, the
+cheaper settings `replay=0.5` and `continual_epochs=2` (what meeting the time target would cost).
+
+    .venv/bin/python bench/continual.py [--sets bibtex corel5k synth] [--seeds 0 1 2] [--variants ...]
+
+Results: bench/results/continual.json and bench/results/continual.md (one file per run name, `--name`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trainer import metrics as xc_metrics  # noqa: E402
+from trainer.artifact import load_artifact  # noqa: E402
+from trainer.data import Dataset, read_xc  # noqa: E402
+from trainer.params import TrainParams  # noqa: E402
+from trainer.synth import synth_dataset  # noqa: E402
+from trainer.train import QuietHooks, train  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+HOLD_OUT = 0.2
+K = 5
+VARIANTS: dict[str, dict[str, Any]] = {
+    "random-init": {"new_label_init": "random"},
+    "no-replay": {"replay": 0.0},
+    "replay-0.5": {"replay": 0.5},
+    "epochs-2": {"continual_epochs": 2},
+}
+DEFAULT_VARIANTS = ["random-init", "no-replay"]
+# 10^5 labels; rows kept small enough for three seeds of three trainings on a shared 2-core machine
+SYNTH = {"labels": 100_000, "features": 50_000, "rows": 10_000, "test_rows": 1_000, "seed": 7}
+
+
+def load_set(name: str, data_dir: Path) -> tuple[Dataset, Dataset]:
+    if name == "synth":
+        s = SYNTH
+        tr = synth_dataset(s["labels"], s["features"], s["rows"], seed=s["seed"])
+        te = synth_dataset(s["labels"], s["features"], s["test_rows"], seed=s["seed"], part=1)
+        return tr, te
+    return read_xc(data_dir / f"{name}_train.txt"), read_xc(data_dir / f"{name}_test.txt")
+
+
+def base_split(ds: Dataset, seed: int) -> tuple[Dataset, np.ndarray]:
+    """The base's training set: rows without a held-out label, labels renumbered, named by original id."""
+    rng = np.random.default_rng([seed, 0xC0])
+    held = np.zeros(ds.n_labels, dtype=bool)
+    held[rng.choice(ds.n_labels, size=round(HOLD_OUT * ds.n_labels), replace=False)] = True
+    y = sp.csr_matrix(ds.Y)
+    rows = np.flatnonzero(np.asarray(y[:, np.flatnonzero(held)].sum(axis=1)).ravel() == 0)
+    kept = np.flatnonzero(~held)
+    sub = ds.take(rows)
+    Y = sp.csr_matrix(sub.Y[:, kept])
+    base = Dataset(Y=Y, n_features=ds.n_features, n_labels=kept.size, X=sub.X,
+                   label_names=[str(i) for i in kept], path=ds.path)
+    return base, held
+
+
+def score(model_dir: Path, test: Dataset) -> np.ndarray:
+    """Top-5 predictions of an artifact on the test rows, as ORIGINAL label ids (-1 = none)."""
+    m = load_artifact(model_dir)
+    top, _ = m.topk(m.featurizer.transform(test), K)
+    orig = np.array([int(n) for n in m.label_names], dtype=np.int64)
+    return np.asarray(orig[top])
+
+
+def p_at(top: np.ndarray, y: sp.csr_matrix, rows: np.ndarray) -> dict[str, float]:
+    out = xc_metrics.evaluate_topk(top[rows], y[rows], None, ks=(1, 3, 5))
+    return {k: v for k, v in out.items() if k.startswith("p@")}
+
+
+def timed(fn: Any) -> tuple[Any, float, float]:
+    """(result, wall seconds, CPU seconds of this process): on a shared machine the CPU time of a
+    one-thread run measures its work; wall time also counts the other tenants."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+def run_one(name: str, train_ds: Dataset, test_ds: Dataset, seed: int, variants: list[str],
+            tmp: Path) -> dict[str, Any]:
+    base_ds, held = base_split(train_ds, seed)
+    y = sp.csr_matrix(test_ds.Y)
+    carries_new = np.asarray(y[:, np.flatnonzero(held)].sum(axis=1)).ravel() > 0
+    labelled = np.diff(y.indptr) > 0
+    new_rows, old_rows = np.flatnonzero(carries_new), np.flatnonzero(labelled & ~carries_new)
+    all_rows = np.arange(test_ds.n_rows)
+    params = TrainParams(seed=seed)
+    quiet = QuietHooks()
+    d = tmp / f"{name}-{seed}"
+    _, t_base, c_base = timed(lambda: train(params, base_ds, None, out_dir=d / "base", hooks=quiet))
+    runs: dict[str, dict[str, Any]] = {}
+    plan: list[tuple[str, dict[str, Any] | None]] = [("continual", {}), ("full", None)]
+    plan += [(f"continual-{v}", VARIANTS[v]) for v in variants]
+    for run, extra in plan:
+        out = d / run
+        if extra is None:
+            res, wall, cpu = timed(lambda out=out: train(params, train_ds, None, out_dir=out, hooks=quiet))
+        else:
+            p = TrainParams(seed=seed, **extra)
+            res, wall, cpu = timed(lambda p=p, out=out: train(p, train_ds, None, out_dir=out, hooks=quiet,
+                                                         base=d / "base"))
+        top = score(out, test_ds)
+        runs[run] = {"wall_s": wall, "cpu_s": cpu, "steps": res.steps, "epochs": res.epochs,
+                     "new": p_at(top, y, new_rows), "old": p_at(top, y, old_rows),
+                     "all": p_at(top, y, all_rows)}
+    top = score(d / "base", test_ds)
+    runs["base"] = {"wall_s": t_base, "cpu_s": c_base, "old": p_at(top, y, old_rows),
+                    "all": p_at(top, y, all_rows), "new": p_at(top, y, new_rows)}
+    shutil.rmtree(d, ignore_errors=True)
+    c, f, b = runs["continual"], runs["full"], runs["base"]
+    summary = {
+        "new_p@1_ratio": c["new"]["p@1"] / max(f["new"]["p@1"], 1e-12),
+        "new_p@5_ratio": c["new"]["p@5"] / max(f["new"]["p@5"], 1e-12),
+        "old_p@1_delta_vs_base": c["old"]["p@1"] - b["old"]["p@1"],
+        "all_p@1_delta_vs_full": c["all"]["p@1"] - f["all"]["p@1"],
+        "time_ratio": c["wall_s"] / f["wall_s"],
+        "cpu_time_ratio": c["cpu_s"] / f["cpu_s"],
+        # not a target: what knowing the new labels costs old rows even with a full retrain
+        "full_old_p@1_delta_vs_base": f["old"]["p@1"] - b["old"]["p@1"],
+    }
+    return {"set": name, "seed": seed, "held_labels": int(held.sum()), "base_rows": base_ds.n_rows,
+            "train_rows": train_ds.n_rows, "test_new_rows": int(new_rows.size),
+            "test_old_rows": int(old_rows.size), "runs": runs, "summary": summary,
+            "load_average": list(os.getloadavg())}
+
+
+TARGETS = {
+    "new_p@1_ratio": (">=", 0.95), "new_p@5_ratio": (">=", 0.95), "old_p@1_delta_vs_base": (">=", -0.01),
+    "all_p@1_delta_vs_full": (">=", -0.01), "time_ratio": ("<=", 1 / 3), "cpu_time_ratio": ("<=", 1 / 3),
+}
+
+
+def aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys(r["set"] for r in results):
+        rs = [r for r in results if r["set"] == name]
+        agg: dict[str, Any] = {}
+        for key, (op, bound) in TARGETS.items():
+            vals = np.array([r["summary"][key] for r in rs])
+            mean = float(vals.mean())
+            agg[key] = {"mean": mean, "std": float(vals.std(ddof=1)) if vals.size > 1 else 0.0,
+                        "target": f"{op} {bound:.4g}", "met": mean >= bound if op == ">=" else mean <= bound}
+        ref = np.array([r["summary"]["full_old_p@1_delta_vs_base"] for r in rs])
+        agg["full_old_p@1_delta_vs_base"] = {"mean": float(ref.mean()), "target": "reference", "met": None,
+                                             "std": float(ref.std(ddof=1)) if ref.size > 1 else 0.0}
+        runs: dict[str, Any] = {}
+        for run in rs[0]["runs"]:
+            runs[run] = {part: {m: float(np.mean([r["runs"][run][part][m] for r in rs]))
+                                for m in ("p@1", "p@3", "p@5")} for part in ("new", "old", "all")}
+            for t in ("wall_s", "cpu_s"):
+                runs[run][t] = float(np.mean([r["runs"][run][t] for r in rs]))
+        out[name] = {"targets": agg, "runs": runs, "seeds": [r["seed"] for r in rs]}
+    return out
+
+
+def write_md(path: Path, agg: dict[str, Any], meta: dict[str, Any]) -> None:
+    lines = ["# Continual training vs a full retrain", "",
+             f"Command: `{meta['command']}`  ",
+             f"Machine: {meta['machine']}; load average at the end {meta['load_average']} (a shared 2-core "
+             "machine: wall times are indicative, the ratio compares runs made side by side)  ",
+             f"Defaults: `{json.dumps(meta['defaults'])}`", "",
+             "Hold out 20 % of the labels (seeded) and every training row carrying one; base = default "
+             "training on the rest; continual = `train(base=...)` from the base on the full training set; "
+             "full = default training on the full set. Means over seeds; P@k in original label ids.", ""]
+    for name, a in agg.items():
+        lines += [f"## {name}", "",
+                  "| run | new P@1 | new P@5 | old P@1 | all P@1 | all P@5 | wall s | cpu s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for run, r in a["runs"].items():
+            lines.append(f"| {run} | {r['new']['p@1']:.4f} | {r['new']['p@5']:.4f} | {r['old']['p@1']:.4f} | "
+                         f"{r['all']['p@1']:.4f} | {r['all']['p@5']:.4f} | {r['wall_s']:.1f} | "
+                         f"{r['cpu_s']:.1f} |")
+        lines += ["", "| target | mean ± std | bound | met |", "|---|---|---|---|"]
+        for key, t in a["targets"].items():
+            met = "-" if t["met"] is None else "yes" if t["met"] else "NO"
+            lines.append(f"| {key} | {t['mean']:.4f} ± {t['std']:.4f} | {t['target']} | {met} |")
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--sets", nargs="+", default=["bibtex", "corel5k", "synth"])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--variants", nargs="*", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
+    ap.add_argument("--name", default="continual", help="results file stem under bench/results/")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="ovex-continual-") as tmp:
+        for name in args.sets:
+            train_ds, test_ds = load_set(name, Path(args.data_dir))
+            for seed in args.seeds:
+                r = run_one(name, train_ds, test_ds, seed, args.variants, Path(tmp))
+                results.append(r)
+                s = r["summary"]
+                print(f"{name} seed {seed}: " + " ".join(f"{k} {v:.4f}" for k, v in s.items())
+                      + f" load {r['load_average'][0]:.1f}", flush=True)
+            write_results(args.name, results)  # after each set, so a long run leaves what it has
+
+
+def write_results(name: str, results: list[dict[str, Any]]) -> None:
+    agg = aggregate(results)
+    meta = {"command": "python bench/continual.py " + " ".join(sys.argv[1:]),
+            "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}, 1 thread",
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "defaults": TrainParams().to_json_dict(), "synth": SYNTH}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "aggregate": agg, "runs": results},
+                                                     indent=1))
+    write_md(RESULTS / f"{name}.md", agg, meta)
+    print(json.dumps({n: {k: round(t["mean"], 4) for k, t in a["targets"].items()} for n, a in agg.items()}),
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Jobs that continue a stored model version: check the base when the job is submitted, pass it to train().
+
+A job with a `base` trains the next version of a model from an existing one (trainer.continual). The base
+is resolved when the job is submitted (no version given: the one serving, else the newest), so the job
+records exactly which version it grows, and every mismatch between base, data and parameters is a 4xx
+then instead of a failed job later. The base directory is only ever read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.errors import InputError, NotFound
+from trainer.continual import continual_params
+from trainer.errors import ArtifactError, OvexError, ParamsError
+from trainer.params import TrainParams
+
+
+@dataclass(frozen=True)
+class BaseRef:
+    """A resolved base: the version a job grows, and the dataset replayed against forgetting (if any)."""
+
+    model: str
+    version: str
+    replay_dataset: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "version": self.version, "replay_dataset": self.replay_dataset}
+
+    @property
+    def label(self) -> str:
+        """How messages name the base (never by its path on the server)."""
+        return f"model {self.model!r} version {self.version}"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    base: BaseRef
+    params: TrainParams  # the base's parameters overridden by the ones the request set
+    labels: int  # the base's label count (the grown model has at most this plus the data's)
+    features: int
+
+
+def _base_summary(path: Path, label: str) -> tuple[TrainParams, int, int, str]:
+    """(params, n_labels, n_features, featurizer kind) from the JSON files, without loading the weights."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        kind = json.loads((path / "featurizer" / "featurizer.json").read_text(encoding="utf-8"))["kind"]
+        return (TrainParams.from_json_dict(config["params"]), int(config["n_labels"]),
+                int(config["n_features"]), str(kind))
+    except (OSError, ValueError, KeyError, TypeError, OvexError) as exc:
+        raise ArtifactError(label, f"cannot be read as a base model ({type(exc).__name__})") from None
+
+
+def resolve_base(
+    registry: Any,
+    store: Any,
+    *,
+    job_model: str,
+    base: dict[str, Any],
+    params: TrainParams,
+    train: Any,
+) -> Resolved:
+    """Check a job's `base` against the stored versions, the training dataset and the parameters.
+
+    `base` holds optional `model` (default: the job's), `version` (default: the active one) and
+    `replay_dataset` (default: the training dataset of the job that made the base, when known).
+    Raises `NotFound` (404) for an unknown model, version or dataset and `InputError` (422) for a base
+    that does not fit the data or the parameters.
+    """
+    name = base.get("model") or job_model
+    versions = registry.scan().get(name, [])
+    if not versions:
+        raise NotFound(f"base: model {name!r} has no stored version to continue from")
+    version = base.get("version")
+    if version is None:
+        served = registry.active().get(name)
+        version = served.version if served is not None else versions[-1]
+    elif version not in versions:
+        raise NotFound(f"base: model {name!r} has no version {version!r} (it has {', '.join(versions)})")
+    ref = BaseRef(name, version, None)
+    try:
+        base_params, labels, features, kind = _base_summary(registry.models_dir / name / version, ref.label)
+    except ArtifactError as exc:
+        raise InputError([(["body", "base"], str(exc))]) from None
+    wants = "jsonl" if kind == "text" else "xc"
+    if train.format != wants:
+        raise InputError([(["body", "train_dataset"], f"dataset {train.id} is {train.format} but {ref.label} "
+                           f"takes {wants} data")])
+    if train.format == "xc" and train.features is not None and train.features > features:
+        raise InputError([(["body", "train_dataset"], f"dataset {train.id} declares {train.features} "
+                           f"features but {ref.label} takes {features}")])
+    try:
+        merged = continual_params(base_params, params, ref.label)
+    except ParamsError as exc:
+        raise InputError([(["body", "params"], str(exc))]) from None
+    replay = _replay_dataset(store, base.get("replay_dataset"), name, version, train)
+    return Resolved(BaseRef(name, version, replay), merged, labels, features)
+
+
+def _replay_dataset(store: Any, given: str | None, model: str, version: str, train: Any) -> str | None:
+    if given is not None:
+        row = store.get_dataset(given)
+        if row is None:
+            raise NotFound(f"base.replay_dataset: dataset {given!r} not found")
+        if row.format != train.format:
+            raise InputError([(["body", "base", "replay_dataset"], f"dataset {given} is {row.format} but the "
+                               f"training dataset is {train.format}")])
+        return None if given == train.id else given
+    jobs, _ = store.list_jobs(limit=1000, cursor=None, state="succeeded", model=model)
+    for job in jobs:
+        if job.model_version == version:
+            found = job.train_dataset
+            ok = found != train.id and store.get_dataset(found) is not None
+            return found if ok else None
+    return None
+
+
+def trainer_inputs(models_dir: Path, base: dict[str, Any], read_replay: Any) -> dict[str, Any]:
+    """The keyword arguments `trainer.train.train` takes to continue `base` (a job's stored base).
+
+    `read_replay(dataset_id)` reads the replay dataset (the runner knows where datasets live).
+    """
+    ref = BaseRef(str(base["model"]), str(base["version"]), base.get("replay_dataset"))
+    path = models_dir / ref.model / ref.version
+    if not path.is_dir():
+        raise OvexError(f"the base {ref.label} no longer exists")
+    replay = read_replay(ref.replay_dataset) if ref.replay_dataset else None
+    return {"base": path, "base_name": ref.label, "replay_ds": replay}

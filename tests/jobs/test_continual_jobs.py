@@ -1,0 +1,117 @@
+"""`POST /v1/jobs` with a `base`: version n+1 grows version n (which stays byte for byte as it was), labels
+keep their ids by name, metrics split old and new labels, and a base that does not fit is a 4xx."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from tests.jobs.conftest import Backend
+from trainer.data import read_xc, write_xc
+
+TINY = {"dim": 16, "batch_size": 32, "negatives": 8, "lr": 0.05}
+
+
+def _tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _labels(path: Path) -> list[str]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_job_with_a_base_makes_the_next_version_and_leaves_the_base_alone(
+    make_server: Any, synth_files: dict[str, Path], tmp_path: Path
+) -> None:
+    full = read_xc(synth_files["train"])
+    y = sp.csr_matrix(full.Y)
+    keep = np.flatnonzero(np.asarray(y[:, 32:].sum(axis=1)).ravel() == 0)  # rows without labels 32-39
+    assert full.X is not None
+    write_xc(tmp_path / "old.txt", full.X[keep], sp.csr_matrix(y[keep][:, :32]))
+
+    srv = make_server(Backend("sqlite"))
+    old = srv.upload(tmp_path / "old.txt")
+    new = srv.upload(synth_files["train"])
+    test = srv.upload(synth_files["test"])
+    first = srv.submit({"model": "grow", "train_dataset": old["id"], "params": {**TINY, "epochs": 6},
+                        "activate": True})
+    assert srv.events(first)[-1][1]["state"] == "succeeded", srv.log_tail()
+    v1 = srv.models_dir / "grow" / "1"
+    before = _tree_digest(v1)
+
+    job_id = srv.submit({"model": "grow", "train_dataset": new["id"], "test_dataset": test["id"],
+                         "base": {}, "params": {"epochs": 4}, "activate": True})
+    assert srv.events(job_id)[-1][1]["state"] == "succeeded", srv.log_tail()
+    job = srv.job(job_id)
+    assert job["model_version"] == "2"
+    # the active version was the default; the base's own training set is the default replay
+    assert job["base"] == {"model": "grow", "version": "1", "replay_dataset": old["id"]}
+    assert job["params"]["dim"] == 16 and job["params"]["epochs"] == 4  # from the base / the request
+    metrics = job["progress"]["metrics"]
+    assert metrics["new.rows"] > 0 and metrics["old.rows"] > 0, metrics
+    assert {"new.p@1", "new.p@5", "old.p@1", "old.p@5", "p@1"} <= set(metrics)
+    assert metrics["new.p@1"] > 0.2, metrics
+
+    assert _tree_digest(v1) == before  # version n untouched, file by file
+    names = _labels(srv.models_dir / "grow" / "2" / "labels.txt")
+    assert names[:32] == _labels(v1 / "labels.txt") and names == [str(i) for i in range(40)]
+    r = srv.client.post("/v1/models/grow/predict",
+                        json={"inputs": [{"features": {"indices": [1, 2], "values": [1.0, 1.0]}}]})
+    assert r.status_code == 200 and r.json()["version"] == "2", r.text
+
+    # an explicit version: grows version 1 again, into version 3
+    again = srv.submit({"model": "grow", "train_dataset": new["id"], "base": {"version": "1"},
+                        "params": {"epochs": 1}})
+    assert srv.events(again)[-1][1]["state"] == "succeeded", srv.log_tail()
+    assert srv.job(again)["model_version"] == "3" and srv.job(again)["base"]["version"] == "1"
+    assert _tree_digest(v1) == before
+
+
+def test_a_base_that_does_not_fit_is_refused_before_queueing(
+    make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    srv = make_server(Backend("sqlite"))
+    train = srv.upload(synth_files["train"])
+    first = srv.submit({"model": "m", "train_dataset": train["id"], "params": {**TINY, "epochs": 1}})
+    assert srv.events(first)[-1][1]["state"] == "succeeded", srv.log_tail()
+    n_jobs = len(srv.client.get("/v1/jobs").json()["jobs"])
+    wide = srv.upload(synth_files["wide"])
+    text = srv.upload(synth_files["train_jsonl"])
+
+    def refused(body: dict[str, Any], status: int) -> Any:
+        r = srv.client.post("/v1/jobs", json={"model": "m", "train_dataset": train["id"], **body})
+        assert r.status_code == status, r.text
+        assert str(srv.models_dir) not in r.text and str(srv.data_dir) not in r.text
+        return r.json()["detail"]
+
+    detail = refused({"train_dataset": wide["id"], "base": {}}, 422)
+    assert detail[0]["loc"] == ["body", "train_dataset"]
+    assert "declares 400 features but model 'm' version 1 takes 300" in detail[0]["msg"]
+    detail = refused({"train_dataset": text["id"], "base": {}}, 422)
+    assert "is jsonl but model 'm' version 1 takes xc data" in detail[0]["msg"]
+    detail = refused({"base": {}, "params": {"dim": 32}}, 422)
+    assert detail[0]["loc"] == ["body", "params"] and "dim=32 differs from the base model's dim=16" in \
+        detail[0]["msg"]
+    assert "no version '9'" in refused({"base": {"version": "9"}}, 404)
+    assert "has no stored version" in refused({"base": {"model": "nope"}}, 404)
+    assert "not found" in refused({"base": {"replay_dataset": "ds_missing"}}, 404)
+    detail = refused({"base": {"version": 1}}, 422)  # a version is a string, as in the models API
+    assert detail[0]["loc"][:3] == ["body", "base", "version"]
+    detail = refused({"base": {"model": "../etc"}}, 422)
+    assert detail[0]["loc"][:3] == ["body", "base", "model"]
+    assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs  # nothing was queued
+
+
+def test_the_client_sends_the_base() -> None:
+    from ovex_client import _api
+
+    req = _api.submit_job("m", "ds_1", test_dataset=None, params=None, activate=None, base={"version": "2"})
+    assert req.json == {"model": "m", "train_dataset": "ds_1", "base": {"version": "2"}}
+    fresh = _api.submit_job("m", "ds_1", test_dataset=None, params=None, activate=None)
+    assert "base" not in fresh.json

@@ -1,0 +1,273 @@
+"""Continual training (`train --init-from`): label ids stable by name, new labels appended and learned,
+rows the base saw replayed, vocabulary growth, and clear errors for a base that does not fit the data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.cli import main
+from trainer.artifact import load_artifact
+from trainer.continual import WarmStart, continual_params, row_fingerprints, split_metrics
+from trainer.data import Dataset, read_jsonl, write_xc
+from trainer.errors import DataFormatError, ParamsError
+from trainer.featurize import Featurizer
+from trainer.params import TrainParams
+from trainer.synth import synth_dataset
+from trainer.train import QuietHooks, train
+
+FAST = {"dim": 32, "batch_size": 64, "negatives": 16, "group_size": 4}
+
+
+def _params(**kw: object) -> TrainParams:
+    return TrainParams(**{**FAST, **kw})  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def planted() -> tuple[Dataset, Dataset]:
+    return synth_dataset(30, 200, 1500, seed=4), synth_dataset(30, 200, 400, seed=4, part=1)
+
+
+def _old_part(ds: Dataset, n_old: int) -> Dataset:
+    """Rows whose labels are all < n_old, in a label space of n_old labels (an older, smaller data set)."""
+    y = sp.csr_matrix(ds.Y)
+    rows = np.flatnonzero(np.asarray(y[:, n_old:].sum(axis=1)).ravel() == 0)
+    sub = ds.take(rows)
+    return Dataset(Y=sp.csr_matrix(sub.Y[:, :n_old]), n_features=ds.n_features, n_labels=n_old, X=sub.X)
+
+
+def test_xc_ids_stay_put_and_new_labels_are_learned(planted: tuple[Dataset, Dataset], tmp_path: Path) -> None:
+    tr, te = planted
+    old = _old_part(tr, 24)
+    train(_params(seed=1), old, None, out_dir=tmp_path / "v1", hooks=QuietHooks())
+    v1 = load_artifact(tmp_path / "v1")
+    result = train(_params(seed=1), tr, te, out_dir=tmp_path / "v2", hooks=QuietHooks(), base=tmp_path / "v1")
+    v2 = load_artifact(tmp_path / "v2")
+    assert v2.label_names == [str(i) for i in range(30)]  # XC names are ids; new ones appended in id order
+    assert v2.label_names[:24] == v1.label_names
+    assert v2.n_features == v1.n_features
+    # old rows the continual run never moved past the base's: the base's head is where it started
+    assert result.metrics["new.rows"] > 0 and result.metrics["old.rows"] > 0
+    assert result.metrics["new.p@1"] > 0.5, result.metrics  # labels 24-29 learned (chance ~0.1)
+    assert result.metrics["old.p@1"] > 0.5, result.metrics
+    # every row the base trained on is remembered; the grown model remembers both
+    assert v1.row_hashes is not None and v2.row_hashes is not None
+    assert np.isin(row_fingerprints(old), v1.row_hashes).all()
+    assert np.isin(row_fingerprints(tr), v2.row_hashes).all()
+    assert v2.config["n_train_rows"] == tr.n_rows
+    assert v2.label_counts is not None
+    np.testing.assert_array_equal(v2.label_counts, np.bincount(tr.Y.indices, minlength=30))
+
+
+def test_jsonl_labels_match_by_name_and_new_words_extend_the_vocabulary(tmp_path: Path) -> None:
+    base_rows = [{"text": f"alpha beta doc{i}", "labels": ["a"]} for i in range(20)]
+    base_rows += [{"text": f"gamma delta doc{i}", "labels": ["b", "c"]} for i in range(20)]
+    new_rows = [{"text": f"omega zeta doc{i}", "labels": ["d"]} for i in range(20)]
+    new_rows += [{"text": f"gamma delta doc{i}", "labels": ["c", "e"]} for i in range(20)]
+    new_rows += [{"text": f"alpha beta doc{i}", "labels": ["a"]} for i in range(20)]
+    for name, rows in (("base.jsonl", base_rows), ("new.jsonl", new_rows)):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train(_params(epochs=8, batch_size=8), read_jsonl(tmp_path / "base.jsonl"), None, out_dir=tmp_path / "v1",
+          hooks=QuietHooks())
+    v1 = load_artifact(tmp_path / "v1")
+    assert v1.label_names == ["a", "b", "c"]
+    train(_params(epochs=8, batch_size=8), read_jsonl(tmp_path / "new.jsonl"), None, out_dir=tmp_path / "v2",
+          hooks=QuietHooks(), base=tmp_path / "v1")
+    v2 = load_artifact(tmp_path / "v2")
+    assert v2.label_names == ["a", "b", "c", "d", "e"]  # new names in order of first appearance
+    assert v2.featurizer.vocab is not None and v1.featurizer.vocab is not None
+    assert {"omega", "zeta"} <= set(v2.featurizer.vocab) and "omega" not in v1.featurizer.vocab
+    assert all(v2.featurizer.vocab[t] == i for t, i in v1.featurizer.vocab.items())  # old columns kept
+    x = v2.featurizer.transform_texts(["omega zeta doc3"])
+    top, _ = v2.topk(x, 1)
+    assert v2.label_names[int(top[0, 0])] == "d"  # learned through the new words only
+
+
+def test_extended_vocabulary_featurizes_old_texts_exactly_as_before() -> None:
+    texts = ["red green blue", "green blue", "red red yellow", "blue sky"]
+    f = Featurizer.fit(Dataset(Y=sp.csr_matrix((4, 1)), n_features=0, n_labels=1, texts=texts), min_df=1)
+    g = f.extended(["purple red", "purple sky sky", "orange"])
+    assert g.n_features == f.n_features + 2 and f.vocab is not None and g.vocab is not None
+    assert list(g.vocab)[f.n_features:] == ["purple", "orange"]  # by df, then name
+    old = f.transform_texts(texts)
+    new = g.transform_texts(texts)
+    np.testing.assert_array_equal(new[:, : f.n_features].toarray(), old.toarray())
+    assert new[:, f.n_features:].nnz == 0
+    assert f.n_features == 5  # the base featurizer itself is untouched
+    hashed = Featurizer.fit(Dataset(Y=sp.csr_matrix((4, 1)), n_features=0, n_labels=1, texts=texts),
+                            hash_size=64)
+    assert hashed.extended(["purple"]) is hashed
+
+
+def test_resume_trains_all_rows_for_more_epochs(planted: tuple[Dataset, Dataset], tmp_path: Path) -> None:
+    tr, te = planted
+    first = train(_params(epochs=2), tr, te, out_dir=tmp_path / "v1", hooks=QuietHooks())
+    more = train(_params(epochs=2), tr, te, out_dir=tmp_path / "v2", hooks=QuietHooks(), base=tmp_path / "v1")
+    assert more.steps == first.steps  # every row seen by the base: a resume trains on all of them
+    assert more.metrics["p@1"] >= first.metrics["p@1"] - 0.02
+    assert more.metrics["new.rows"] == 0
+
+
+def test_epoch_rows_hold_every_new_row_and_a_replay_sample() -> None:
+    warm = WarmStart(base=None, name="b", label_names=[], featurizer=None)
+    warm.seen = np.array([True] * 70 + [False] * 30)
+    rows = warm.epoch_rows(seed=0, epoch=0, replay=1.0)
+    assert len(rows) == warm.epoch_size(1.0) == 60 and len(set(rows.tolist())) == 60
+    assert set(range(70, 100)) <= set(rows.tolist())
+    other = warm.epoch_rows(seed=0, epoch=1, replay=1.0)
+    assert set(rows.tolist()) != set(other.tolist())  # a fresh replay sample each epoch
+    assert warm.epoch_size(5.0) == 100 and warm.epoch_size(0.0) == 30
+
+
+def test_continual_params_take_the_base_and_refuse_a_different_architecture() -> None:
+    base = TrainParams(dim=64, lr=0.02, epochs=9)
+    p = continual_params(base, TrainParams(seed=5), "m")
+    assert (p.dim, p.lr, p.seed, p.epochs) == (64, 0.02, 5, p.continual_epochs)
+    assert continual_params(base, TrainParams(epochs=4, dim=64), "m").epochs == 4
+    with pytest.raises(ParamsError, match=r"m: dim=32 differs from the base model's dim=64"):
+        continual_params(base, TrainParams(dim=32), "m")
+
+
+def test_split_metrics_separate_rows_with_new_labels() -> None:
+    y = sp.csr_matrix(np.array([[1, 0, 0], [0, 0, 1], [0, 0, 0], [1, 0, 1]], dtype=np.float32))
+    top = np.array([[0, 1], [2, 0], [1, 0], [1, 2]])
+    out = split_metrics(top, y, np.array([False, False, True]), None)
+    assert out["new.rows"] == 2 and out["old.rows"] == 1
+    assert out["old.p@1"] == 1.0 and out["new.p@1"] == 0.5
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 9), min_size=0, max_size=4, unique=True), min_size=1, max_size=12),
+       st.permutations(list(range(10))), st.integers(0, 10**6))
+def test_fingerprints_follow_label_names_not_ids(rows: list[list[int]], perm: list[int], seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = sp.random(len(rows), 20, density=0.3, format="csr", dtype=np.float32, random_state=rng)
+    y = sp.csr_matrix((np.ones(sum(map(len, rows)), np.float32), [i for r in rows for i in r],
+                       np.cumsum([0] + [len(r) for r in rows])), shape=(len(rows), 10))
+    names = [f"n{i}" for i in range(10)]
+    ds = Dataset(Y=y, n_features=20, n_labels=10, X=x, label_names=names)
+    inv = np.argsort(perm)  # label i moves to id perm[i]
+    y2 = sp.csr_matrix((y.data, np.asarray(perm)[y.indices], y.indptr), shape=y.shape)
+    ds2 = Dataset(Y=y2, n_features=20, n_labels=10, X=x, label_names=[names[int(j)] for j in inv])
+    np.testing.assert_array_equal(row_fingerprints(ds), row_fingerprints(ds2))
+    if x.nnz:
+        x3 = x.copy()
+        x3.data[0] += 1.0
+        ds3 = Dataset(Y=y, n_features=20, n_labels=10, X=x3, label_names=names)
+        changed = np.flatnonzero(row_fingerprints(ds3) != row_fingerprints(ds))
+        row = int(np.searchsorted(x.indptr, 0, side="right")) - 1
+        assert changed.tolist() == [row]
+
+
+def test_mean_init_points_new_rows_at_their_examples(
+    planted: tuple[Dataset, Dataset], tmp_path: Path
+) -> None:
+    tr, _ = planted
+    train(_params(), _old_part(tr, 24), None, out_dir=tmp_path / "v1", hooks=QuietHooks())
+    from trainer.continual import warm_start
+    from trainer.model import XCModel
+
+    warm, ds, _ = warm_start(tmp_path / "v1", tr, None)
+    ds = warm.training_rows(ds)
+    x = sp.csr_matrix(warm.featurizer.transform(ds), dtype=np.float32)
+    model = XCModel(load_artifact(tmp_path / "v1").model.shape.__class__(
+        **{**load_artifact(tmp_path / "v1").model.shape.to_json(), "n_labels": 30, "extra_heads": ()}))
+    warm.init_model(model, x, ds.Y, "mean")
+    h = model.encode(x).double()
+    y = sp.csr_matrix(ds.Y)
+    for label in range(24, 30):
+        rows = torch.from_numpy(y[:, label].nonzero()[0])
+        mean = h[rows].mean(0)
+        w = model.head[label, :32].double()
+        assert float(torch.nn.functional.cosine_similarity(w, mean, dim=0)) > 0.999
+    base = load_artifact(tmp_path / "v1").model
+    torch.testing.assert_close(model.head[:24], base.head)
+    torch.testing.assert_close(model.input_weight, base.input_weight)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def test_cli_init_from_and_its_errors(planted: tuple[Dataset, Dataset], tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    tr, te = planted
+    old = _old_part(tr, 24)
+    write_xc(tmp_path / "old.txt", old.X, old.Y)
+    write_xc(tmp_path / "all.txt", tr.X, tr.Y)
+    write_xc(tmp_path / "test.txt", te.X, te.Y)
+    fast = ["--dim", "32", "--batch-size", "64", "--negatives", "16", "--group-size", "4", "--quiet"]
+    assert main(["train", "--train", str(tmp_path / "old.txt"), "--out", str(tmp_path / "v1"), *fast]) == 0
+    assert main(["train", "--init-from", str(tmp_path / "v1"), "--train", str(tmp_path / "all.txt"),
+                 "--test", str(tmp_path / "test.txt"), "--out", str(tmp_path / "v2"), "--quiet"]) == 0
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"new.p@1", "old.p@1", "p@1"} <= set(metrics)
+    assert load_artifact(tmp_path / "v2").params.dim == 32  # taken from the base
+
+    wide = tmp_path / "wide.txt"
+    write_xc(wide, sp.hstack([tr.X, sp.csr_matrix((tr.n_rows, 5))]).tocsr(), tr.Y)
+    v1, out = str(tmp_path / "v1"), str(tmp_path / "x")
+    proc = _cli("train", "--init-from", v1, "--train", str(wide), "--out", out)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"error: {wide}:1: declares D=205 features but the base model "), \
+        proc.stderr
+
+    text = tmp_path / "t.jsonl"
+    text.write_text('{"text": "hello there", "labels": ["a"]}\n')
+    proc = _cli("train", "--init-from", v1, "--train", str(text), "--out", out)
+    assert proc.returncode == 2 and f"error: {text}:1: holds texts (JSONL) but the base model" in proc.stderr
+
+    proc = _cli("train", "--init-from", str(tmp_path / "v1"), "--train", str(tmp_path / "all.txt"),
+                "--dim", "64", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and "dim=64 differs from the base model's dim=32" in proc.stderr
+
+    proc = _cli("train", "--init-from", str(tmp_path / "nope"), "--train", str(tmp_path / "all.txt"),
+                "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"error: {tmp_path / 'nope'}: not a model directory"), proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_unknown_test_label_is_named(tmp_path: Path) -> None:
+    rows = [{"text": f"alpha beta doc{i}", "labels": ["a"]} for i in range(10)]
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "t.jsonl").write_text('{"text": "alpha", "labels": ["zzz"]}\n')
+    train(_params(epochs=1), read_jsonl(tmp_path / "b.jsonl"), None, out_dir=tmp_path / "v1",
+          hooks=QuietHooks())
+    with pytest.raises(DataFormatError, match=r"t.jsonl:1: label 'zzz' is not in the model's label set"):
+        train(_params(epochs=1), read_jsonl(tmp_path / "b.jsonl"), read_jsonl(tmp_path / "t.jsonl"),
+              out_dir=tmp_path / "v2", hooks=QuietHooks(), base=tmp_path / "v1")
+
+
+def test_a_base_without_fingerprints_treats_every_row_as_new(
+    planted: tuple[Dataset, Dataset], tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tr, _ = planted
+    small = tr.take(np.arange(300))
+    train(_params(epochs=1), small, None, out_dir=tmp_path / "v1", hooks=QuietHooks())
+    weights = tmp_path / "v1" / "weights.safetensors"
+    tensors = load_file(str(weights))
+    del tensors["stats.row_hashes"]  # as written before fingerprints existed
+    save_file(tensors, str(weights))
+    assert load_artifact(tmp_path / "v1").row_hashes is None
+    again = train(_params(epochs=2), small, None, out_dir=tmp_path / "v2", hooks=QuietHooks(),
+                  base=tmp_path / "v1")
+    assert again.steps == 2 * 5  # 300 rows in batches of 64, all of them new to the base
+    assert load_artifact(tmp_path / "v2").config["n_train_rows"] == 600  # counted again: it cannot tell
+
+
+def test_replay_data_needs_a_base(tmp_path: Path) -> None:
+    proc = _cli("train", "--train", "x.txt", "--replay-data", "y.txt", "--out", str(tmp_path / "m"))
+    assert proc.returncode == 2 and "--replay-data needs --init-from" in proc.stderr

@@ -1,0 +1,366 @@
+"""Continual training: grow a trained model with new rows and new labels instead of retraining it.
+
+A continual run starts from a base artifact's featurizer, encoder and head. Labels are matched by name
+(XC files: a label's name is its id as a string), labels the base never saw are appended, so every old
+label keeps its id. New head rows start at the mean encoding of their positive rows, which already ranks
+them near their examples; the rest of the head and the encoder continue from where the base left them.
+
+Which rows a run trains on is decided by row fingerprints: the base artifact keeps a 64-bit hash of every
+row it trained on, so rows of the new data the base has not seen are all trained on every epoch, and rows
+it has seen (plus an optional replay set, e.g. the base's training set) are sampled as replay, `replay`
+times as many as the unseen rows. That keeps the old labels from drifting (training on new rows alone
+forgets) at a fraction of a full retrain's cost. When every row was seen (more epochs on the same data)
+the run trains on all of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from trainer import metrics as xc_metrics
+from trainer.data import Dataset, label_counts
+from trainer.errors import ArtifactError, DataFormatError, ParamsError
+from trainer.params import TrainParams
+
+__all__ = [
+    "ARCHITECTURE_FIELDS",
+    "WarmStart",
+    "continual_params",
+    "row_fingerprints",
+    "split_metrics",
+    "warm_start",
+]
+
+# The fields that fix the shape of the model or its input rows: a continual run takes them from the base.
+ARCHITECTURE_FIELDS = ("loss", "dim", "encoder", "hidden", "pieces", "tfidf", "l2", "hash_size",
+                       "max_vocab", "min_df")
+# Fields that describe how the base was selected, not how a continual run should go.
+_RESET_FIELDS = ("stop_epoch",)
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+# ------------------------------------------------------------------------------------ parameters
+
+
+def continual_params(base: TrainParams, given: TrainParams, base_name: str) -> TrainParams:
+    """The parameters of a continual run: the base's, overridden by the fields the caller set.
+
+    Architecture fields must agree with the base (a different `dim` cannot reuse its weights), so a
+    conflicting one is an error naming the field, not a silent fresh model. `epochs` defaults to the
+    continual default of `TrainParams.continual_epochs` when the caller did not set it.
+    """
+    set_fields = given.model_fields_set
+    for name in ARCHITECTURE_FIELDS:
+        if name in set_fields and getattr(given, name) != getattr(base, name):
+            raise ParamsError(
+                f"{base_name}: {name}={getattr(given, name)!r} differs from the base model's "
+                f"{name}={getattr(base, name)!r}; a continual run keeps the base's {name} (leave it out)"
+            )
+    values = base.model_dump()
+    for name in _RESET_FIELDS:
+        values[name] = TrainParams.model_fields[name].default
+    values.update({name: getattr(given, name) for name in set_fields})
+    if "epochs" not in set_fields:
+        values["epochs"] = values["continual_epochs"]
+    values["stop_epoch"] = min(values["stop_epoch"], values["epochs"])
+    try:
+        return TrainParams(**values)
+    except Exception as exc:  # pydantic ValidationError: keep the message readable
+        raise ParamsError(f"invalid parameters for a continual run: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------ fingerprints
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    x = x.astype(np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(30)
+        x *= _M1
+        x ^= x >> np.uint64(27)
+        x *= _M2
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def _hash_str(s: str) -> int:
+    return int.from_bytes(hashlib.blake2b(s.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def _row_sums(values: np.ndarray, indptr: np.ndarray) -> np.ndarray:
+    """Per-row wrapping sums of uint64 values (order-free, so sorted or not gives the same hash)."""
+    cs = np.zeros(values.size + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        np.cumsum(values, dtype=np.uint64, out=cs[1:])
+        return cs[indptr[1:]] - cs[indptr[:-1]]
+
+
+def label_names_of(ds: Dataset) -> list[str]:
+    """A data set's label names: XC files name a label by its id as a string."""
+    return list(ds.label_names) if ds.label_names is not None else [str(i) for i in range(ds.n_labels)]
+
+
+def row_fingerprints(ds: Dataset) -> np.ndarray:
+    """A 64-bit hash of each row (its features or text, and its label names), as int64.
+
+    Labels enter by name, so a row hashes the same in any label id space; XC feature values by their
+    float32 bits. Used to tell which rows of a data set a model has already trained on.
+    """
+    y = sp.csr_matrix(ds.Y)
+    names = np.array([_hash_str(n) for n in label_names_of(ds)], dtype=np.uint64)
+    lab = _row_sums(_mix(names[y.indices] ^ _GOLDEN), np.asarray(y.indptr, dtype=np.int64))
+    if ds.texts is not None:
+        feat = np.array([_hash_str(t) for t in ds.texts], dtype=np.uint64)
+    else:
+        x = sp.csr_matrix(ds.X, dtype=np.float32)
+        bits = np.ascontiguousarray(x.data, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        with np.errstate(over="ignore"):
+            key = x.indices.astype(np.uint64) * _GOLDEN + bits
+        feat = _row_sums(_mix(key), np.asarray(x.indptr, dtype=np.int64))
+    with np.errstate(over="ignore"):
+        out = _mix(feat + _mix(lab))
+    return out.view(np.int64)
+
+
+# ------------------------------------------------------------------------------------ label space
+
+
+def _grow_names(base_names: list[str], ds: Dataset) -> list[str]:
+    """Base names, then the data's names the base lacks (id order for XC, first appearance for JSONL)."""
+    known = set(base_names)
+    return base_names + [n for n in label_names_of(ds) if n not in known]
+
+
+def _in_space(ds: Dataset, names: list[str]) -> Dataset:
+    """`ds` with its labels moved to the id space `names` (by name); an unknown used label is an error."""
+    own = label_names_of(ds)
+    if own == names:
+        return ds
+    index = {n: i for i, n in enumerate(names)}
+    mapping = np.array([index.get(n, -1) for n in own], dtype=np.int64)
+    y = sp.csr_matrix(ds.Y)
+    new_ids = mapping[y.indices] if y.nnz else np.zeros(0, np.int64)
+    if new_ids.size and int(new_ids.min()) < 0:
+        pos = int(np.argmax(new_ids < 0))
+        row = int(np.searchsorted(y.indptr, pos, side="right")) - 1
+        raise DataFormatError(ds.path or "<data>", row + 1,
+                              f"label {own[int(y.indices[pos])]!r} is not in the model's label set")
+    Y = sp.csr_matrix((np.ones(new_ids.size, np.float32), new_ids, y.indptr), shape=(ds.n_rows, len(names)))
+    Y.sort_indices()
+    return Dataset(Y=Y, n_features=ds.n_features, n_labels=len(names), X=ds.X, texts=ds.texts,
+                   label_names=list(names), path=ds.path, meta=dict(ds.meta))
+
+
+def _widen_features(ds: Dataset, n_features: int) -> Dataset:
+    if ds.X is None or ds.n_features == n_features:
+        return ds
+    X = sp.csr_matrix((ds.X.data, ds.X.indices, ds.X.indptr), shape=(ds.n_rows, n_features))
+    return Dataset(Y=ds.Y, n_features=n_features, n_labels=ds.n_labels, X=X, texts=ds.texts,
+                   label_names=ds.label_names, path=ds.path, meta=dict(ds.meta))
+
+
+def _check_inputs(base: Any, ds: Dataset, base_name: str) -> Dataset:
+    """The data must be what the base's featurizer reads: texts for a text model, at most its D features."""
+    kind = base.featurizer.kind
+    source = ds.path or "<data>"
+    if ds.is_text and kind != "text":
+        raise DataFormatError(source, 1, f"holds texts (JSONL) but the base model {base_name} takes sparse "
+                              "features (XC)")
+    if not ds.is_text and kind == "text":
+        raise DataFormatError(source, 1, f"holds sparse features (XC) but the base model {base_name} takes "
+                              "texts (JSONL)")
+    if not ds.is_text:
+        if ds.n_features > base.n_features:
+            raise DataFormatError(source, 1, f"declares D={ds.n_features} features but the base model "
+                                  f"{base_name} takes {base.n_features}")
+        ds = _widen_features(ds, base.n_features)
+    return ds
+
+
+def _concat(a: Dataset, b: Dataset) -> Dataset:
+    """Rows of `a` then rows of `b` (same label space and input kind)."""
+    X = None if a.X is None or b.X is None else sp.vstack([a.X, b.X], format="csr")
+    texts = None if a.texts is None or b.texts is None else a.texts + b.texts
+    return Dataset(Y=sp.vstack([a.Y, b.Y], format="csr"), n_features=a.n_features, n_labels=a.n_labels,
+                   X=X, texts=texts, label_names=a.label_names, path=a.path, meta=dict(a.meta))
+
+
+# ------------------------------------------------------------------------------------ warm start
+
+
+@dataclass
+class WarmStart:
+    """Everything `train` needs to continue a base model: its weights, featurizer and label space."""
+
+    base: Any  # trainer.artifact.LoadedModel
+    name: str  # how messages name the base (a path on the CLI, "model m version v" in the service)
+    label_names: list[str]
+    featurizer: Any
+    replay_ds: Dataset | None = None
+    seen: np.ndarray | None = None  # per training row: the base trained on it
+    hashes: np.ndarray | None = None  # fingerprints of the training rows
+    new_labels: np.ndarray | None = None  # bool [K]: labels the base has no positive row for
+
+    @property
+    def n_base_labels(self) -> int:
+        return int(self.base.n_labels)
+
+    # -- rows
+
+    def training_rows(self, train_ds: Dataset) -> Dataset:
+        """The rows to train on (the given ones plus replay rows they do not already hold); marks which
+        the base has seen."""
+        hashes = row_fingerprints(train_ds)
+        base_hashes = self.base.row_hashes
+        seen = (np.isin(hashes, base_hashes) if base_hashes is not None
+                else np.zeros(train_ds.n_rows, dtype=bool))
+        ds = train_ds
+        if self.replay_ds is not None:
+            replay = self.replay_ds
+            fresh = ~np.isin(row_fingerprints(replay), hashes)
+            if fresh.any():
+                ds = _concat(train_ds, replay.take(np.flatnonzero(fresh)))
+                seen = np.concatenate([seen, np.ones(int(fresh.sum()), dtype=bool)])
+                hashes = np.concatenate([hashes, row_fingerprints(replay)[fresh]])
+        self.seen, self.hashes = seen, hashes
+        return ds
+
+    def epoch_size(self, replay: float) -> int:
+        assert self.seen is not None
+        n_new = int((~self.seen).sum())
+        if n_new == 0:
+            return int(self.seen.size)
+        return n_new + min(int(self.seen.sum()), round(replay * n_new))
+
+    def epoch_rows(self, seed: int, epoch: int, replay: float) -> np.ndarray:
+        """This epoch's rows in training order: every unseen row plus a fresh sample of seen ones."""
+        assert self.seen is not None
+        rng = np.random.default_rng([seed, epoch])
+        new, old = np.flatnonzero(~self.seen), np.flatnonzero(self.seen)
+        if new.size == 0:
+            return rng.permutation(self.seen.size)
+        m = self.epoch_size(replay) - new.size
+        picked = rng.choice(old, size=m, replace=False) if m else old[:0]
+        return rng.permutation(np.concatenate([new, picked]))
+
+    def artifact_stats(self, y: sp.csr_matrix) -> tuple[np.ndarray, int, np.ndarray]:
+        """(label counts, row count, row fingerprints) of everything the grown model has trained on: the
+        base's, plus the rows it had not seen."""
+        assert self.seen is not None and self.hashes is not None
+        unseen = np.flatnonzero(~self.seen)
+        counts = label_counts(y[unseen]).astype(np.float64)
+        base_counts = self.base.label_counts
+        if base_counts is not None:
+            counts[: base_counts.size] += base_counts
+        n_rows = int(self.base.config.get("n_train_rows", 0)) + unseen.size
+        base_hashes = self.base.row_hashes
+        hashes = self.hashes if base_hashes is None else np.union1d(base_hashes, self.hashes)
+        return counts, n_rows, hashes
+
+    # -- model
+
+    def init_model(self, model: Any, x: sp.csr_matrix, y: sp.csr_matrix, how: str) -> None:
+        """Copy the base's weights into `model` (which may have more input rows and more labels) and give
+        new label rows their start: `mean` = the mean encoding of their positive rows, scaled like the
+        trained rows; `random` = the fresh-model initialisation already in `model`."""
+        src = self.base.model
+        k0, d0 = src.shape.n_labels, src.shape.n_features
+        with torch.no_grad():
+            model.input_weight[:d0].copy_(src.input_weight)
+            model.input_weight[d0:].zero_()  # new words start silent: old rows encode exactly as before
+            model.input_bias.copy_(src.input_bias)
+            model.hidden.load_state_dict(src.hidden.state_dict())
+            model.head[:k0].copy_(src.head)
+            for name, table in model.extra.items():
+                table[:k0].copy_(src.extra[name])
+            if how == "mean" and self.new_labels is not None:
+                _mean_init(model, x, y, self.new_labels)
+
+
+def _mean_init(model: Any, x: sp.csr_matrix, y: sp.csr_matrix, new_labels: np.ndarray) -> None:
+    """Head rows of new labels := the direction of their positive rows' mean encoding, with the median
+    norm and bias of the labels the base did train (labels without a positive row keep their init)."""
+    new = np.flatnonzero(new_labels)
+    yn = sp.csr_matrix(y[:, new])
+    rows = np.flatnonzero(np.diff(yn.indptr))
+    old = np.flatnonzero(~new_labels[: model.shape.n_labels])
+    if rows.size == 0 or old.size == 0:
+        return
+    yr = sp.csr_matrix(yn[rows])
+    h = model.encode(x[rows]).cpu().numpy()
+    counts = np.asarray(yr.sum(axis=0)).ravel()
+    has = counts > 0
+    mean = torch.from_numpy(np.asarray(yr.T @ h, dtype=np.float64)[has] / counts[has, None])
+    d = model.shape.dim
+    trained = model.head[torch.from_numpy(old).to(model.head.device)].double().cpu()
+    scale = float(trained[:, :d].norm(dim=1).median())
+    bias = float(trained[:, d].median())
+    direction = mean / mean.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    ids = torch.from_numpy(new[has]).to(model.head.device)
+    model.head[ids, :d] = (direction * scale).to(model.head.dtype).to(model.head.device)
+    model.head[ids, d] = bias
+
+
+def split_metrics(top: np.ndarray, y: sp.csr_matrix, new_labels: np.ndarray,
+                  prop: np.ndarray | None) -> dict[str, float]:
+    """P@k etc. on the test rows carrying a new label (`new.*`) and on rows with only old labels (`old.*`).
+
+    Why separately: overall figures hide forgetting (old rows) behind learning (new rows) and back.
+    """
+    yc = sp.csr_matrix(y)
+    has_new = np.asarray(yc[:, np.flatnonzero(new_labels)].sum(axis=1)).ravel() > 0
+    has_any = np.diff(yc.indptr) > 0
+    out: dict[str, float] = {}
+    for key, mask in (("new", has_new), ("old", has_any & ~has_new)):
+        rows = np.flatnonzero(mask)
+        out[f"{key}.rows"] = float(rows.size)
+        if rows.size:
+            for name, value in xc_metrics.evaluate_topk(top[rows], yc[rows], prop).items():
+                out[f"{key}.{name}"] = value
+    return out
+
+
+def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None, *,
+               base_name: str | None = None, replay_ds: Dataset | None = None
+               ) -> tuple[WarmStart, Dataset, Dataset | None]:
+    """Load the base, check the data against it and move every data set into the grown label space.
+
+    Returns the warm start plus the training and test sets in that space. Errors name the base as
+    `base_name` (default: its path) and the data file at fault.
+    """
+    from trainer.artifact import load_artifact
+
+    name = base_name or str(base_dir)
+    try:
+        base = load_artifact(base_dir)
+    except ArtifactError as exc:  # named as the caller names the base (the service hides its paths)
+        raise ArtifactError(name, exc.message) from None
+    train_ds = _check_inputs(base, train_ds, name)
+    featurizer = base.featurizer
+    if train_ds.is_text and featurizer.vocab is not None:
+        assert train_ds.texts is not None
+        featurizer = featurizer.extended(train_ds.texts)
+    names = _grow_names(list(base.label_names), train_ds)
+    train_ds = _in_space(train_ds, names)
+    if test_ds is not None:
+        test_ds = _in_space(_check_inputs(base, test_ds, name), names)
+    if replay_ds is not None:
+        replay_ds = _in_space(_check_inputs(base, replay_ds, name), names)
+    new_labels = np.zeros(len(names), dtype=bool)
+    new_labels[base.n_labels:] = True
+    if base.label_counts is not None:
+        new_labels[: base.n_labels] |= base.label_counts <= 0
+    warm = WarmStart(base=base, name=name, label_names=names, featurizer=featurizer, replay_ds=replay_ds,
+                     new_labels=new_labels)
+    return warm, train_ds, test_ds
