@@ -20,6 +20,8 @@ from service.api.errors import document_errors, install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import Metrics, MetricsMiddleware
 from service.batching import MicroBatcher
+from service.jobs.active import ActiveVersions
+from service.jobs.config import JobsConfig
 from service.jobs.runtime import runtime_for_app
 from service.registry import ModelRegistry
 from service.retrieval import configure_threads
@@ -34,7 +36,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; nothing heavy happens until the lifespan starts (in the serving process)."""
     settings = settings or Settings()
     metrics = Metrics()
-    registry = ModelRegistry(settings, metrics)
+    store = ActiveVersions.for_url(JobsConfig.from_settings(settings).db_url)  # connects lazily
+    registry = ModelRegistry(settings, store, metrics)
 
     def on_batch(rows: int, requests: int) -> None:
         metrics.batch_rows.observe(rows)
@@ -61,6 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             jobs_runtime.stop()
+            registry.stop()
             await batcher.stop()
 
     app = FastAPI(

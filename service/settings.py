@@ -72,6 +72,17 @@ class Settings(BaseSettings):
     )
     warmup: bool = Field(default=True, description="run a few predictions before a model is marked ready")
 
+    # --- serving processes ---------------------------------------------------------------------------
+    workers: int = Field(
+        default=1, ge=1, le=64, description="serving processes on one port; `threads` is split between them"
+    )
+    active_poll_s: float = Field(
+        default=1.0, gt=0, le=60, description="how often a process checks the database for activations"
+    )
+    refused_retry_s: float = Field(
+        default=30.0, ge=0, description="a version that failed to load is retried after this long"
+    )
+
     # --- training jobs (service/jobs) ----------------------------------------------------------------
     db_url: str | None = Field(
         default=None, description="job database URL; None: SQLite file <data_dir>/ovex.db"
