@@ -8,11 +8,13 @@ ready when a model is warmed.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import datasets, health, jobs, models, predict
 from service.api import metrics as metrics_api
@@ -23,6 +25,7 @@ from service.batching import MicroBatcher
 from service.jobs.active import ActiveVersions
 from service.jobs.config import JobsConfig
 from service.jobs.runtime import runtime_for_app
+from service.logs import configure_logging
 from service.registry import ModelRegistry
 from service.retrieval import configure_threads
 from service.settings import Settings
@@ -30,6 +33,26 @@ from service.settings import Settings
 log = logging.getLogger("ovex.app")
 
 API_VERSION = "1"
+
+
+class WorkerHeader:
+    """`X-Ovex-Worker: <pid>` on every response: which of `--workers N` processes answered."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.header = (b"x-ovex-worker", str(os.getpid()).encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_header(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), self.header]
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -59,7 +82,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         jobs_runtime = runtime_for_app(settings, registry)  # job DB migrations; embedded worker
         app.state.jobs = jobs_runtime
         jobs_runtime.start()
-        log.info("serving", extra={"models_dir": str(settings.models_dir), "threads": settings.threads})
+        log.info(
+            "serving",
+            extra={"models_dir": str(settings.models_dir), "threads": settings.threads, "pid": os.getpid()},
+        )
         try:
             yield
         finally:
@@ -85,6 +111,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         prefix_limits={"/v1/datasets": settings.max_upload_bytes},
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(WorkerHeader)
     for r in (predict.router, models.router, health.router, metrics_api.router, datasets.router, jobs.router):
         app.include_router(r)
     return app
+
+
+def app_from_env() -> FastAPI:
+    """The factory each `ovex serve --workers N` process calls: settings from the `OVEX_*` environment
+    its parent set (flags included)."""
+    settings = Settings()
+    configure_logging(settings.log_level, settings.log_json)
+    if not settings.access_log:  # configure_logging re-attached what uvicorn's config had switched off
+        logging.getLogger("uvicorn.access").propagate = False
+    return create_app(settings)
