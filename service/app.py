@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api import datasets, health, jobs, models, predict
+from service.api import datasets, health, jobs, models, predict, v2
 from service.api import metrics as metrics_api
 from service.api.errors import document_errors, install_error_handlers
 from service.api.limits import BodyLimitMiddleware
@@ -112,7 +112,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(WorkerHeader)
-    for r in (predict.router, models.router, health.router, metrics_api.router, datasets.router, jobs.router):
+    routers = (
+        predict.router,
+        v2.router,
+        models.router,
+        health.router,
+        metrics_api.router,
+        datasets.router,
+        jobs.router,
+    )
+    for r in routers:
         app.include_router(r)
     return app
 

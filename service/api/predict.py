@@ -12,7 +12,7 @@ from service.api.errors import InputError, Loc, Unavailable
 from service.api.metrics import Metrics
 from service.api.schemas import ErrorBody, PredictRequest, PredictResponse
 from service.batching import MicroBatcher
-from service.predictor import InputRow, Job, Options
+from service.predictor import InputRow, Job, Options, RowPrediction
 from service.registry import ServedModel
 from service.settings import Settings
 
@@ -76,9 +76,11 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
     return Job(rows, Options(top_k=req.top_k, normalization=req.normalization, exact=req.exact))
 
 
-async def _predict(
+async def predict_rows(
     served: ServedModel, req: PredictRequest, batcher: MicroBatcher, settings: Settings, metrics: Metrics
-) -> Response:
+) -> list[RowPrediction]:
+    """The one prediction path of every protocol (/v1, /v2): check against the limits and the model,
+    then through the micro-batcher to the pinned version's predictor."""
     job = _to_job(req, served, settings)
     try:
         preds = await batcher.submit(served.predictor, job, settings.request_timeout_s)
@@ -87,6 +89,13 @@ async def _predict(
             f"prediction took over {settings.request_timeout_s}s; retry later", headers={"Retry-After": "1"}
         ) from None
     metrics.predicted_rows.labels(served.name, served.version).inc(len(preds))
+    return preds
+
+
+async def _predict(
+    served: ServedModel, req: PredictRequest, batcher: MicroBatcher, settings: Settings, metrics: Metrics
+) -> Response:
+    preds = await predict_rows(served, req, batcher, settings, metrics)
     body = {
         "model": served.name,
         "version": served.version,
