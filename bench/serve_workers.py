@@ -234,7 +234,7 @@ def serve(work: Path, workers: int, reqs: list[bytes], seconds: float) -> dict[s
         c1 = asyncio.run(run_cell("127.0.0.1", port, reqs, 1, 2000, seconds))
         procs = []
         for pid in group(proc.pid):
-            role = "parent" if pid == proc.pid else ("worker" if str(pid) in pids else "helper")
+            role = "worker" if str(pid) in pids else ("parent" if pid == proc.pid else "helper")
             procs.append({"pid": pid, "role": role, "cmd": cmdline(pid), **rollup(pid)})
         for cell in (warm, c32, c1):
             cell.pop("_answers", None)
