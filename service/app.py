@@ -8,20 +8,25 @@ ready when a model is warmed.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api import datasets, health, jobs, models, predict
+from service.api import datasets, health, jobs, models, predict, v2
 from service.api import metrics as metrics_api
 from service.api.console import install_console
 from service.api.errors import document_errors, install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import Metrics, MetricsMiddleware
 from service.batching import MicroBatcher
+from service.jobs.active import ActiveVersions
+from service.jobs.config import JobsConfig
 from service.jobs.runtime import JobsRuntime
+from service.logs import configure_logging
 from service.registry import ModelRegistry
 from service.retrieval import configure_threads
 from service.settings import Settings
@@ -31,11 +36,32 @@ log = logging.getLogger("ovex.app")
 API_VERSION = "1"
 
 
+class WorkerHeader:
+    """`X-Ovex-Worker: <pid>` on every response: which of `--workers N` processes answered."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.header = (b"x-ovex-worker", str(os.getpid()).encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_header(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), self.header]
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; nothing heavy happens until the lifespan starts (in the serving process)."""
     settings = settings or Settings()
     metrics = Metrics()
-    registry = ModelRegistry(settings, metrics)
+    store = ActiveVersions.for_url(JobsConfig(settings).db_url)  # connects lazily
+    registry = ModelRegistry(settings, store, metrics)
 
     def on_batch(rows: int, requests: int) -> None:
         metrics.batch_rows.observe(rows)
@@ -57,11 +83,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         jobs_runtime = JobsRuntime(settings, registry)  # job DB migrations; embedded worker
         app.state.jobs = jobs_runtime
         jobs_runtime.start()
-        log.info("serving", extra={"models_dir": str(settings.models_dir), "threads": settings.threads})
+        log.info(
+            "serving",
+            extra={"models_dir": str(settings.models_dir), "threads": settings.threads, "pid": os.getpid()},
+        )
         try:
             yield
         finally:
             jobs_runtime.stop()
+            registry.stop()
             await batcher.stop()
 
     app = FastAPI(
@@ -85,7 +115,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         body_timeout_s=settings.body_timeout_s,
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    for r in (predict.router, models.router, health.router, metrics_api.router, datasets.router, jobs.router):
+    app.add_middleware(WorkerHeader)
+    routers = (
+        predict.router,
+        v2.router,
+        models.router,
+        health.router,
+        metrics_api.router,
+        datasets.router,
+        jobs.router,
+    )
+    for r in routers:
         app.include_router(r)
     install_console(app)
     return app
+
+
+def app_from_env() -> FastAPI:
+    """The factory each `ovex serve --workers N` process calls, with the settings its parent handed over
+    (flags included)."""
+    settings = Settings.for_child()
+    configure_logging(settings.log_level, settings.log_json)
+    if not settings.access_log:  # configure_logging re-attached what uvicorn's config had switched off
+        logging.getLogger("uvicorn.access").propagate = False
+    return create_app(settings)

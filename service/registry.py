@@ -5,18 +5,20 @@ and warms the new one completely, then swaps one dict entry; a request pins the 
 arrived, so during a swap every request is answered entirely by the old or entirely by the new version.
 A version that fails to load is refused with a log line and never replaces the one serving.
 
-The explicit activation choices are kept in `models_dir/active.json` (written atomically), so a restart
-serves what was activated; without a choice the highest version that loads is active.
+Which version is active is not this process's decision: it is a row of the shared database
+(`service.jobs.active`). Activation loads and warms the version here, then records it; every other
+process and replica polls the rows (`active_poll_s`) and follows. A model nobody activated gets the
+highest version that loads, and that first choice is recorded too, so a restart, a second worker or a
+second replica serves the same version instead of re-deciding from what is on disk.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import os
 import re
 import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,13 +27,13 @@ from typing import Any
 
 from service.api.metrics import Metrics
 from service.errors import Conflict, NotFound, Unavailable
+from service.jobs.active import ActiveVersions
 from service.predictor import Predictor
 from service.retrieval import ExactScorer, RetrievalConfig, Retriever, build_retriever, configure_threads
 from service.settings import Settings
 
 log = logging.getLogger("ovex.registry")
 
-ACTIVE_FILE = "active.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -116,13 +118,17 @@ def load_served(name: str, version: str, path: Path, settings: Settings) -> Serv
 class ModelRegistry:
     """Thread-safe: loads run under one lock (one at a time); reads are single dict lookups."""
 
-    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+    def __init__(self, settings: Settings, store: ActiveVersions, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.models_dir = Path(settings.models_dir)
+        self.store = store
         self.metrics = metrics
         self._active: dict[str, ServedModel] = {}
         self._refused: dict[tuple[str, str], str] = {}
+        self._refused_at: dict[tuple[str, str], float] = {}
         self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._follower: threading.Thread | None = None
         self.started = threading.Event()  # the start-up scan finished (loaded or not)
 
     # -- discovery -------------------------------------------------------------------------------
@@ -139,33 +145,6 @@ class ModelRegistry:
                 out[mdir.name] = sorted(versions, key=version_key)
         return out
 
-    def _read_choices(self) -> dict[str, str]:
-        p = self.models_dir / ACTIVE_FILE
-        try:
-            data = json.loads(p.read_text())
-            models = data.get("models", {}) if isinstance(data, dict) else {}
-            return {str(k): str(v) for k, v in models.items()}
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            log.warning("ignoring unreadable activation file", extra={"path": str(p), "error": str(exc)})
-            return {}
-
-    def _write_choice(self, name: str, version: str) -> None:
-        choices = self._read_choices()
-        choices[name] = version
-        self.models_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".active.", suffix=".json", dir=self.models_dir)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump({"models": choices}, fh, indent=1)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.models_dir / ACTIVE_FILE)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
     # -- loading -----------------------------------------------------------------------------------
     def _load(self, name: str, version: str) -> ServedModel:
         path = self.models_dir / name / version
@@ -174,6 +153,7 @@ class ModelRegistry:
         except Exception as exc:
             msg = f"{type(exc).__name__}: {exc}".replace(str(path), f"{name}/{version}")
             self._refused[(name, version)] = msg
+            self._refused_at[(name, version)] = time.monotonic()
             if self.metrics is not None:
                 self.metrics.load_failures.labels(name).inc()
             keeps = self._active.get(name)
@@ -188,7 +168,14 @@ class ModelRegistry:
             )
             raise
         self._refused.pop((name, version), None)
+        self._refused_at.pop((name, version), None)
         return served
+
+    def _recently_refused(self, name: str, version: str) -> bool:
+        """A refused version is not retried on every poll; after `refused_retry_s` it is (files on a
+        shared volume may have been still arriving)."""
+        at = self._refused_at.get((name, version))
+        return at is not None and time.monotonic() - at < self.settings.refused_retry_s
 
     def _swap(self, served: ServedModel) -> str | None:
         prev = self._active.get(served.name)
@@ -206,34 +193,77 @@ class ModelRegistry:
         return prev.version if prev else None
 
     def _load_best(self, name: str, versions: list[str], chosen: str | None) -> None:
-        """Start-up: the chosen version if any, else the highest; fall back downwards on failure."""
+        """Nothing serves `name` here yet: load the recorded version, or else the highest that loads and
+        record it (first choice wins across processes); fall back downwards when a version fails."""
         order = sorted(versions, key=version_key, reverse=True)
         if chosen in order:
             order.remove(chosen)
             order.insert(0, chosen)
         for v in order:
+            if self._recently_refused(name, v):
+                continue
             try:
-                self._swap(self._load(name, v))
-                return
+                served = self._load(name, v)
             except Exception:
                 continue
+            if chosen is None:
+                recorded = self.store.record_first(name, v)
+                if recorded != v and recorded in versions:  # another process chose first: follow it
+                    with contextlib.suppress(Exception):  # refused and logged; serve ours meanwhile
+                        served = self._load(name, recorded)
+            self._swap(served)
+            return
         log.error("no loadable version", extra={"model": name, "versions": versions})
 
     def start(self) -> None:
-        """Load every model's active version (run in a background thread: /healthz is up meanwhile)."""
+        """Load every model's active version, then follow the database (run in a background thread:
+        /healthz is up meanwhile). Waits for the database: serving without the truth would guess."""
         try:
+            while not self._stop.is_set():
+                try:
+                    self.store.migrate()
+                    self.store.import_legacy_file(self.models_dir)
+                    break
+                except Exception as exc:
+                    log.warning("active-version store unreachable; retrying", extra={"error": str(exc)})
+                    self._stop.wait(2.0)
             self.refresh()
         finally:
             self.started.set()
+        self._follower = threading.Thread(target=self._follow, name="ovex-active-follower", daemon=True)
+        self._follower.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._follower is not None:
+            self._follower.join(timeout=10)
+        self.store.close()
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.settings.active_poll_s):
+            try:
+                self.refresh()
+            except Exception as exc:
+                log.warning("following the active versions failed", extra={"error": str(exc)})
 
     def refresh(self) -> None:
-        """Rescan the directory; models with no version serving get their best one loaded. Serving
-        versions are not replaced by new ones found on disk: that takes `activate`/`load_version`."""
+        """Make this process serve what the database says: models with nothing serving get their
+        recorded (or best) version; a recorded version that differs from the one serving is loaded and
+        swapped in. A version refused here is retried only after `refused_retry_s`."""
         with self._lock:
-            choices = self._read_choices()
+            choices = self.store.all()
             for name, versions in self.scan().items():
-                if name not in self._active:
-                    self._load_best(name, versions, choices.get(name))
+                chosen = choices.get(name)
+                current = self._active.get(name)
+                if current is None:
+                    self._load_best(name, versions, chosen)
+                elif chosen is not None and chosen != current.version and chosen in versions:
+                    if self._recently_refused(name, chosen):
+                        continue
+                    try:
+                        self._swap(self._load(name, chosen))
+                    except Exception:
+                        continue
 
     def load_version(self, name: str, version: str, activate: bool = False) -> ServedModel:
         """Load (and check) a version that just appeared, e.g. from a training job; activate if asked.
@@ -244,7 +274,7 @@ class ModelRegistry:
             current = self._active.get(name)
             if current is not None and current.version == version:
                 if activate:
-                    self._write_choice(name, version)
+                    self.store.set(name, version)
                 return current
             try:
                 served = self._load(name, version)
@@ -253,14 +283,20 @@ class ModelRegistry:
                     f"version {version!r} of model {name!r} failed to load and was refused: "
                     f"{self._refused.get((name, version))}; the active version keeps serving"
                 ) from exc
-            if activate or current is None:
+            if activate:
                 self._swap(served)
-                if activate:
-                    self._write_choice(name, version)
+                self.store.set(name, version)
+            elif current is None:
+                recorded = self.store.record_first(name, version)
+                if recorded == version:
+                    self._swap(served)
+                else:  # another process already chose for this model: the next refresh follows it
+                    self.refresh()
             return served
 
     def activate(self, name: str, version: str) -> tuple[ServedModel, str | None]:
-        """Hot swap: load + warm the version, then make it active and remember the choice."""
+        """Hot swap: load + warm the version here, make it active, then record the choice for every
+        other process and replica to follow."""
         with self._lock:
             if name not in self.scan():
                 raise NotFound(f"unknown model {name!r}")

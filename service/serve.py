@@ -1,7 +1,9 @@
 """`ovex serve` and `ovex demo`: run the HTTP service (demo: after training a small model once).
 
 Thin: parse flags into `Settings` (flags override `OVEX_*` variables), set up logs, hand the app to
-uvicorn in this process (one process; indexes load inside it, never before a fork).
+uvicorn. One worker: the app runs in this process. `--workers N`: uvicorn spawns N fresh interpreters
+that share the listening socket; each builds its app from the `OVEX_*` environment set here and loads the
+models itself (weights memory-mapped, so N workers hold one copy; indexes never built before a fork).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from service.logs import configure_logging, uvicorn_log_config
-from service.settings import Settings
+from service.settings import SETTINGS_ENV, Settings
 from trainer.errors import OvexError
 
 log = logging.getLogger("ovex.serve")
@@ -32,7 +34,8 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="TCP port (default 8000)")
     p.add_argument("--api-key", default=None, help="key for mutating endpoints (or OVEX_API_KEY)")
-    p.add_argument("--threads", type=int, default=None, help="torch/faiss threads")
+    p.add_argument("--threads", type=int, default=None, help="torch/faiss threads, split between workers")
+    p.add_argument("--workers", type=int, default=None, help="serving processes on one port (default 1)")
     p.add_argument("--retrieval", choices=["auto", "exact", "int8", "flat", "ivf", "hnsw"], default=None)
     p.add_argument("--log-level", default=None)
 
@@ -45,6 +48,7 @@ def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
         "port": args.port,
         "api_key": args.api_key,
         "threads": args.threads,
+        "workers": args.workers,
         "retrieval": args.retrieval,
         "log_level": args.log_level,
     }
@@ -53,23 +57,68 @@ def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
     return Settings(**overrides)
 
 
+_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def worker_settings(settings: Settings) -> Settings:
+    """What each of N workers runs with: its share of the threads (N workers never oversubscribe the
+    cores `threads` allows), and no job worker of its own (the parent runs one for all)."""
+    share = max(1, settings.threads // settings.workers)
+    return settings.model_copy(update={"threads": share, "embedded_worker": False})
+
+
+def _uvicorn_options(settings: Settings) -> dict[str, Any]:
+    return {
+        "host": settings.host,
+        "port": settings.port,
+        "log_config": uvicorn_log_config(),
+        "access_log": settings.access_log,
+        "log_level": settings.log_level.lower(),
+        # open SSE streams (/v1/jobs/{id}/events) would otherwise hold shutdown until their job ends
+        "timeout_graceful_shutdown": 5,
+    }
+
+
 def run_server(settings: Settings) -> int:
     import uvicorn
 
     from service.app import create_app
 
     configure_logging(settings.log_level, settings.log_json)
-    app = create_app(settings)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_config=uvicorn_log_config(),
-        access_log=settings.access_log,
-        log_level=settings.log_level.lower(),
-        # open SSE streams (/v1/jobs/{id}/events) would otherwise hold shutdown until their job ends
-        timeout_graceful_shutdown=5,
-    )
+    if settings.workers > 1:
+        return run_workers(settings)
+    uvicorn.run(create_app(settings), **_uvicorn_options(settings))
+    return 0
+
+
+def run_workers(settings: Settings) -> int:
+    """N spawned workers on one port (uvicorn restarts one that dies) and one job worker for them all."""
+    import uvicorn
+
+    from service.jobs.runtime import EmbeddedWorker
+
+    child = worker_settings(settings)
+    # the children read these before importing torch/faiss/BLAS, so no pool starts with every core
+    os.environ[SETTINGS_ENV] = child.to_child_json()
+    os.environ.update({name: str(child.threads) for name in _THREAD_ENV})
+    jobs = None
+    if settings.embedded_worker:
+        jobs = EmbeddedWorker(settings)
+        jobs.start()
+    log.info("starting workers", extra={"workers": settings.workers, "threads_each": child.threads})
+    try:
+        opts = _uvicorn_options(child)
+        uvicorn.run(
+            "service.app:app_from_env",
+            factory=True,
+            workers=settings.workers,
+            # a worker importing torch and faiss on a busy machine answers no ping for seconds
+            timeout_worker_healthcheck=60,
+            **opts,
+        )
+    finally:
+        if jobs is not None:
+            jobs.stop()
     return 0
 
 

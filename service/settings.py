@@ -6,6 +6,7 @@ service reads the environment, so tests build a `Settings` and pass it to `creat
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Literal
@@ -90,6 +91,17 @@ class Settings(BaseSettings):
     )
     warmup: bool = Field(default=True, description="run a few predictions before a model is marked ready")
 
+    # --- serving processes ---------------------------------------------------------------------------
+    workers: int = Field(
+        default=1, ge=1, le=64, description="serving processes on one port; `threads` is split between them"
+    )
+    active_poll_s: float = Field(
+        default=1.0, gt=0, le=60, description="how often a process checks the database for activations"
+    )
+    refused_retry_s: float = Field(
+        default=30.0, ge=0, description="a version that failed to load is retried after this long"
+    )
+
     # --- training jobs (service/jobs) ----------------------------------------------------------------
     db_url: str | None = Field(
         default=None, description="job database URL; None: SQLite file <data_dir>/ovex.db"
@@ -110,3 +122,22 @@ class Settings(BaseSettings):
     job_poll_s: float = Field(
         default=0.25, gt=0, le=10, description="how often idle workers and event streams look for news"
     )
+
+    # --- handing the one object to child processes -----------------------------------------------------
+    def to_child_json(self) -> str:
+        """This object as JSON, keys included, for a serving process this one spawns (`--workers N`)."""
+        data = self.model_dump(mode="json")
+        for name in ("api_key", "read_key"):
+            secret = getattr(self, name)
+            data[name] = None if secret is None else secret.get_secret_value()
+        return json.dumps(data)
+
+    @classmethod
+    def for_child(cls) -> Settings:
+        """The parent's object when it handed one over (`SETTINGS_ENV`), else the `OVEX_*` environment."""
+        given = os.environ.get(SETTINGS_ENV)
+        return cls.model_validate_json(given) if given else cls()
+
+
+# where `ovex serve --workers N` puts its `Settings` (as JSON) for the processes it spawns
+SETTINGS_ENV = "OVEX_SETTINGS_JSON"

@@ -103,6 +103,11 @@ def _edit_weights(change: Callable[[dict[str, torch.Tensor]], object]) -> Callab
     return edit
 
 
+def _truncate(path: Path, n: int) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:-n])
+
+
 def _set(key: str, value: object) -> Callable[[dict[str, object]], None]:
     return lambda d: d.__setitem__(key, value)
 
@@ -119,9 +124,11 @@ CORRUPTIONS: list[tuple[str, Callable[[Path], object], str]] = [
     ("bad params", _edit_json("config.json", _set("params", {"dim": -1})), "invalid params"),
     ("dims disagree", _edit_json("config.json", _set("n_labels", 13)), "shape disagrees"),
     ("weights garbage", lambda r: (r / "weights.safetensors").write_bytes(b"\x00" * 20), "unreadable"),
-    ("missing tensor", _edit_weights(lambda t: t.pop("head.bias")), "lacks tensor 'head.bias'"),
-    ("wrong shape", _edit_weights(lambda t: t.__setitem__("head.weight", torch.zeros(N_LABELS, DIM + 1))),
-     "'head.weight' has shape"),
+    ("missing tensor", _edit_weights(lambda t: t.pop("head")), "lacks tensor 'head'"),
+    ("wrong shape", _edit_weights(lambda t: t.__setitem__("head", torch.zeros(N_LABELS, DIM))),
+     "'head' has shape"),
+    ("truncated weights", lambda r: _truncate(r / "weights.safetensors", 16), "does not fit"),
+    ("header too long", lambda r: (r / "weights.safetensors").write_bytes(b"\xff" * 8 + b"{}"), "exceeds"),
     ("extra tensor", _edit_weights(lambda t: t.__setitem__("bogus", torch.zeros(2))), "unexpected tensors"),
     ("nan weights", _edit_weights(lambda t: t["input.weight"].fill_(float("nan"))), "non-finite"),
     ("too few labels", lambda r: (r / "labels.txt").write_text('"a"\n'), "labels.txt has 1 names"),
@@ -156,3 +163,37 @@ def test_params_saved_before_group_size_existed_read_as_pairwise_ove(tmp_path: P
     (root / "config.json").write_text(json.dumps(config))
     assert load_artifact(root).params.group_size == 1
     assert TrainParams.from_json_dict({"group_size": 16}).group_size == 16
+
+
+def _mapping_of(address: int) -> tuple[str, str]:
+    """(permissions, path) of the /proc/self/maps entry holding `address`."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        if lo <= address < hi:
+            return parts[1], parts[5] if len(parts) > 5 else ""
+    raise AssertionError(f"address {address:#x} is in no mapping")
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc/self/maps")
+def test_big_tables_are_mapped_read_only_from_the_file(tmp_path: Path) -> None:
+    """Serving processes share one copy of the weights: the tables live in a read-only map of the file."""
+    out, model, _ = _save(tmp_path)
+    loaded = load_artifact(out)
+    for t in (loaded.model.head, loaded.model.input_weight):
+        perms, path = _mapping_of(t.data_ptr())
+        assert Path(path) == (out / "weights.safetensors").resolve()
+        assert perms.startswith("r-"), perms
+    np.testing.assert_array_equal(loaded.model.head.numpy(), model.head.detach().numpy())
+
+
+def test_schema_1_artifacts_with_a_split_head_still_load(tmp_path: Path) -> None:
+    out, model, ds = _save(tmp_path)
+    tensors = load_file(str(out / "weights.safetensors"))
+    head = tensors.pop("head")
+    tensors["head.weight"], tensors["head.bias"] = head[:, :DIM].contiguous(), head[:, DIM].contiguous()
+    save_file(tensors, str(out / "weights.safetensors"))
+    _edit_json("config.json", _set("schema_version", 1))(out)
+    loaded = load_artifact(out)
+    x = loaded.featurizer.transform(ds)
+    np.testing.assert_array_equal(loaded.scores(x), model.score(model.encode(x)).numpy())

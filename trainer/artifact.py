@@ -2,14 +2,19 @@
 
 Layout of a model directory:
   config.json          schema_version, format, params, n_features, n_labels, dim, shape, n_train_rows, tensors
-  weights.safetensors  input.weight [D,d], input.bias [d], head.weight [K,d], head.bias [K],
+  weights.safetensors  input.weight [D,d], input.bias [d], head [K,d+1] (bias as the last column),
                        hidden.* (dense layers), extra.<name> [K,d+1] (loss-owned heads)
+                       (schema 1 stored the head as head.weight [K,d] + head.bias [K]; still read)
   labels.txt           one label name per line, each a JSON string (names may hold any character)
   featurizer/          the fitted featurizer (trainer.featurize)
   metrics.json         evaluation and training figures
 weights.safetensors may also hold stats.label_counts [K] and stats.row_hashes [N] (sorted fingerprints of
 the rows trained on, so a continual run can tell new rows from replayed ones).
 It is written to a temp dir beside the target and renamed into place, so readers never see half a model.
+
+Loading memory-maps the big tables (input projection, head, extra heads) read-only straight from the file
+in the model's own layout: no copy is made, so N serving processes share one copy through the page cache
+and a load costs about the file's size in page cache, not several private copies.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +34,14 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from trainer.errors import ArtifactError, OvexError
 from trainer.model import ModelShape, XCModel
 from trainer.params import TrainParams
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)
 FORMAT = "ovex-model"
 COUNTS = "stats.label_counts"  # optional [K] float32: training rows per label (for PSP@k)
 HASHES = "stats.row_hashes"  # optional [N] int64: fingerprints of the training rows (trainer.continual)
@@ -41,12 +49,10 @@ REQUIRED_FILES = ("config.json", "weights.safetensors", "labels.txt", "metrics.j
 
 
 def _model_tensors(model: XCModel) -> dict[str, torch.Tensor]:
-    d = model.shape.dim
     out = {
         "input.weight": model.input_weight.detach(),
         "input.bias": model.input_bias.detach(),
-        "head.weight": model.head.detach()[:, :d],
-        "head.bias": model.head.detach()[:, d],
+        "head": model.head.detach(),
     }
     for name, t in model.hidden.state_dict().items():
         out[f"hidden.{name}"] = t.detach()
@@ -76,7 +82,15 @@ WeightsWriter = Callable[[Path, dict[str, torch.Tensor]], dict[str, list[int]]]
 
 
 def _expected_shapes(model: XCModel) -> dict[str, list[int]]:
-    return {k: list(v.shape) for k, v in _model_tensors(model).items()}
+    """Names and shapes of the saved tensors, read off the (unfilled) model without copying it."""
+    out = {
+        "input.weight": list(model.input_weight.shape),
+        "input.bias": list(model.input_bias.shape),
+        "head": list(model.head.shape),
+    }
+    out.update({f"hidden.{k}": list(v.shape) for k, v in model.hidden.state_dict().items()})
+    out.update({f"extra.{k}": list(v.shape) for k, v in model.extra.items()})
+    return out
 
 
 def save_artifact(
@@ -225,9 +239,11 @@ def load_artifact(path: str | Path) -> LoadedModel:
     if not isinstance(config, dict):
         raise ArtifactError(str(root), "config.json must hold a JSON object")
     version = config.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_SCHEMAS:
         raise ArtifactError(
-            str(root), f"unsupported schema_version {version!r} (this ovex reads version {SCHEMA_VERSION})"
+            str(root),
+            f"unsupported schema_version {version!r} (this ovex reads versions "
+            f"{', '.join(map(str, READABLE_SCHEMAS))})",
         )
     for key in ("params", "n_features", "n_labels", "dim", "shape"):
         if key not in config:
@@ -242,7 +258,7 @@ def load_artifact(path: str | Path) -> LoadedModel:
         raise ArtifactError(str(root), "config.json: shape disagrees with n_features/n_labels/dim")
 
     try:
-        tensors = load_file(str(root / "weights.safetensors"))
+        tensors = map_safetensors(root / "weights.safetensors")
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise ArtifactError(str(root), f"weights.safetensors is unreadable: {exc}") from None
     try:
@@ -250,6 +266,10 @@ def load_artifact(path: str | Path) -> LoadedModel:
     except OvexError as exc:
         raise ArtifactError(str(root), f"cannot build the model: {exc}") from None
     expected = _expected_shapes(model)
+    if version == 1:  # the head was stored as two tensors; this layout is copied, not mapped
+        del expected["head"]
+        expected["head.weight"] = [shape.n_labels, shape.dim]
+        expected["head.bias"] = [shape.n_labels]
     for name, want in expected.items():
         if name not in tensors:
             raise ArtifactError(str(root), f"weights.safetensors lacks tensor {name!r}")
@@ -268,7 +288,7 @@ def load_artifact(path: str | Path) -> LoadedModel:
     if unknown:
         raise ArtifactError(str(root), f"weights.safetensors has unexpected tensors {unknown[:5]}")
     for name, t in tensors.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if t.is_floating_point() and not _all_finite(t):
             raise ArtifactError(str(root), f"tensor {name!r} holds non-finite values")
     _load_weights(model, tensors)
     model.eval()
@@ -283,18 +303,87 @@ def load_artifact(path: str | Path) -> LoadedModel:
     return LoadedModel(root, config, params, label_names, metrics, featurizer, model, counts_np, hashes_np)
 
 
+_DTYPES: dict[str, np.dtype[Any]] = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U8": np.dtype("u1"),
+    "BOOL": np.dtype("?"),
+}
+_MAX_HEADER = 100 << 20
+
+
+def map_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file as a read-only view of one memory map of the file.
+
+    The format is an 8-byte little-endian header length, a JSON header (name → dtype, shape, byte
+    range), then the raw bytes; parsing it here (no pickle) lets tensors alias the mapped pages, which
+    `safetensors.torch.load_file` would copy into private memory. Writing to these tensors faults.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise ValueError("file shorter than its 8-byte header length")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(size - 8, _MAX_HEADER):
+            raise ValueError(f"header length {n} exceeds the file")
+        try:
+            header = json.loads(fh.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    header.pop("__metadata__", None)
+    start = 8 + n
+    mm = np.memmap(path, dtype=np.uint8, mode="r") if size > start else np.zeros(0, np.uint8)
+    out: dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        try:
+            dtype = _DTYPES[info["dtype"]]
+            shape = [int(x) for x in info["shape"]]
+            lo, hi = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"tensor {name!r}: bad dtype/shape/data_offsets in the header") from None
+        count = int(np.prod(shape)) if shape else 1
+        fits = 0 <= lo <= hi <= size - start and hi - lo == count * dtype.itemsize
+        if min(shape, default=0) < 0 or not fits:
+            raise ValueError(f"tensor {name!r}: byte range [{lo}, {hi}) does not fit its shape or the file")
+        arr = mm[start + lo : start + hi].view(dtype).reshape(shape)
+        if (start + lo) % dtype.itemsize:  # unaligned (not written by safetensors): copy this one
+            arr = arr.copy()
+        with warnings.catch_warnings():  # torch warns that the array is not writable: that is the point
+            warnings.simplefilter("ignore", UserWarning)
+            out[str(name)] = torch.from_numpy(arr)
+    return out
+
+
+def _all_finite(t: torch.Tensor, block: int = 1 << 16) -> bool:
+    """isfinite in row blocks: a temporary the size of a mapped table would defeat the mapping."""
+    flat = t.reshape(t.shape[0], -1) if t.dim() > 1 else t.reshape(-1, 1)
+    return all(bool(torch.isfinite(flat[s : s + block]).all()) for s in range(0, flat.shape[0], block))
+
+
 def _load_weights(model: XCModel, tensors: dict[str, torch.Tensor]) -> None:
-    """Copy into the model, dropping each file tensor once copied so peak memory stays ≈ one model."""
+    """The big tables become the mapped tensors themselves (no copy); small ones are copied in."""
     d = model.shape.dim
     with torch.no_grad():
-        model.input_weight.copy_(tensors.pop("input.weight"))
+        model.input_weight = torch.nn.Parameter(tensors.pop("input.weight"), requires_grad=False)
         model.input_bias.copy_(tensors.pop("input.bias"))
-        model.head[:, :d].copy_(tensors.pop("head.weight"))
-        model.head[:, d].copy_(tensors.pop("head.bias"))
+        if "head" in tensors:
+            model.head = torch.nn.Parameter(tensors.pop("head"), requires_grad=False)
+        else:  # schema 1: two tensors, assembled into the [K, d+1] table by a copy
+            model.head = torch.nn.Parameter(torch.empty(model.shape.n_labels, d + 1), requires_grad=False)
+            model.head[:, :d].copy_(tensors.pop("head.weight"))
+            model.head[:, d].copy_(tensors.pop("head.bias"))
         hidden = {k[len("hidden.") :]: tensors.pop(k) for k in list(tensors) if k.startswith("hidden.")}
         model.hidden.load_state_dict(hidden)
-        for name, p in model.extra.items():
-            p.copy_(tensors.pop(f"extra.{name}"))
+        for name in list(model.extra):
+            model.extra[name] = torch.nn.Parameter(tensors.pop(f"extra.{name}"), requires_grad=False)
 
 
 def _read_labels(root: Path, n_labels: int) -> list[str]:

@@ -197,8 +197,9 @@ class XCModel(nn.Module):
         self.drop = nn.Dropout(shape.dropout)
         head = init_head_rows(lo, hi, d, seed) if init else torch.empty(k, d + 1)
         self.head = nn.Parameter(head, requires_grad=False)
+        new = torch.zeros if init else torch.empty
         self.extra = nn.ParameterDict(
-            {name: nn.Parameter(torch.zeros(k, d + 1), requires_grad=False) for name in shape.extra_heads}
+            {name: nn.Parameter(new(k, d + 1), requires_grad=False) for name in shape.extra_heads}
         )
 
     # ---- tables updated row-wise (not through autograd on the full tensor)

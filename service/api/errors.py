@@ -1,4 +1,6 @@
-"""Every error → HTTP status, in one place. Bodies are FastAPI's shape: `{"detail": str | [field errors]}`.
+"""Every error → HTTP status, in one place. Bodies are FastAPI's shape: `{"detail": str | [field errors]}`,
+except under /v2, where the Open Inference Protocol's `{"error": str}` is what its clients read (and
+its invalid requests are 400, not 422).
 
 Field errors are `{"loc": [...], "msg": str, "type": str}` with `loc` naming the field and list index
 (`["body", "inputs", 2, "features", "indices", 5]`), so a client can point at what to fix. The domain
@@ -8,7 +10,7 @@ raises the kinds of `service.errors`; `STATUS` below is the only place they meet
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -85,32 +87,54 @@ def _clean_validation_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
+V2_PREFIX = "/v2/"
+
+
+def _loc_msg(loc: Sequence[Any], msg: str) -> str:
+    where = ".".join(str(p) for p in loc if p != "body")
+    return f"{where}: {msg}" if where else msg
+
+
+def _v2(status: int, detail: Any, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """The V2 error body: one message (field errors joined), 422 reported as 400."""
+    if isinstance(detail, list):
+        detail = "; ".join(_loc_msg(d.get("loc", ()), str(d.get("msg", ""))) for d in detail)
+    return JSONResponse({"error": str(detail)}, status_code=400 if status == 422 else status, headers=headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """The one mapping from exceptions to responses; never a 500 for a user's mistake."""
 
+    def respond(
+        request: Request, status: int, detail: Any, headers: Mapping[str, str] | None = None
+    ) -> JSONResponse:
+        if request.url.path.startswith(V2_PREFIX):
+            return _v2(status, detail, headers)
+        return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"detail": _clean_validation_errors(exc.errors())}, status_code=422)
+        return respond(request, 422, _clean_validation_errors(exc.errors()))
 
     @app.exception_handler(OvexError)
     async def _ovex(request: Request, exc: OvexError) -> JSONResponse:
         headers = exc.headers if isinstance(exc, DomainError) else None
-        return JSONResponse({"detail": detail_for(exc)}, status_code=status_for(exc), headers=headers)
+        return respond(request, status_for(exc), detail_for(exc), headers)
 
     @app.exception_handler(ClientDisconnect)
     async def _gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
         # the client left mid-body: nobody reads this answer, and it is not a server fault
         log.info("client disconnected before its body was read", extra={"path": request.url.path})
-        return JSONResponse({"detail": "client disconnected"}, status_code=400)
+        return respond(request, 400, "client disconnected")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        return respond(request, exc.status_code, exc.detail, exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", extra={"path": request.url.path})
-        return JSONResponse({"detail": "internal error (logged on the server)"}, status_code=500)
+        return respond(request, 500, "internal error (logged on the server)")
 
 
 def document_errors(app: FastAPI) -> None:

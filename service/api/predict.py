@@ -14,7 +14,7 @@ from service.api.metrics import Metrics
 from service.api.schemas import ErrorBody, ModelName, PredictRequest, PredictResponse
 from service.batching import MicroBatcher
 from service.errors import InputError, Loc, Unavailable
-from service.predictor import InputRow, Job, Options
+from service.predictor import InputRow, Job, Options, RowPrediction
 from service.registry import ServedModel
 from service.settings import Settings
 
@@ -89,9 +89,12 @@ def known_features(served: ServedModel, rows: Sequence[InputRow]) -> list[int]:
     return counts
 
 
-async def _predict(
+async def predict_rows(
     served: ServedModel, req: PredictRequest, batcher: MicroBatcher, settings: Settings, metrics: Metrics
-) -> Response:
+) -> tuple[list[RowPrediction], list[int]]:
+    """The one prediction path of every protocol (/v1, /v2): check against the limits and the model,
+    then through the micro-batcher to the pinned version's predictor. Returns the answers and, per
+    input, how many of its features the model knows."""
     job = _to_job(req, served, settings)
     try:
         preds = await batcher.submit(served.predictor, job, settings.request_timeout_s)
@@ -100,7 +103,13 @@ async def _predict(
             f"prediction took over {settings.request_timeout_s}s; retry later", headers={"Retry-After": "1"}
         ) from None
     metrics.predicted_rows.labels(served.name, served.version).inc(len(preds))
-    known = known_features(served, job.rows)
+    return preds, known_features(served, job.rows)
+
+
+async def _predict(
+    served: ServedModel, req: PredictRequest, batcher: MicroBatcher, settings: Settings, metrics: Metrics
+) -> Response:
+    preds, known = await predict_rows(served, req, batcher, settings, metrics)
     body = {
         "model": served.name,
         "version": served.version,

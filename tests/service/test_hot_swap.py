@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from service.jobs.active import ActiveVersions
 from tests.service.conftest import API_KEY, Server, copy_version, start_server, stop_server
 
 BODY = {
@@ -22,7 +23,8 @@ BODY = {
 
 @pytest.fixture(scope="module")
 def swap_server(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Model `m` with versions 1 and 2 on disk; version 1 chosen in active.json, so it serves first."""
+    """Model `m` with versions 1 and 2 on disk; version 1 chosen in an older ovex's active.json, which the
+    server adopts into its database, so it serves first."""
     work = tmp_path_factory.mktemp("swap")
     models = work / "models"
     copy_version(model_store, models, "small", "1", as_name="m")
@@ -35,6 +37,21 @@ def swap_server(model_store: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     srv = start_server(models, work)
     yield srv
     stop_server(srv)
+
+
+def recorded(srv: Server) -> dict[str, str]:
+    """The active versions as the database holds them (the server's data dir is beside its models)."""
+    store = ActiveVersions.for_url(f"sqlite:///{srv.models_dir.parent / 'data' / 'ovex.db'}")
+    try:
+        return store.all()
+    finally:
+        store.close()
+
+
+def test_legacy_activation_file_is_imported_once(swap_server: Server) -> None:
+    assert not (swap_server.models_dir / "active.json").exists()
+    assert (swap_server.models_dir / "active.json.imported").exists()
+    assert recorded(swap_server)["fallback"] == "1"  # the first choice for a model nobody activated
 
 
 def _answer(r: httpx.Response) -> tuple[str, Any]:
@@ -105,7 +122,7 @@ def test_hot_swap_under_load(swap_server: Server) -> None:
         if t0 > swap_times["end"]:
             assert version == "2"
     assert {r[3] for r in results} == {"1", "2"}
-    assert json.loads((swap_server.models_dir / "active.json").read_text())["models"]["m"] == "2"
+    assert recorded(swap_server)["m"] == "2"
 
 
 def test_broken_version_is_refused_and_the_old_one_keeps_serving(swap_server: Server) -> None:
@@ -123,4 +140,4 @@ def test_broken_version_is_refused_and_the_old_one_keeps_serving(swap_server: Se
         assert next(v for v in info["versions"] if v["version"] == "7")["error"]
         p = c.post("/v1/models/m/predict", json=BODY)
         assert p.status_code == 200 and p.json()["version"] == before
-    assert json.loads((models / "active.json").read_text())["models"]["m"] == before
+    assert recorded(swap_server)["m"] == before

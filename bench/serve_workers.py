@@ -1,0 +1,355 @@
+"""`ovex serve --workers 1` against `--workers 2`: throughput, latency and the memory of the group.
+
+The model is what a user gets: synthetic data from `ovex synth`, trained by `ovex train` with every
+default (d=512), served with the default settings (threads, retrieval) except the job worker (off: it
+is not serving). Per server it reports req/s at concurrency 32, p50/p99 at concurrency 1, and the RSS
+and PSS (/proc/<pid>/smaps_rollup) of every process of the group: PSS divides each shared page (the
+memory-mapped weights, the libraries) between the processes that map it, so the group's PSS is what the
+group costs. It also loads the artifact in fresh processes, memory-mapped (schema 2) and through the
+copying loader of schema-1 files, to show what the mapping saves at load time.
+
+    .venv/bin/python bench/serve_workers.py            # ~10 minutes on 2 busy cores (training included)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.serve_load import free_port, run_cell  # noqa: E402  (the same load generator)
+
+OVEX = [sys.executable, "-m", "service.cli"]
+MODEL = "big"  # the name bench/serve_load's generator posts to
+
+
+def sh(cmd: list[str], **kw: Any) -> None:
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=str(REPO)), **kw)
+
+
+def train(work: Path, labels: int, features: int, rows: int) -> Path:
+    art = work / "models" / MODEL / "1"
+    if (art / "config.json").exists():
+        return art
+    data = work / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    sh(
+        [
+            *OVEX,
+            "synth",
+            "--labels",
+            str(labels),
+            "--features",
+            str(features),
+            "--rows",
+            str(rows),
+            "--out",
+            str(data / "train.txt"),
+            "--test-out",
+            str(data / "test.txt"),
+            "--test-rows",
+            "1000",
+        ]
+    )
+    sh(
+        [
+            *OVEX,
+            "train",
+            "--train",
+            str(data / "train.txt"),
+            "--test",
+            str(data / "test.txt"),
+            "--out",
+            str(art),
+        ]
+    )
+    return art
+
+
+def bodies(work: Path, n: int) -> list[bytes]:
+    from trainer.data import read_dataset
+
+    ds = read_dataset(work / "data" / "test.txt")
+    x = ds.X
+    out = []
+    for r in range(min(n, x.shape[0])):
+        s, e = x.indptr[r], x.indptr[r + 1]
+        feats = {"indices": x.indices[s:e].tolist(), "values": [round(float(v), 4) for v in x.data[s:e]]}
+        out.append(json.dumps({"inputs": [{"features": feats}], "top_k": 10}).encode())
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# memory
+
+
+def rollup(pid: int) -> dict[str, int]:
+    """Rss and Pss in bytes from /proc/<pid>/smaps_rollup."""
+    out = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Rss", "Pss", "Shared_Clean", "Private_Clean", "Private_Dirty"):
+            out[key.lower()] = int(rest.split()[0]) * 1024
+    return out
+
+
+def group(pid: int) -> list[int]:
+    """The process and all its descendants."""
+    pids, i = [pid], 0
+    while i < len(pids):
+        for task in Path(f"/proc/{pids[i]}/task").iterdir():
+            kids = (task / "children").read_text().split()
+            pids.extend(int(k) for k in kids)
+        i += 1
+    return pids
+
+
+def cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:80].strip()
+
+
+LOAD_PROBE = """
+import resource, sys, time
+from trainer.artifact import load_artifact
+t0 = time.perf_counter()
+m = load_artifact(sys.argv[1])
+s = float(m.head_weight[:, 0].sum())  # touch the head once, as a first prediction would
+dt = time.perf_counter() - t0
+rss = int(open('/proc/self/statm').read().split()[1]) * 4096
+print(dt, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, rss)
+"""
+BASELINE_PROBE = """
+import resource
+import trainer.artifact  # the same imports (torch, numpy, scipy, safetensors) without a model
+print(0.0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 0)
+"""
+
+
+def schema1_copy(art: Path, dest: Path) -> Path:
+    """The same model in the schema-1 layout (split head), which the loader copies instead of mapping."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    if (dest / "config.json").exists():
+        return dest
+    shutil.copytree(art, dest, ignore=shutil.ignore_patterns("index", "weights.safetensors"))
+    tensors = load_file(str(art / "weights.safetensors"))
+    head = tensors.pop("head")
+    d = head.shape[1] - 1
+    tensors["head.weight"], tensors["head.bias"] = head[:, :d].contiguous(), head[:, d].contiguous()
+    save_file({k: torch.as_tensor(v) for k, v in tensors.items()}, str(dest / "weights.safetensors"))
+    cfg = json.loads((dest / "config.json").read_text())
+    cfg["schema_version"] = 1
+    (dest / "config.json").write_text(json.dumps(cfg))
+    return dest
+
+
+def probe(code: str, path: Path | None) -> dict[str, float]:
+    args = [sys.executable, "-c", code] + ([str(path)] if path else [])
+    out = subprocess.run(
+        args, check=True, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO))
+    )
+    seconds, peak, rss = out.stdout.split()
+    return {"seconds": round(float(seconds), 3), "peak_rss_bytes": int(peak), "rss_after_bytes": int(rss)}
+
+
+def load_cost(art: Path, work: Path) -> dict[str, Any]:
+    legacy = schema1_copy(art, work / "schema1" / MODEL / "1")
+    for p in (art / "weights.safetensors", legacy / "weights.safetensors"):
+        p.read_bytes()  # both files in the page cache: the comparison is of copies, not of the disk
+    base = probe(BASELINE_PROBE, None)
+    mapped = probe(LOAD_PROBE, art)
+    copied = probe(LOAD_PROBE, legacy)
+    w = (art / "weights.safetensors").stat().st_size
+    for row in (mapped, copied):
+        row["peak_over_imports_bytes"] = row["peak_rss_bytes"] - base["peak_rss_bytes"]
+        row["peak_over_imports_per_weights"] = round(row["peak_over_imports_bytes"] / w, 2)
+    return {
+        "weights_bytes": w,
+        "imports_only_peak_rss_bytes": base["peak_rss_bytes"],
+        "mapped": mapped,
+        "copied_schema1": copied,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# one server
+
+
+def serve(work: Path, workers: int, reqs: list[bytes], seconds: float) -> dict[str, Any]:
+    import httpx
+
+    port = free_port()
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO),
+        OVEX_EMBEDDED_WORKER="false",
+        OVEX_DATA_DIR=str(work / "state"),
+        OVEX_LOG_LEVEL="warning",
+    )
+    log = open(work / f"server-w{workers}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            *OVEX,
+            "serve",
+            "--models-dir",
+            str(work / "models"),
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    t0 = time.perf_counter()
+    try:
+        pids: set[str] = set()
+        while len(pids) < workers:
+            if proc.poll() is not None or time.perf_counter() - t0 > 900:
+                raise RuntimeError(f"server with {workers} workers did not start; see {log.name}")
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5)
+                if r.status_code == 200:
+                    pids.add(r.headers["x-ovex-worker"])
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        ready_s = time.perf_counter() - t0
+        warm = asyncio.run(run_cell("127.0.0.1", port, reqs, 8, 400, 30))  # every worker warm
+        c32 = asyncio.run(run_cell("127.0.0.1", port, reqs, 32, 10**9, seconds))
+        c1 = asyncio.run(run_cell("127.0.0.1", port, reqs, 1, 2000, seconds))
+        procs = []
+        for pid in group(proc.pid):
+            role = "worker" if str(pid) in pids else ("parent" if pid == proc.pid else "helper")
+            procs.append({"pid": pid, "role": role, "cmd": cmdline(pid), **rollup(pid)})
+        for cell in (warm, c32, c1):
+            cell.pop("_answers", None)
+        total = {k: sum(p[k] for p in procs) for k in ("rss", "pss")}
+        return {
+            "workers": workers,
+            "ready_s": round(ready_s, 1),
+            "concurrency_32": c32,
+            "concurrency_1": c1,
+            "errors": warm["errors"] + c32["errors"] + c1["errors"],
+            "processes": procs,
+            "group": total,
+            "workers_pss": sum(p["pss"] for p in procs if p["role"] == "worker"),
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def mib(b: float) -> str:
+    return f"{b / 2**20:,.0f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--labels", type=int, default=100_000)
+    ap.add_argument("--features", type=int, default=20_000)
+    ap.add_argument("--rows", type=int, default=20_000)
+    ap.add_argument("--seconds", type=float, default=20.0, help="length of each load cell")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/ovex_bench_workers"))
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "serve_workers")
+    args = ap.parse_args()
+
+    art = train(args.work, args.labels, args.features, args.rows)
+    reqs = bodies(args.work, 1000)
+    loads = load_cost(art, args.work)
+    load_before = os.getloadavg()
+    runs = [serve(args.work, w, reqs, args.seconds) for w in (1, 2)]
+    one, two = runs
+    result = {
+        "model": {
+            "labels": args.labels,
+            "features": args.features,
+            "rows": args.rows,
+            "dim": 512,
+            "trained_with": "ovex synth + ovex train (defaults)",
+            "weights_bytes": loads["weights_bytes"],
+        },
+        "load": loads,
+        "runs": runs,
+        "ratios": {
+            "req_per_s_c32_two_over_one": round(
+                two["concurrency_32"]["req_per_s"] / one["concurrency_32"]["req_per_s"], 2
+            ),
+            "p99_c1_two_over_one": round(two["concurrency_1"]["p99_ms"] / one["concurrency_1"]["p99_ms"], 2),
+            "group_pss_two_over_one": round(two["group"]["pss"] / one["group"]["pss"], 3),
+            "workers_pss_two_over_one": round(two["workers_pss"] / one["workers_pss"], 3),
+            "group_rss_two_over_one": round(two["group"]["rss"] / one["group"]["rss"], 3),
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_avg_before": load_before,
+            "load_avg_after": os.getloadavg(),
+            "python": platform.python_version(),
+            "note": "shared machine (other jobs running)",
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    lines = [
+        "# ovex serve --workers 1 vs 2",
+        "",
+        f"Model: {args.labels:,} labels, {args.features:,} features, d=512, "
+        "trained by `ovex train` with defaults; "
+        f"weights.safetensors {mib(loads['weights_bytes'])} MiB. Load average before/after: "
+        f"{load_before[0]:.1f} / {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (shared machine).",
+        "",
+        "| workers | req/s @32 | p50 ms @1 | p99 ms @1 | errors "
+        "| group RSS MiB | group PSS MiB | workers' PSS MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        lines.append(
+            f"| {r['workers']} | {r['concurrency_32']['req_per_s']} | {r['concurrency_1']['p50_ms']} | "
+            f"{r['concurrency_1']['p99_ms']} | {r['errors']} | {mib(r['group']['rss'])} | "
+            f"{mib(r['group']['pss'])} | {mib(r['workers_pss'])} |"
+        )
+    lines += ["", "Processes (RSS / PSS MiB):", ""]
+    for r in runs:
+        for p in r["processes"]:
+            lines.append(
+                f"- workers={r['workers']} {p['role']} {p['pid']}: {mib(p['rss'])} / {mib(p['pss'])}"
+            )
+    lines += [
+        "",
+        "Ratios (two workers / one): " + ", ".join(f"{k} {v}" for k, v in result["ratios"].items()),
+        "",
+    ]
+    m, c = loads["mapped"], loads["copied_schema1"]
+    lines += [
+        "Loading the artifact in a fresh process (peak RSS above the imports alone, in weights-file sizes):",
+        "",
+        f"- memory-mapped (schema 2): {m['seconds']} s, +{mib(m['peak_over_imports_bytes'])} MiB "
+        f"({m['peak_over_imports_per_weights']}x)",
+        f"- copied (schema 1 loader): {c['seconds']} s, +{mib(c['peak_over_imports_bytes'])} MiB "
+        f"({c['peak_over_imports_per_weights']}x)",
+    ]
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""KServe Open Inference Protocol (V2) beside /v1, so gateways and clients written for it work unchanged.
+
+Thin: the bodies and their conversion live in `v2_protocol`; a prediction goes through the same
+`predict_rows` as /v1 (limits, micro-batcher, the version pinned when the request arrived). Errors under
+/v2 have the protocol's shape `{"error": "..."}` (mapped in `errors.py` with every other error).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from service.api.deps import BatcherDep, MetricsDep, RegistryDep, SettingsDep
+from service.api.predict import predict_rows
+from service.api.v2_protocol import (
+    OUTPUT_METADATA,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    V2Error,
+    input_metadata,
+    to_outputs,
+    to_predict_request,
+)
+from service.errors import InputError, Malformed, NotFound
+from service.registry import ModelRegistry, ServedModel
+
+router = APIRouter(prefix="/v2", tags=["v2 (open inference protocol)"])
+
+ERRORS: dict[int | str, dict[str, object]] = {
+    400: {"model": V2Error, "description": "invalid request; the message says what to fix"},
+    404: {"model": V2Error, "description": "unknown model or version"},
+    503: {"model": V2Error, "description": "not loaded yet, or the request timed out"},
+}
+
+
+def _served(registry: ModelRegistry, name: str, version: str | None) -> ServedModel:
+    """The version serving `name`; a named version must be that one (only the active version serves)."""
+    versions = registry.scan().get(name)
+    if versions is None:
+        raise NotFound(f"unknown model {name!r}")
+    if version is not None and version not in versions:
+        raise NotFound(f"model {name!r} has no version {version!r} (versions: {', '.join(versions)})")
+    served = registry.get(name)
+    if version is not None and served.version != version:
+        raise Malformed(
+            f"version {version!r} of model {name!r} is not loaded: only the active version "
+            f"({served.version!r}) serves; activate it first, or leave the version out"
+        )
+    return served
+
+
+@router.get("/health/live")
+def live() -> dict[str, bool]:
+    """The process serves HTTP."""
+    return {"live": True}
+
+
+@router.get("/health/ready", responses={503: {"description": "no model loaded yet"}})
+def ready(registry: RegistryDep) -> JSONResponse:
+    """200 when every model on disk has a version serving, else 503."""
+    active = registry.active()
+    ok = registry.started.is_set() and bool(active) and all(n in active for n in registry.scan())
+    return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+
+def _metadata(registry: ModelRegistry, name: str, version: str | None) -> ModelMetadata:
+    served = _served(registry, name, version)
+    return ModelMetadata(
+        name=name,
+        versions=[version] if version else registry.scan().get(name, []),
+        inputs=input_metadata(served.predictor.input_kind),
+        outputs=OUTPUT_METADATA,
+        parameters={
+            "active_version": served.version,
+            "n_labels": served.n_labels,
+            "retrieval": served.retrieval,
+        },
+    )
+
+
+@router.get("/models/{name}", response_model=ModelMetadata, responses=ERRORS)
+def model_metadata(name: str, registry: RegistryDep) -> ModelMetadata:
+    """Inputs and outputs of the model's active version, and every version on disk."""
+    return _metadata(registry, name, None)
+
+
+@router.get("/models/{name}/versions/{version}", response_model=ModelMetadata, responses=ERRORS)
+def version_metadata(name: str, version: str, registry: RegistryDep) -> ModelMetadata:
+    return _metadata(registry, name, version)
+
+
+def _model_ready(registry: ModelRegistry, name: str, version: str | None) -> JSONResponse:
+    versions = registry.scan().get(name)
+    if versions is None or (version is not None and version not in versions):
+        raise NotFound(
+            f"unknown model {name!r}" if versions is None else f"model {name!r} has no version {version!r}"
+        )
+    served = registry.active().get(name)
+    ok = served is not None and (version is None or served.version == version)
+    return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
+
+
+@router.get("/models/{name}/ready", responses=ERRORS)
+def model_ready(name: str, registry: RegistryDep) -> JSONResponse:
+    """200 when a version of the model serves, else 503."""
+    return _model_ready(registry, name, None)
+
+
+@router.get("/models/{name}/versions/{version}/ready", responses=ERRORS)
+def version_ready(name: str, version: str, registry: RegistryDep) -> JSONResponse:
+    """200 when this version is the one serving, else 503."""
+    return _model_ready(registry, name, version)
+
+
+async def _infer(
+    name: str,
+    version: str | None,
+    req: InferRequest,
+    registry: ModelRegistry,
+    batcher: BatcherDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+) -> InferResponse:
+    served = _served(registry, name, version)
+    pr = to_predict_request(req, served.predictor.input_kind)
+    try:
+        preds, _ = await predict_rows(served, pr, batcher, settings, metrics)
+    except InputError as exc:  # /v1 names fields as body.inputs.<row>...; V2 inputs are tensors
+        raise Malformed(
+            "; ".join(
+                f"row {loc[2]}: {msg}" if len(loc) > 2 else f"{loc[-1]}: {msg}" for loc, msg in exc.errors
+            )
+        ) from None
+    return InferResponse(
+        model_name=served.name,
+        model_version=served.version,
+        id=req.id,
+        outputs=to_outputs(preds, req, pr.normalization),
+    )
+
+
+@router.post("/models/{name}/infer", response_model=InferResponse, responses=ERRORS)
+async def infer(
+    name: str,
+    req: InferRequest,
+    registry: RegistryDep,
+    batcher: BatcherDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+) -> InferResponse:
+    """Top labels of the active version: ids, names, probabilities, scores, counts and the exact flag."""
+    return await _infer(name, None, req, registry, batcher, settings, metrics)
+
+
+@router.post("/models/{name}/versions/{version}/infer", response_model=InferResponse, responses=ERRORS)
+async def infer_version(
+    name: str,
+    version: str,
+    req: InferRequest,
+    registry: RegistryDep,
+    batcher: BatcherDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+) -> InferResponse:
+    """As `/infer`, refusing (400) when `version` is not the one serving."""
+    return await _infer(name, version, req, registry, batcher, settings, metrics)
