@@ -322,8 +322,10 @@ class ModelRegistry:
         served = self._active.get(name)
         if served is not None:
             return served
-        if name in self.scan():
-            if not self.started.is_set():
+        versions = self.scan().get(name)
+        if versions:
+            untried = any((name, v) not in self._refused for v in versions)
+            if not self.started.is_set() or untried:  # a new version is found by the next refresh
                 raise Unavailable(f"model {name!r} is still loading", headers={"Retry-After": "1"})
             raise Unavailable(f"model {name!r} has no version that loads (see the server log)")
         raise NotFound(f"unknown model {name!r}")
