@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from trainer.data import Dataset
@@ -153,6 +153,7 @@ def test_class_level_fit_with_trainer_options() -> None:
     sublinear=st.booleans(),
     buckets=st.sampled_from([1, 3, 64]),
 )
+@example(docs=["a b"] * 8, mode="hash", ngrams=1, sublinear=False, buckets=3)  # a batch without a token
 def test_batch_and_single_row_routes_are_bit_identical(docs: list[str], mode: str, ngrams: int,
                                                        sublinear: bool, buckets: int) -> None:
     """A row featurizes the same alone (dict route, as a request) or inside a batch (numpy route)."""

@@ -342,7 +342,7 @@ class Featurizer:
             cell = r * np.int64(self._n_features) + bucket
             order = np.lexsort((signed, cell))  # by cell, then ascending value within a cell
             cell, signed = cell[order], signed[order]
-            starts = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]])
+            starts = np.flatnonzero(np.r_[cell.size > 0, cell[1:] != cell[:-1]])  # none without tokens
             w = np.bincount(np.repeat(np.arange(starts.size), np.diff(np.r_[starts, cell.size])),
                             weights=signed, minlength=starts.size)  # adds in array order
             cells = cell[starts]
