@@ -272,8 +272,10 @@ class JobRunner:
             return
         job = self.store.get_job(job_id)
         if job is not None and job.cancel_requested:
-            if self.store.finish(job_id, self.worker, CANCELLED):
-                shutil.rmtree(job_dir, ignore_errors=True)
+            # files first: a client that sees `cancelled` finds nothing left (were we killed in between,
+            # the reaper ends the job as cancelled all the same)
+            shutil.rmtree(job_dir, ignore_errors=True)
+            self.store.finish(job_id, self.worker, CANCELLED)
             return
         if self.shutdown.is_set():
             self.store.release(
