@@ -529,10 +529,11 @@ def _fit(
         dropout=params.dropout,
         extra_heads=spec.extra_heads,
     )
-    model = XCModel(shape, init_scale=params.init_scale, seed=params.seed).to(device)
+    # a warm start overwrites the big tables, so only its new rows are drawn (init_model)
+    model = XCModel(shape, init_scale=params.init_scale, seed=params.seed, init=warm is None).to(device)
     new_labels = None
     if warm is not None:
-        warm.init_model(model, x, y, params.new_label_init)
+        warm.init_model(model, x, y, params.new_label_init, params.seed)
         new_labels = warm.new_labels
     model.train()
     sampler = NegativeSampler(k, params.sampler, params.alpha, label_counts(y), seed=params.seed + 1)
