@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -179,9 +180,9 @@ def test_mean_init_points_new_rows_at_their_examples(
     warm, ds, _ = warm_start(tmp_path / "v1", tr, None)
     ds = warm.training_rows(ds)
     x = sp.csr_matrix(warm.featurizer.transform(ds), dtype=np.float32)
-    model = XCModel(load_artifact(tmp_path / "v1").model.shape.__class__(
-        **{**load_artifact(tmp_path / "v1").model.shape.to_json(), "n_labels": 30, "extra_heads": ()}))
-    warm.init_model(model, x, ds.Y, "mean")
+    shape = load_artifact(tmp_path / "v1").model.shape
+    model = XCModel(replace(shape, n_labels=30), init=False)
+    warm.init_model(model, x, ds.Y, "mean", seed=0)
     h = model.encode(x).double()
     y = sp.csr_matrix(ds.Y)
     for label in range(24, 30):

@@ -16,6 +16,7 @@ the run trains on all of them.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -270,20 +271,27 @@ class WarmStart:
 
     # -- model
 
-    def init_model(self, model: Any, x: sp.csr_matrix, y: sp.csr_matrix, how: str) -> None:
-        """Copy the base's weights into `model` (which may have more input rows and more labels) and give
-        new label rows their start: `mean` = the mean encoding of their positive rows, scaled like the
-        trained rows; `random` = the fresh-model initialisation already in `model`."""
+    def init_model(self, model: Any, x: sp.csr_matrix, y: sp.csr_matrix, how: str, seed: int) -> None:
+        """Copy the base's weights into `model` (built with `init=False`; it may have more input rows and
+        more labels) and give new label rows their start: `mean` = the mean encoding of their positive
+        rows, scaled like the trained rows; `random` (and labels without a positive row) = a fresh
+        model's small random rows."""
         src = self.base.model
         k0, d0 = src.shape.n_labels, src.shape.n_features
+        d = model.shape.dim
         with torch.no_grad():
             model.input_weight[:d0].copy_(src.input_weight)
             model.input_weight[d0:].zero_()  # new words start silent: old rows encode exactly as before
             model.input_bias.copy_(src.input_bias)
             model.hidden.load_state_dict(src.hidden.state_dict())
             model.head[:k0].copy_(src.head)
+            gen = torch.Generator().manual_seed(seed)
+            fresh = torch.randn(model.shape.n_labels - k0, d + 1, generator=gen) * (0.01 / math.sqrt(d))
+            fresh[:, d] = 0.0
+            model.head[k0:].copy_(fresh)
             for name, table in model.extra.items():
                 table[:k0].copy_(src.extra[name])
+                table[k0:].zero_()
             if how == "mean" and self.new_labels is not None:
                 _mean_init(model, x, y, self.new_labels)
 

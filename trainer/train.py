@@ -524,11 +524,14 @@ def _fit(
         extra_heads=spec.extra_heads,
     )
     shard = shard_bounds(k, group.world, group.rank)
-    model = XCModel(shape, init_scale=params.init_scale, seed=params.seed, label_rows=(shard.lo, shard.hi))
+    # a warm start overwrites the big tables, so only its new rows are drawn (init_model)
+    model = XCModel(
+        shape, init_scale=params.init_scale, seed=params.seed, init=warm is None, label_rows=(shard.lo, shard.hi)
+    )
     model = model.to(device)
     new_labels = None
     if warm is not None:
-        warm.init_model(model, x, y, params.new_label_init)
+        warm.init_model(model, x, y, params.new_label_init, params.seed)
         new_labels = warm.new_labels
     model.train()
     if group.world > 1:
