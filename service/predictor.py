@@ -247,9 +247,9 @@ class Predictor:
     # -- paths ----------------------------------------------------------------------------------------
     def _scores_all(self, norm: Normalization) -> bool:
         """Whether this normalization is answered by the exact pass over every label: always when that
-        is the retriever; and for (ev-)softmax behind the int8 scan, whose support is every label (or
-        every label above the mean): their mass needs each score exactly, which a scan of all labels
-        gives at the price the int8 copy was meant to save, so the exact pass is no dearer."""
+        is the retriever; and (ev-)softmax behind the int8 scan: their support is every label (or every
+        label above the mean), so no bound on a few scores makes them exact, while the exact pass does,
+        and int8 was chosen to serve answers that are certified exact."""
         if self.retriever is self.exact_scorer:
             return True
         return self.retriever.kind == "int8" and norm in ("evsoftmax", "softmax")

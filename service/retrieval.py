@@ -4,6 +4,8 @@ Every search returns, per query, an upper bound on the score of every label it d
 sparse maps turn that bound into the `exact` flag of an answer (issue 3):
 
 * exact scorer and flat index: the (k+1)-th score (they score every label);
+* int8 scan (`QuantizedScanner`): the largest upper bound left out — a skipped cell's bound, a label's
+  int8 bound below the floor, or the next re-scored score — so its answers are exact by construction;
 * IVF: max of (a) a per-cell bound ⟨q, μ_c⟩ + ‖q‖·r_c over the cells not probed (r_c = the cell's
   radius), (b) the last approximate score of the probed cells plus the scalar quantizer's error bound,
   (c) the (k+1)-th exactly re-scored candidate;
@@ -16,8 +18,9 @@ on the MIPS → nearest-neighbour reduction of Bachrach et al. (2014): with the 
 cells of w'' (L2); inside probed cells candidates are scored by inner product on 8-bit codes and the best
 are re-scored exactly from the float weights, so returned scores are always exact.
 
-Indexes are built in the serving process at first load and cached in `<artifact>/index/` with faiss's
-own format (not pickle), written to a temporary directory and renamed into place.
+Indexes are built in the serving process at first load and cached in `<artifact>/index/<kind>/` with
+faiss's own format and `.npy` (not pickle), written to a temporary directory and renamed into place, and
+memory-mapped when loaded.
 """
 
 from __future__ import annotations

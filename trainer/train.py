@@ -526,7 +526,11 @@ def _fit(
     shard = shard_bounds(k, group.world, group.rank)
     # a warm start overwrites the big tables, so only its new rows are drawn (init_model)
     model = XCModel(
-        shape, init_scale=params.init_scale, seed=params.seed, init=warm is None, label_rows=(shard.lo, shard.hi)
+        shape,
+        init_scale=params.init_scale,
+        seed=params.seed,
+        init=warm is None,
+        label_rows=(shard.lo, shard.hi),
     )
     model = model.to(device)
     new_labels = None
