@@ -89,7 +89,7 @@ def test_evsoftmax_threshold_is_the_mean_of_all_scores(server: Server, case: Any
         ids = {lb["id"] for lb in pred["labels"]}
         assert ids, "evsoftmax keeps at least the best label"
         assert min(row[list(ids)]) >= row.mean() - 1e-5  # nothing below the threshold is ever listed
-        # K·d of this model is under `exact_max_weights`: the index path scores every label too, so it must be exact
+        # K·d is under `exact_max_weights`: the index path scores every label too, so it must be exact
         assert pred["exact"] is True
         full = evsoftmax(row)
         assert ids == set(np.flatnonzero(full > 0).tolist())
@@ -100,7 +100,7 @@ def test_evsoftmax_threshold_is_the_mean_of_all_scores(server: Server, case: Any
 
 @pytest.mark.parametrize("exact", [False, True])
 def test_softmax_gives_full_softmax_probabilities(server: Server, case: Any, exact: bool) -> None:
-    """K·d of this model is under `exact_max_weights`: both paths score every label and normalise over all of them."""
+    """K·d is under `exact_max_weights`: both paths score every label and normalise over all of them."""
     inputs, scores = case
     out = _post(server, {"inputs": inputs, "top_k": 5, "normalization": "softmax", "exact": exact})
     for row, pred in zip(scores, out["predictions"], strict=True):
