@@ -271,7 +271,11 @@ def _sse(e: Event) -> str:
     "/{job_id}/events",
     response_class=StreamingResponse,
     responses={
-        200: {"content": {"text/event-stream": {}}, "description": "progress and state events"},
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "progress and state events; then `activated` (or `activation_failed`) for a "
+            "succeeded job that asked to be activated",
+        },
         **UNKNOWN,
         422: {"description": "Last-Event-ID is not an event id"},
     },
@@ -286,7 +290,8 @@ async def job_events(
     ] = None,
 ) -> StreamingResponse:
     """Server-Sent Events: `state` and `progress` events from the start (or after `Last-Event-ID`); the stream
-    ends after the event of a terminal state (succeeded, failed, cancelled)."""
+    ends after the event of a terminal state (succeeded, failed, cancelled) or, for a succeeded job that asked
+    to be activated, after its `activated` (or `activation_failed`) event: the version serves once it ends."""
     events = await jobs.follow(job_id, last_event_id, request.is_disconnected)
 
     async def stream() -> AsyncIterator[str]:

@@ -85,7 +85,9 @@ class JobsRuntime:
                 log.warning(
                     "could not activate %s version %s of job %s", job.model, job.model_version, job.id
                 )
-                self.store.log(job.id, f"activation failed: {exc}")
+                self.store.add_event(
+                    job.id, "activation_failed", {"model_version": job.model_version, "error": str(exc)}
+                )
                 continue
             self.store.mark_activated(job.id, job.model_version)
         for job in self.store.succeeded_since(self._since):

@@ -22,13 +22,17 @@ from service.errors import Invalid, NotFound, Unavailable
 from service.jobs import budget
 from service.jobs.config import JobsConfig
 from service.jobs.datasets import ingest, receive_file
-from service.jobs.models import TERMINAL_STATES, DatasetRow, JobEventRow, JobRow
+from service.jobs.models import SUCCEEDED, TERMINAL_STATES, DatasetRow, JobEventRow, JobRow
 from service.jobs.runner import dataset_path
 from service.jobs.store import MAX_EVENT_ID, JobStore
 from trainer.params import TrainParams
 
 # how long an idle event stream stays silent before a keep-alive comment
 KEEPALIVE_S = 10.0
+# how long the stream of a succeeded job that asked to be activated waits for the version to serve
+ACTIVATION_WAIT_S = 300.0
+# the events that end the wait for an activation
+ACTIVATION_KINDS = ("activated", "activation_failed")
 
 
 @dataclass(frozen=True)
@@ -161,7 +165,7 @@ class JobsService:
         self.get(job_id)
         lines: list[str] = []
         after = 0
-        while events := self.store.events_since(job_id, after, ("log", "state")):
+        while events := self.store.events_since(job_id, after, ("log", "state", *ACTIVATION_KINDS)):
             lines.extend(_line(e) for e in events)
             after = events[-1].id
         return lines
@@ -187,6 +191,9 @@ class JobsService:
                 yield Event(e.id, e.kind, dict(e.data))
                 last_sent = time.monotonic()
                 if e.kind == "state" and e.data.get("state") in TERMINAL_STATES:
+                    if e.data.get("state") == SUCCEEDED:
+                        async for a in self._activation(job_id, after, gone):
+                            yield a
                     return
             if events:
                 continue
@@ -198,6 +205,26 @@ class JobsService:
                 yield Event(after, "state", data)
                 return
             if await gone():
+                return
+            if time.monotonic() - last_sent > KEEPALIVE_S:
+                yield Event(after, None, {})
+                last_sent = time.monotonic()
+            await asyncio.sleep(poll)
+
+    async def _activation(
+        self, job_id: str, after: int, gone: Callable[[], Awaitable[bool]]
+    ) -> AsyncIterator[Event]:
+        """For a job that asked to be activated: its `activated` (or `activation_failed`) event, so a client
+        that follows the stream to its end can use the new version at once."""
+        job = await asyncio.to_thread(self.store.get_job, job_id)
+        if job is None or not job.activate:
+            return
+        poll, deadline = self.cfg.settings.job_poll_s, time.monotonic() + ACTIVATION_WAIT_S
+        last_sent = time.monotonic()
+        while time.monotonic() < deadline and not await gone():
+            events = await asyncio.to_thread(self.store.events_since, job_id, after, ACTIVATION_KINDS)
+            if events:
+                yield Event(events[0].id, events[0].kind, dict(events[0].data))
                 return
             if time.monotonic() - last_sent > KEEPALIVE_S:
                 yield Event(after, None, {})
@@ -266,6 +293,10 @@ def _line(e: JobEventRow) -> str:
     stamp = datetime.fromtimestamp(e.ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
     if e.kind == "log":
         return f"{stamp} {e.data.get('message', '')}"
+    if e.kind == "activated":
+        return f"{stamp} version {e.data.get('model_version')} activated for serving"
+    if e.kind == "activation_failed":
+        return f"{stamp} version {e.data.get('model_version')} not activated: {e.data.get('error')}"
     if e.kind == "state":
         extra = "".join(f" {k}={e.data[k]}" for k in ("model_version", "error", "worker") if e.data.get(k))
         return f"{stamp} state: {e.data.get('state')}{extra}"

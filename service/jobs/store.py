@@ -420,7 +420,7 @@ class JobStore:
                 update(JobRow).where(JobRow.id == job_id, JobRow.activated.is_(False)).values(activated=True)
             )
             if _rowcount(res) == 1:
-                self._event(s, job_id, "log", {"message": f"version {version} activated for serving"})
+                self._event(s, job_id, "activated", {"model_version": version})
 
 
 def _rowcount(res: Any) -> int:

@@ -240,6 +240,7 @@ class AsyncClient:
         """Follow the job's event stream until a terminal state (same resume rules as `Client.watch`)."""
         decoder = SSEDecoder()
         failures = 0
+        ended = False  # the terminal state came; the stream may still bring the version's activation
         timeout = httpx.Timeout(self._http.timeout.connect, read=idle_timeout)
         while True:
             headers = {"Accept": "text/event-stream"}
@@ -258,14 +259,16 @@ class AsyncClient:
                             continue
                         failures = 0
                         yield event
-                        if event.terminal:
-                            return
+                        ended = ended or event.terminal
                     event = decoder.feed("")
                     if event is not None:
                         yield event
-                        if event.terminal:
-                            return
+                        ended = ended or event.terminal
+                    if ended:
+                        return
             except httpx.TransportError as exc:
+                if ended:
+                    return
                 failures += 1
                 if failures > self.retry.retries:
                     raise TransportError(f"event stream of job {job_id} broke: {exc}") from exc

@@ -249,13 +249,16 @@ class Client:
         return self._call(_api.job_logs(job_id), _api.as_logs)
 
     def watch(self, job_id: str | int, *, idle_timeout: float = 300.0) -> Iterator[JobEvent]:
-        """Follow the job's event stream until it ends in a terminal state.
+        """Follow the job's event stream to its end: the terminal state and, for a succeeded job that asked
+        to be activated, the `activated` (or `activation_failed`) event after it, so the new version
+        serves once this returns.
 
         A dropped stream is resumed (with `Last-Event-ID`); if it ends without a terminal event the job is
         read once and, when finished, a final `state` event carrying the job is yielded.
         """
         decoder = SSEDecoder()
         failures = 0
+        ended = False  # the terminal state came; the stream may still bring the version's activation
         timeout = httpx.Timeout(self._http.timeout.connect, read=idle_timeout)
         while True:
             headers = {"Accept": "text/event-stream"}
@@ -274,14 +277,16 @@ class Client:
                             continue
                         failures = 0
                         yield event
-                        if event.terminal:
-                            return
+                        ended = ended or event.terminal
                     event = decoder.feed("")
                     if event is not None:
                         yield event
-                        if event.terminal:
-                            return
+                        ended = ended or event.terminal
+                    if ended:
+                        return
             except httpx.TransportError as exc:
+                if ended:
+                    return
                 failures += 1
                 if failures > self.retry.retries:
                     raise TransportError(f"event stream of job {job_id} broke: {exc}") from exc
