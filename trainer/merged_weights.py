@@ -29,8 +29,8 @@ CHUNK = 64 << 20  # bytes per write
 
 
 def is_label_tensor(name: str) -> bool:
-    """Artifact tensors with one row per label: the head and the loss-owned heads."""
-    return name.startswith("head.") or name.startswith("extra.")
+    """Artifact tensors with one row per label: the head ([K, d+1]) and the loss-owned heads."""
+    return name == "head" or name.startswith(("head.", "extra."))
 
 
 def _layout(

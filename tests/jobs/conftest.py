@@ -353,6 +353,10 @@ class Server:
         assert r.status_code == 200, r.text
         return r.text
 
+    def final_state(self, job_id: str, timeout: float = 120) -> str:
+        """Follow the SSE stream to its end; the state of its last `state` event."""
+        return next(d["state"] for kind, d in reversed(self.events(job_id, timeout)) if kind == "state")
+
     def events(self, job_id: str, timeout: float = 120) -> list[tuple[str, dict[str, Any]]]:
         """Follow the SSE stream to its end; (event, data) pairs."""
         out: list[tuple[str, dict[str, Any]]] = []

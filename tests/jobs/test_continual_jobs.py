@@ -41,13 +41,13 @@ def test_job_with_a_base_makes_the_next_version_and_leaves_the_base_alone(
     test = srv.upload(synth_files["test"])
     first = srv.submit({"model": "grow", "train_dataset": old["id"], "params": {**TINY, "epochs": 6},
                         "activate": True})
-    assert srv.events(first)[-1][1]["state"] == "succeeded", srv.log_tail()
+    assert srv.final_state(first) == "succeeded", srv.log_tail()
     v1 = srv.models_dir / "grow" / "1"
     before = _tree_digest(v1)
 
     job_id = srv.submit({"model": "grow", "train_dataset": new["id"], "test_dataset": test["id"],
                          "base": {}, "params": {"epochs": 4}, "activate": True})
-    assert srv.events(job_id)[-1][1]["state"] == "succeeded", srv.log_tail()
+    assert srv.final_state(job_id) == "succeeded", srv.log_tail()
     job = srv.job(job_id)
     assert job["model_version"] == "2"
     # the active version was the default; the base's own training set is the default replay
@@ -68,7 +68,7 @@ def test_job_with_a_base_makes_the_next_version_and_leaves_the_base_alone(
     # an explicit version: grows version 1 again, into version 3
     again = srv.submit({"model": "grow", "train_dataset": new["id"], "base": {"version": "1"},
                         "params": {"epochs": 1}})
-    assert srv.events(again)[-1][1]["state"] == "succeeded", srv.log_tail()
+    assert srv.final_state(again) == "succeeded", srv.log_tail()
     assert srv.job(again)["model_version"] == "3" and srv.job(again)["base"]["version"] == "1"
     assert _tree_digest(v1) == before
 
@@ -79,7 +79,7 @@ def test_a_base_that_does_not_fit_is_refused_before_queueing(
     srv = make_server(Backend("sqlite"))
     train = srv.upload(synth_files["train"])
     first = srv.submit({"model": "m", "train_dataset": train["id"], "params": {**TINY, "epochs": 1}})
-    assert srv.events(first)[-1][1]["state"] == "succeeded", srv.log_tail()
+    assert srv.final_state(first) == "succeeded", srv.log_tail()
     n_jobs = len(srv.client.get("/v1/jobs").json()["jobs"])
     wide = srv.upload(synth_files["wide"])
     text = srv.upload(synth_files["train_jsonl"])

@@ -76,8 +76,10 @@ def test_train_follow_events_then_predict(
     assert progress[-1]["step"] == progress[-1]["steps_total"] > 0
     assert progress[-1]["epochs"] == 4
 
-    # the API's watcher activates the version just after the job ends; the job record says when
-    job = srv.wait(job_id, lambda j: j["activated"], 60, "the new version to be activated")
+    # the stream ends once the API's watcher has activated the version: it serves at once
+    assert events[-1] == ("activated", {"model_version": "1"}), events[-3:]
+    job = srv.job(job_id)
+    assert job["activated"] is True
     assert job["state"] == "succeeded" and job["model_version"] == "1" and job["error"] is None
     assert job["started_at"] and job["finished_at"] and job["finished_at"] >= job["started_at"]
     # planted structure: well above chance (40 labels, ~2-3 per row)
@@ -89,9 +91,10 @@ def test_train_follow_events_then_predict(
 
     # a second job activates version 2 in the running server, no restart
     job2 = srv.submit({**body, "params": {**TINY, "epochs": 2}})
-    assert srv.events(job2)[-1][1]["state"] == "succeeded"
-    assert srv.wait(job2, lambda j: j["activated"], 60, "version 2 to be activated")["model_version"] == "2"
+    events2 = srv.events(job2)
+    assert events2[-2][1]["state"] == "succeeded" and events2[-1] == ("activated", {"model_version": "2"})
     assert _predict_version(srv, "demo", row) == "2"
+    assert "version 2 activated for serving" in srv.logs(job2)
     assert "artifact published as demo version 2" in srv.logs(job2)
 
     # listing and filtering

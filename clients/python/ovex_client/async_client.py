@@ -13,6 +13,7 @@ import httpx
 from . import _api
 from .errors import RequestTimeout, TransportError
 from .models import (
+    ACTIVATION_EVENTS,
     ActivateResult,
     DatasetInfo,
     Job,
@@ -258,10 +259,12 @@ class AsyncClient:
                         if event is None:
                             continue
                         failures = 0
+                        if ended and event.event not in ACTIVATION_EVENTS:
+                            continue
                         yield event
                         ended = ended or event.terminal
                     event = decoder.feed("")
-                    if event is not None:
+                    if event is not None and not (ended and event.event not in ACTIVATION_EVENTS):
                         yield event
                         ended = ended or event.terminal
                     if ended:

@@ -12,6 +12,7 @@ import httpx
 from . import _api
 from .errors import RequestTimeout, TransportError
 from .models import (
+    ACTIVATION_EVENTS,
     ActivateResult,
     DatasetInfo,
     Job,
@@ -276,10 +277,12 @@ class Client:
                         if event is None:
                             continue
                         failures = 0
+                        if ended and event.event not in ACTIVATION_EVENTS:
+                            continue
                         yield event
                         ended = ended or event.terminal
                     event = decoder.feed("")
-                    if event is not None:
+                    if event is not None and not (ended and event.event not in ACTIVATION_EVENTS):
                         yield event
                         ended = ended or event.terminal
                     if ended:

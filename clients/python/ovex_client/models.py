@@ -22,6 +22,8 @@ Id = Annotated[str, BeforeValidator(_to_str)]
 
 Normalization = Literal["sparsemax", "evsoftmax", "softmax", "none"]
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+# what a job's stream may send after its terminal state: whether the new version now serves
+ACTIVATION_EVENTS = frozenset({"activated", "activation_failed"})
 
 
 class _Answer(BaseModel):

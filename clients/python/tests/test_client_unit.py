@@ -318,6 +318,20 @@ def test_watch_stops_at_the_terminal_event() -> None:
     assert events[-1].terminal and events[-1].state == "succeeded"
 
 
+def test_watch_reads_on_to_the_activation_after_the_terminal_event() -> None:
+    body = sse(
+        ("state", {"state": "succeeded", "model_version": 2}),
+        ("progress", {"never": "seen"}),
+        ("activated", {"model_version": 2}),
+    )
+    handler, log = job_routes([body])
+    client, _ = make_client(handler)
+    events = list(client.watch("j1"))
+    assert [e.event for e in events] == ["state", "activated"]
+    assert events[-1].data == {"model_version": 2}
+    assert log == [None]  # the stream ended after its terminal state: no reconnect
+
+
 def test_watch_resumes_a_broken_stream_with_last_event_id() -> None:
     first = sse(("state", {"state": "running"}))
     second = sse(("state", {"state": "running"}), ("state", {"state": "failed", "error": "boom"}))
