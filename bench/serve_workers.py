@@ -238,7 +238,13 @@ def serve(work: Path, workers: int, reqs: list[bytes], seconds: float) -> dict[s
             procs.append({"pid": pid, "role": role, "cmd": cmdline(pid), **rollup(pid)})
         for cell in (warm, c32, c1):
             cell.pop("_answers", None)
-        total = {k: sum(p[k] for p in procs) for k in ("rss", "pss")}
+        for p in procs:
+            p["private"] = p.get("private_clean", 0) + p.get("private_dirty", 0)
+        total = {k: sum(p[k] for p in procs) for k in ("rss", "pss", "private")}
+        # what the group costs on its own: every private page, and the pages the processes share (the
+        # mapped weights, the libraries) once; PSS would also split those with unrelated processes
+        # mapping the same library files, which on a shared machine flatters a single process
+        total["footprint"] = total["private"] + max(p["rss"] - p["private"] for p in procs)
         return {
             "workers": workers,
             "ready_s": round(ready_s, 1),
@@ -294,6 +300,7 @@ def main() -> int:
                 two["concurrency_32"]["req_per_s"] / one["concurrency_32"]["req_per_s"], 2
             ),
             "p99_c1_two_over_one": round(two["concurrency_1"]["p99_ms"] / one["concurrency_1"]["p99_ms"], 2),
+            "group_footprint_two_over_one": round(two["group"]["footprint"] / one["group"]["footprint"], 3),
             "group_pss_two_over_one": round(two["group"]["pss"] / one["group"]["pss"], 3),
             "workers_pss_two_over_one": round(two["workers_pss"] / one["workers_pss"], 3),
             "group_rss_two_over_one": round(two["group"]["rss"] / one["group"]["rss"], 3),
@@ -317,14 +324,15 @@ def main() -> int:
         f"{load_before[0]:.1f} / {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (shared machine).",
         "",
         "| workers | req/s @32 | p50 ms @1 | p99 ms @1 | errors "
-        "| group RSS MiB | group PSS MiB | workers' PSS MiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| group RSS MiB | group PSS MiB | workers' PSS MiB | group private MiB | group footprint MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         lines.append(
             f"| {r['workers']} | {r['concurrency_32']['req_per_s']} | {r['concurrency_1']['p50_ms']} | "
             f"{r['concurrency_1']['p99_ms']} | {r['errors']} | {mib(r['group']['rss'])} | "
-            f"{mib(r['group']['pss'])} | {mib(r['workers_pss'])} |"
+            f"{mib(r['group']['pss'])} | {mib(r['workers_pss'])} | {mib(r['group']['private'])} | "
+            f"{mib(r['group']['footprint'])} |"
         )
     lines += ["", "Processes (RSS / PSS MiB):", ""]
     for r in runs:

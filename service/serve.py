@@ -15,13 +15,13 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import scipy.sparse as sp
+from typing import TYPE_CHECKING, Any
 
 from service.logs import configure_logging, uvicorn_log_config
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 log = logging.getLogger("ovex.serve")
 
@@ -79,11 +79,11 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
 def run_server(settings: Settings) -> int:
     import uvicorn
 
-    from service.app import create_app
-
     configure_logging(settings.log_level, settings.log_json)
     if settings.workers > 1:
         return run_workers(settings)
+    from service.app import create_app  # torch, faiss: only in processes that serve
+
     uvicorn.run(create_app(settings), **_uvicorn_options(settings))
     return 0
 
@@ -134,6 +134,8 @@ _VOWELS = "aeiou"
 
 def pseudo_words(n: int, seed: int) -> list[str]:
     """n distinct pronounceable words (consonant-vowel syllables), deterministic in the seed."""
+    import numpy as np  # here, not at the top: the supervisor of N workers stays small
+
     rng = np.random.default_rng(seed)
     seen: set[str] = set()
     out: list[str] = []
