@@ -17,8 +17,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from service.logs import configure_logging, uvicorn_log_config
 from service.settings import Settings
+from trainer.errors import ParamsError
 
 if TYPE_CHECKING:
     import scipy.sparse as sp
@@ -51,7 +54,15 @@ def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
     }
     overrides = {k: v for k, v in flags.items() if v is not None}
     overrides.update(extra)
-    return Settings(**overrides)
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:  # a bad flag or OVEX_* value: say which, no traceback
+        problems = []
+        for e in exc.errors():
+            field = str(e["loc"][0]) if e["loc"] else "?"
+            where = f"--{field.replace('_', '-')}" if field in overrides else f"OVEX_{field.upper()}"
+            problems.append(f"{where}: {e['msg']}")
+        raise ParamsError("; ".join(problems)) from None
 
 
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
