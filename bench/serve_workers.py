@@ -120,20 +120,22 @@ def cmdline(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:80].strip()
 
 
-LOAD_PROBE = """
-import resource, sys, time
+# peak RSS from VmHWM: it starts afresh at exec, while getrusage's ru_maxrss keeps the parent's peak
+HWM = "int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) * 1024"
+LOAD_PROBE = f"""
+import sys, time
 from trainer.artifact import load_artifact
+import trainer.featurize, trainer.model
 t0 = time.perf_counter()
 m = load_artifact(sys.argv[1])
 s = float(m.head_weight[:, 0].sum())  # touch the head once, as a first prediction would
 dt = time.perf_counter() - t0
 rss = int(open('/proc/self/statm').read().split()[1]) * 4096
-print(dt, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, rss)
+print(dt, {HWM}, rss)
 """
-BASELINE_PROBE = """
-import resource
-import trainer.artifact  # the same imports (torch, numpy, scipy, safetensors) without a model
-print(0.0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 0)
+BASELINE_PROBE = f"""
+import trainer.artifact, trainer.featurize, trainer.model  # the loader's imports, without a model
+print(0.0, {HWM}, 0)
 """
 
 
