@@ -120,20 +120,22 @@ def cmdline(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:80].strip()
 
 
-LOAD_PROBE = """
-import resource, sys, time
+# peak RSS from VmHWM: it starts afresh at exec, while getrusage's ru_maxrss keeps the parent's peak
+HWM = "int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) * 1024"
+LOAD_PROBE = f"""
+import sys, time
 from trainer.artifact import load_artifact
+import trainer.featurize, trainer.model
 t0 = time.perf_counter()
 m = load_artifact(sys.argv[1])
 s = float(m.head_weight[:, 0].sum())  # touch the head once, as a first prediction would
 dt = time.perf_counter() - t0
 rss = int(open('/proc/self/statm').read().split()[1]) * 4096
-print(dt, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, rss)
+print(dt, {HWM}, rss)
 """
-BASELINE_PROBE = """
-import resource
-import trainer.artifact  # the same imports (torch, numpy, scipy, safetensors) without a model
-print(0.0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 0)
+BASELINE_PROBE = f"""
+import trainer.artifact, trainer.featurize, trainer.model  # the loader's imports, without a model
+print(0.0, {HWM}, 0)
 """
 
 
@@ -238,7 +240,13 @@ def serve(work: Path, workers: int, reqs: list[bytes], seconds: float) -> dict[s
             procs.append({"pid": pid, "role": role, "cmd": cmdline(pid), **rollup(pid)})
         for cell in (warm, c32, c1):
             cell.pop("_answers", None)
-        total = {k: sum(p[k] for p in procs) for k in ("rss", "pss")}
+        for p in procs:
+            p["private"] = p.get("private_clean", 0) + p.get("private_dirty", 0)
+        total = {k: sum(p[k] for p in procs) for k in ("rss", "pss", "private")}
+        # what the group costs on its own: every private page, and the pages the processes share (the
+        # mapped weights, the libraries) once; PSS would also split those with unrelated processes
+        # mapping the same library files, which on a shared machine flatters a single process
+        total["footprint"] = total["private"] + max(p["rss"] - p["private"] for p in procs)
         return {
             "workers": workers,
             "ready_s": round(ready_s, 1),
@@ -294,6 +302,7 @@ def main() -> int:
                 two["concurrency_32"]["req_per_s"] / one["concurrency_32"]["req_per_s"], 2
             ),
             "p99_c1_two_over_one": round(two["concurrency_1"]["p99_ms"] / one["concurrency_1"]["p99_ms"], 2),
+            "group_footprint_two_over_one": round(two["group"]["footprint"] / one["group"]["footprint"], 3),
             "group_pss_two_over_one": round(two["group"]["pss"] / one["group"]["pss"], 3),
             "workers_pss_two_over_one": round(two["workers_pss"] / one["workers_pss"], 3),
             "group_rss_two_over_one": round(two["group"]["rss"] / one["group"]["rss"], 3),
@@ -317,14 +326,15 @@ def main() -> int:
         f"{load_before[0]:.1f} / {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (shared machine).",
         "",
         "| workers | req/s @32 | p50 ms @1 | p99 ms @1 | errors "
-        "| group RSS MiB | group PSS MiB | workers' PSS MiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| group RSS MiB | group PSS MiB | workers' PSS MiB | group private MiB | group footprint MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         lines.append(
             f"| {r['workers']} | {r['concurrency_32']['req_per_s']} | {r['concurrency_1']['p50_ms']} | "
             f"{r['concurrency_1']['p99_ms']} | {r['errors']} | {mib(r['group']['rss'])} | "
-            f"{mib(r['group']['pss'])} | {mib(r['workers_pss'])} |"
+            f"{mib(r['group']['pss'])} | {mib(r['workers_pss'])} | {mib(r['group']['private'])} | "
+            f"{mib(r['group']['footprint'])} |"
         )
     lines += ["", "Processes (RSS / PSS MiB):", ""]
     for r in runs:

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # End-to-end test of the Docker deployment, from outside the containers:
 #   lint the Dockerfiles (hadolint; errors fail) -> validate docker-compose.yml -> build the images ->
-#   `docker compose up -d --pull never` -> wait for /readyz -> predict with the demo model ->
-#   upload a small dataset -> train a model through the worker (PostgreSQL: job records and queue) ->
-#   predict with the new version -> `docker compose down -v`.
+#   `docker compose up -d --pull never` (two API replicas behind HAProxy) -> wait for /readyz -> predict
+#   with the demo model -> upload a small dataset -> train a model through the worker (PostgreSQL: job
+#   records and queue) -> predict with the new version -> train a second version, activate it through
+#   the balancer, check that every replica serves it -> kill one replica under load: no request lost ->
+#   `docker compose down -v`.
 # Uses the Docker engine the environment gives; where none answers and ../shared/tools/docker-sandbox
 # exists (this project's CI machines), it starts that one and stops it again at the end.
 # Figures (image size, seconds from `up` to ready, training time) go to bench/results/docker.json.
@@ -64,7 +66,7 @@ docker info --format 'engine {{.ServerVersion}} ({{.OperatingSystem}})'
 
 # --- lint and validate ------------------------------------------------------------------------------
 say "hadolint (errors fail)"
-dockerfiles=(docker/Dockerfile docker/postgres/Dockerfile)
+dockerfiles=(docker/Dockerfile docker/postgres/Dockerfile docker/lb/Dockerfile)
 if command -v hadolint >/dev/null; then
   hadolint --failure-threshold error "${dockerfiles[@]}"
 elif docker image inspect hadolint/hadolint >/dev/null 2>&1; then
@@ -88,10 +90,10 @@ image_bytes=$(docker image inspect ovex:latest --format '{{.Size}}')
 echo "image ovex:latest: $(( image_bytes / 1000000 )) MB, built in ${build_s}s"
 
 # --- up and ready -----------------------------------------------------------------------------------
-say "docker compose up -d --pull never --scale worker=2"
+say "docker compose up -d --pull never --scale api=2 --scale worker=2"
 t_up=$(date +%s.%N)
 stack_up=1
-dc up -d --pull never --scale worker=2
+dc up -d --pull never --scale api=2 --scale worker=2
 ready=0
 for _ in $(seq 1 300); do
   if curl -fsS "$URL/readyz" >/dev/null 2>&1; then ready=1; break; fi
@@ -191,12 +193,94 @@ cat "$WORK/pred2.json"; echo
 top=$(json_get '["predictions"][0]["labels"][0]["id"]' < "$WORK/pred2.json")
 echo "top label for features 20-23 (planted for label 2): $top"
 
+# --- two API replicas behind the balancer --------------------------------------------------------------
+# what each replica itself serves for a model (asked inside its container, not through the balancer)
+replica_versions() {
+  for i in 1 2; do
+    dc exec -T --index "$i" api python -c "import json, urllib.request as u; \
+print(json.load(u.urlopen('http://127.0.0.1:8000/readyz', timeout=5))['models'].get('$1'))"
+  done
+}
+both_serve() {  # model version seconds: wait until both replicas serve it
+  for _ in $(seq 1 $(( $3 * 5 ))); do
+    [ "$(replica_versions "$1" | sort -u)" = "$2" ] && return 0
+    sleep 0.2
+  done
+  echo "replicas serve: $(replica_versions "$1" | tr '\n' ' ')" >&2
+  return 1
+}
+
+say "train a second version (not activated)"
+curl -fsS -X POST "$URL/v1/jobs" -H "X-API-Key: $API_KEY" -H 'Content-Type: application/json' \
+  -d "{\"model\": \"dockertest\", \"train_dataset\": \"$ds_id\", \"params\": {\"epochs\": 2, \"seed\": 3}, \"activate\": false}" \
+  > "$WORK/job2.json"
+job2=$(json_get '["id"]' < "$WORK/job2.json")
+for _ in $(seq 1 600); do
+  curl -fsS "$URL/v1/jobs/$job2" -H "X-API-Key: $API_KEY" > "$WORK/job2.json"
+  state2=$(json_get '["state"]' < "$WORK/job2.json")
+  case "$state2" in succeeded|failed|cancelled) break ;; esac
+  sleep 1
+done
+[ "$state2" = succeeded ] || die "job $job2 ended $state2"
+version2=$(json_get '["model_version"]' < "$WORK/job2.json")
+both_serve dockertest "$version" 10 || die "the replicas disagree before the activation"
+echo "both replicas serve dockertest $version; version $version2 is on disk"
+
+say "activate version $version2 through the balancer; every replica follows"
+t_act=$(date +%s.%N)
+curl -fsS -X POST "$URL/v1/models/dockertest/versions/$version2/activate" -H "X-API-Key: $API_KEY"; echo
+both_serve dockertest "$version2" 5 || die "not every replica serves $version2 within 5 s"
+follow_s=$(python3 -c "import time; print(round(time.time() - $t_act, 1))")
+echo "both replicas serve dockertest $version2, ${follow_s}s after the activation request"
+
+say "kill one replica under load: the balancer retries, no request is lost"
+python3 - "$URL" "$WORK/load.json" <<'PY' &
+import json, sys, threading, time, urllib.request
+url, out = sys.argv[1], sys.argv[2]
+body = json.dumps({"inputs": [{"features": {"indices": [20, 21, 22], "values": [1, 1, 1]}}], "top_k": 3}).encode()
+codes, lock, stop = [], threading.Lock(), time.time() + 12
+def run():
+    while time.time() < stop:
+        req = urllib.request.Request(url + "/v1/models/dockertest/predict", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                code = r.status
+        except urllib.error.HTTPError as e:
+            code = e.code
+        except Exception as e:
+            code = repr(e)
+        with lock:
+            codes.append(code)
+threads = [threading.Thread(target=run) for _ in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+json.dump({"requests": len(codes), "failed": [c for c in codes if c != 200][:20],
+           "n_failed": sum(c != 200 for c in codes)}, open(out, "w"))
+PY
+load_pid=$!
+sleep 4
+victim=$(dc ps -q api | head -1)
+docker kill "$victim" >/dev/null
+echo "killed replica ${victim:0:12}"
+wait "$load_pid"
+cat "$WORK/load.json"; echo
+kill_requests=$(json_get '["requests"]' < "$WORK/load.json")
+kill_failed=$(json_get '["n_failed"]' < "$WORK/load.json")
+[ "$kill_requests" -gt 50 ] || die "too few requests went through the balancer ($kill_requests)"
+[ "$kill_failed" = 0 ] || die "$kill_failed requests failed while a replica died"
+
+say "restart the killed replica: it serves the recorded version"
+docker start "$victim" >/dev/null
+both_serve dockertest "$version2" 180 || die "the restarted replica does not serve $version2"
+echo "both replicas serve dockertest $version2 after the restart"
+
 mkdir -p "$(dirname "$REPORT")"
 python3 - "$REPORT" <<PY
 import json, sys
 json.dump({"image": "ovex:latest", "image_bytes": $image_bytes, "build_s": $build_s,
            "up_to_ready_s": $up_to_ready_s, "train_job_s": $train_s, "train_job_run_s": $run_s,
-           "job_state": "$state", "workers": 2,
+           "job_state": "$state", "workers": 2, "api_replicas": 2, "follow_activation_s": $follow_s,
+           "requests_while_killing_a_replica": $kill_requests, "failed_while_killing_a_replica": $kill_failed,
            "planted_top_label_ok": "$top" == "2"}, open(sys.argv[1], "w"), indent=2)
 PY
 say "PASS: image $(( image_bytes / 1000000 )) MB, ready ${up_to_ready_s}s after up, training job ${train_s}s (${run_s}s running)"

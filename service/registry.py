@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from service.api.metrics import Metrics
 from service.errors import Conflict, NotFound, Unavailable
 from service.jobs.active import ActiveVersions
@@ -274,7 +276,7 @@ class ModelRegistry:
             current = self._active.get(name)
             if current is not None and current.version == version:
                 if activate:
-                    self.store.set(name, version)
+                    self._record(name, version)
                 return current
             try:
                 served = self._load(name, version)
@@ -283,9 +285,9 @@ class ModelRegistry:
                     f"version {version!r} of model {name!r} failed to load and was refused: "
                     f"{self._refused.get((name, version))}; the active version keeps serving"
                 ) from exc
-            if activate:
+            if activate:  # recorded first: a choice the database did not take must not serve here
+                self._record(name, version)
                 self._swap(served)
-                self.store.set(name, version)
             elif current is None:
                 recorded = self.store.record_first(name, version)
                 if recorded == version:
@@ -293,6 +295,16 @@ class ModelRegistry:
                 else:  # another process already chose for this model: the next refresh follows it
                     self.refresh()
             return served
+
+    def _record(self, name: str, version: str) -> None:
+        try:
+            self.store.set(name, version)
+        except SQLAlchemyError as exc:
+            raise Unavailable(
+                f"the database that records active versions is unreachable ({type(exc).__name__}); "
+                f"version {version!r} of model {name!r} was not activated, retry later",
+                headers={"Retry-After": "2"},
+            ) from exc
 
     def activate(self, name: str, version: str) -> tuple[ServedModel, str | None]:
         """Hot swap: load + warm the version here, make it active, then record the choice for every

@@ -17,14 +17,16 @@ import secrets
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import scipy.sparse as sp
+from pydantic import ValidationError
 
 from service.logs import configure_logging, uvicorn_log_config
 from service.settings import SETTINGS_ENV, Settings
-from trainer.errors import OvexError
+from trainer.errors import OvexError, ParamsError
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 log = logging.getLogger("ovex.serve")
 
@@ -54,7 +56,15 @@ def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
     }
     overrides = {k: v for k, v in flags.items() if v is not None}
     overrides.update(extra)
-    return Settings(**overrides)
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:  # a bad flag or OVEX_* value: say which, no traceback
+        problems = []
+        for e in exc.errors():
+            field = str(e["loc"][0]) if e["loc"] else "?"
+            where = f"--{field.replace('_', '-')}" if field in overrides else f"OVEX_{field.upper()}"
+            problems.append(f"{where}: {e['msg']}")
+        raise ParamsError("; ".join(problems)) from None
 
 
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -82,11 +92,11 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
 def run_server(settings: Settings) -> int:
     import uvicorn
 
-    from service.app import create_app
-
     configure_logging(settings.log_level, settings.log_json)
     if settings.workers > 1:
         return run_workers(settings)
+    from service.app import create_app  # torch, faiss: only in processes that serve
+
     uvicorn.run(create_app(settings), **_uvicorn_options(settings))
     return 0
 
@@ -137,6 +147,8 @@ _VOWELS = "aeiou"
 
 def pseudo_words(n: int, seed: int) -> list[str]:
     """n distinct pronounceable words (consonant-vowel syllables), deterministic in the seed."""
+    import numpy as np  # here, not at the top: the supervisor of N workers stays small
+
     rng = np.random.default_rng(seed)
     seen: set[str] = set()
     out: list[str] = []
@@ -215,6 +227,8 @@ def demo_sample(artifact: Path, labels: int = DEMO["labels"], features: int = DE
                 rows: int = DEMO["rows"], seed: int = DEMO["seed"]) -> str:
     """A four-word input whose sparsemax answer has two or three labels: two words from the planted
     prototypes of each of two frequent labels. Candidates are tried in a fixed order against the model."""
+    import numpy as np
+
     from trainer.artifact import load_artifact
     from trainer.sparse_maps import sparsemax
     from trainer.synth import planted_prototypes, synth

@@ -197,3 +197,10 @@ def test_schema_1_artifacts_with_a_split_head_still_load(tmp_path: Path) -> None
     loaded = load_artifact(out)
     x = loaded.featurizer.transform(ds)
     np.testing.assert_array_equal(loaded.scores(x), model.score(model.encode(x)).numpy())
+
+
+def test_huge_finite_weights_whose_sum_overflows_still_load(tmp_path: Path) -> None:
+    """The fast finiteness check (one sum) must not refuse finite values that overflow when summed."""
+    out, _, _ = _save(tmp_path)
+    _edit_weights(lambda t: t["input.weight"].fill_(3e38))(out)
+    assert float(load_artifact(out).model.input_weight.max()) == pytest.approx(3e38)

@@ -115,3 +115,28 @@ def test_2000_requests_across_workers_while_activating(two_workers: tuple[Server
     assert {r[1] for r in results} == {"1", "2"}
     assert len({r[2] for r in results}) == 2, "both workers answered"
     all_workers_serve(srv, "1", within=5.0)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--workers", "0"], {}, "--workers: Input should be greater than or equal to 1"),
+        ([], {"OVEX_WORKERS": "many"}, "OVEX_WORKERS: Input should be a valid integer"),
+        ([], {"OVEX_ACTIVE_POLL_S": "0"}, "OVEX_ACTIVE_POLL_S: Input should be greater than 0"),
+    ],
+)
+def test_bad_serving_settings_are_one_line_errors(args: list[str], env: dict[str, str], message: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.service.conftest import REPO
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", *args],
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
