@@ -409,3 +409,17 @@ def test_a_stop_request_stops_every_rank(tmp_path: Path) -> None:
     with pytest.raises(TrainingCancelled):
         train(params, ds, None, out_dir=tmp_path / "m", hooks=hooks)
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("budget", [1 << 23, 1 << 12, 3000])
+def test_topk_in_label_slices_is_the_exact_topk(budget: int) -> None:
+    """Many labels: blocks of rows scored against slices of the head keep a running top-k that equals the
+    top-k of the full score matrix (what evaluation of a 10^7-label shard relies on)."""
+    model = XCModel(ModelShape(n_features=40, n_labels=5000, dim=6), seed=1)
+    with torch.no_grad():
+        model.head.normal_()
+    x = sp.random(300, 40, density=0.2, format="csr", dtype=np.float32, random_state=0)
+    ids, vals = model.topk(x, 7, budget=budget)
+    want_v, want_i = torch.topk(model.score(model.encode(x)), 7, dim=1)
+    np.testing.assert_array_equal(ids, want_i.numpy())
+    np.testing.assert_allclose(vals, want_v.numpy(), rtol=1e-6)
