@@ -277,9 +277,9 @@ def write(results: dict[str, Any]) -> None:
         if len(rates) == 2:
             lines += ["", f"R = 2 / R = 1: {rates[1] / rates[0]:.2f}x."]
         lines.append("")
-    if "scale" in old:
-        s = old["scale"]
-        lines += ["## A 10^7-label model on 2 ranks, served", "",
+    for key in sorted(k for k in old if k.startswith("scale")):
+        s = old[key]
+        lines += [f"## A 10^7-label model on 2 ranks, served ({s['epochs']} epochs)", "",
                   f"`ovex synth` ({s['labels']:,} labels, {s['train_rows']:,} training rows, "
                   f"{s['test_rows']:,} test rows, seed 7), `ovex train --nproc-per-node 2 --dim {s['dim']} "
                   f"--epochs {s['epochs']} "
@@ -312,7 +312,7 @@ def main() -> None:
         write({"throughput": part_throughput(int(args.throughput_k), 256, args.steps * 3)})
     if args.part in ("scale", "all"):
         scale = part_scale(int(args.labels), args.train_rows, args.test_rows, args.epochs, args.port)
-        write({"scale": scale})
+        write({"scale" if args.epochs == 2 else f"scale_{args.epochs}_epochs": scale})
 
 
 if __name__ == "__main__":

@@ -292,16 +292,14 @@ def _wait_for_checkpoint(ckpt: Path, after: int, proc: Any, timeout: float = 240
     raise AssertionError("no new checkpoint in time")
 
 
+@pytest.mark.timeout(900)  # three launches of real processes; minutes on a loaded machine
 def test_a_killed_rank_fails_the_run_and_it_resumes_on_another_number_of_ranks(tmp_path: Path) -> None:
     """Real kills: rank 1 of 2 killed mid-run fails the run with a clear error; the run resumes from its
     sharded checkpoint on 1 rank (re-shard 2 -> 1), is killed again, and finishes on 2 ranks (1 -> 2)."""
-    import json
     import os
-    import signal
     import subprocess
     import sys
 
-    from trainer.artifact import load_artifact
     from trainer.synth import write_synth
 
     train_path, test_path = tmp_path / "train.txt", tmp_path / "test.txt"
@@ -313,9 +311,31 @@ def test_a_killed_rank_fails_the_run_and_it_resumes_on_another_number_of_ranks(t
         cmd = [sys.executable, "-m", "service.cli", "train", "--train", str(train_path),
                "--test", str(test_path), "--out", str(out), "--checkpoint-dir", str(ckpt),
                "--checkpoint-every", "10",
-               "--nproc-per-node", str(nproc), "--dim", "16", "--epochs", "8", "--batch-size", "64",
+               "--nproc-per-node", str(nproc), "--dim", "16", "--epochs", "4", "--batch-size", "64",
                "--negatives", "16", "--group-size", "4", "--eval-every", "0"]
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    procs: list[subprocess.Popen[str]] = []
+
+    def start_tracked(nproc: int) -> subprocess.Popen[str]:
+        procs.append(start(nproc))
+        return procs[-1]
+
+    try:
+        _kill_resume_finish(start_tracked, ckpt, out)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+def _kill_resume_finish(start: Any, ckpt: Path, out: Path) -> None:
+    import json
+    import os
+    import signal
+
+    from trainer.artifact import load_artifact
 
     proc = start(2)
     killed_at = _wait_for_checkpoint(ckpt, 10, proc)
@@ -370,6 +390,7 @@ class StopAfter:
 
 
 @pytest.mark.skipif(not (DATA / "bibtex_train.txt").exists(), reason="needs ../shared/data (Bibtex)")
+@pytest.mark.timeout(900)  # two Bibtex trainings, one on 2 launched ranks
 def test_two_ranks_reach_one_ranks_precision_on_bibtex(tmp_path: Path) -> None:
     """The default parameters: 2 ranks (the same global batch, the label head sharded) land within 1 point
     of P@1 of one process; the caller's hooks see rank 0's epochs, and the merged artifact loads."""
@@ -409,3 +430,17 @@ def test_a_stop_request_stops_every_rank(tmp_path: Path) -> None:
     with pytest.raises(TrainingCancelled):
         train(params, ds, None, out_dir=tmp_path / "m", hooks=hooks)
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("budget", [1 << 23, 1 << 12, 3000])
+def test_topk_in_label_slices_is_the_exact_topk(budget: int) -> None:
+    """Many labels: blocks of rows scored against slices of the head keep a running top-k that equals the
+    top-k of the full score matrix (what evaluation of a 10^7-label shard relies on)."""
+    model = XCModel(ModelShape(n_features=40, n_labels=5000, dim=6), seed=1)
+    with torch.no_grad():
+        model.head.normal_()
+    x = sp.random(300, 40, density=0.2, format="csr", dtype=np.float32, random_state=0)
+    ids, vals = model.topk(x, 7, budget=budget)
+    want_v, want_i = torch.topk(model.score(model.encode(x)), 7, dim=1)
+    np.testing.assert_array_equal(ids, want_i.numpy())
+    np.testing.assert_allclose(vals, want_v.numpy(), rtol=1e-6)

@@ -58,7 +58,8 @@ def _model_tensors(model: XCModel) -> dict[str, torch.Tensor]:
         out[f"hidden.{name}"] = t.detach()
     for name, t in model.extra.items():
         out[f"extra.{name}"] = t.detach()
-    return {k: v.cpu().contiguous().clone() for k, v in out.items()}
+    # one copy each, contiguous (`.contiguous().clone()` copied a sliced head twice)
+    return {k: v.cpu().clone(memory_format=torch.contiguous_format) for k, v in out.items()}
 
 
 def artifact_tensors(

@@ -144,6 +144,7 @@ def csr_to_tensors(x: sp.csr_matrix, device: torch.device | str = "cpu") -> tupl
 
 
 HEAD_INIT_BLOCK = 1 << 12  # label rows drawn from one seeded generator
+MIN_ROWS = 256  # top-k: rows scored together, whatever the number of labels
 
 
 def init_head_rows(lo: int, hi: int, dim: int, seed: int) -> torch.Tensor:
@@ -265,16 +266,29 @@ class XCModel(nn.Module):
 
     @torch.no_grad()
     def topk(self, x: sp.csr_matrix, k: int, budget: int = 1 << 23) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top-k (ids, scores) by blocked products, memory bounded by `budget` scores at a time."""
+        """Exact top-k (ids, scores) by blocked products, memory bounded by `budget` scores at a time.
+
+        Blocks of at least `MIN_ROWS` rows: with many labels the head is read once per block of rows and
+        scored in slices of labels (a running top-k), instead of once per row.
+        """
         n, kk = x.shape[0], self.head.shape[0]
         k = min(k, kk)
-        rows = max(1, budget // max(kk, 1))
+        rows = max(MIN_ROWS, budget // max(kk, 1))
+        cols = max(k, budget // rows)
         ids = np.zeros((n, k), dtype=np.int64)
         vals = np.zeros((n, k), dtype=np.float32)
         for start in range(0, n, rows):
             h = self.encode(x[start : start + rows])
-            s = self.score(h)
-            v, i = torch.topk(s, k, dim=1)
-            ids[start : start + rows] = i.cpu().numpy()
-            vals[start : start + rows] = v.cpu().numpy()
+            best_v = best_i = None
+            for c0 in range(0, kk, cols):
+                label_ids = None if cols >= kk else torch.arange(c0, min(kk, c0 + cols), device=h.device)
+                v, i = torch.topk(self.score(h, label_ids), min(k, min(kk, c0 + cols) - c0), dim=1)
+                i += c0
+                if best_v is not None and best_i is not None:
+                    v, where = torch.topk(torch.cat([best_v, v], 1), k, dim=1)
+                    i = torch.gather(torch.cat([best_i, i], 1), 1, where)
+                best_v, best_i = v, i
+            assert best_v is not None and best_i is not None
+            ids[start : start + rows] = best_i.cpu().numpy()
+            vals[start : start + rows] = best_v.cpu().numpy()
         return ids, vals
