@@ -41,9 +41,8 @@ class TrainParams(BaseModel):
     negatives: int = Field(
         default=1024, ge=1, le=MAX_NEGATIVES, description="negatives drawn per step (shared)"
     )
-    # groups of 128 against pairs (1): P@1 0.642 / 0.408 on Bibtex / Corel5k against 0.634 / 0.369
-    # (pairs at their best schedule, 20 epochs; 7 seeds), and 0.71 against 0.54 on the 10^6-label set of
-    # bench/scale.py (one run each; bench/results/accuracy_sweep.md, round v7); a step costs the same
+    # groups of 128 beat pairs on Bibtex, Corel5k and the 10^6-label synthetic set at the same step cost
+    # (docs/training.md, with the figures and their bench/results files)
     group_size: int = Field(
         default=128,
         ge=1,
@@ -65,12 +64,11 @@ class TrainParams(BaseModel):
     pieces: int = Field(default=2, ge=2, le=16, description="maxout pieces per unit")
     dropout: float = Field(default=0.6, ge=0.0, lt=1.0, description="dropout on h and hidden layers")
     # optimisation
-    # grouped ove (like softmax) peaks after 6-8 epochs on Bibtex and Corel5k and over-fits Corel5k's
-    # noisy tags after that; pairwise ove needed 20 (accuracy_sweep.md, round v7)
+    # grouped ove gains little after 7 epochs on Bibtex and over-fits Corel5k's noisy tags after 7;
+    # pairwise ove needed 20 (docs/training.md, round v7 of accuracy_sweep.md)
     epochs: int = Field(default=7, ge=1, le=10_000, description="passes over the training rows")
-    # measured with pairwise ove (group_size 1, 20 epochs): adam 0.6374 / 0.3687 P@1 on Bibtex / Corel5k,
-    # adagrad lr 0.1 0.6335 / 0.3627 (sweep 9); on the 10^6-label set of bench/scale.py adam reached 0.69
-    # in 4 epochs (adagrad 0.63), adagrad led after 2 (0.62 vs 0.56); adagrad steps are cheaper
+    # adagrad steps are cheaper and it leads early at 10^6 labels, but adam ends higher
+    # (docs/training.md, bench/results/scale*.md)
     optimizer: Optimizer = Field(default="adam", description="big tables: adam or adagrad (row-wise)")
     lr: float = Field(default=0.01, gt=0.0, le=10.0, description="peak learning rate (adagrad: use ~0.1)")
     dense_lr: float = Field(default=0.002, gt=0.0, le=10.0, description="peak lr of hidden layers (Adam)")
@@ -123,9 +121,8 @@ class TrainParams(BaseModel):
         default=1, ge=0, le=10_000, description="evaluate every N epochs (0 = only at the end)"
     )
     # model selection on held-out TRAINING rows (never the test split). Off by default: with the short
-    # schedule of grouped ove it gains nothing on Bibtex or Corel5k (8 epochs + valid 0.1 + refit:
-    # 0.6428 / 0.4067, the 7-epoch defaults 0.6424 / 0.4077; accuracy_sweep.md rows 149, 161) for about
-    # twice the training time, and without refit the held-out rows cost accuracy
+    # schedule of grouped ove it gains nothing on Bibtex or Corel5k (accuracy_sweep.md rows 149, 161) for
+    # about twice the training time, and without refit the held-out rows cost accuracy
     valid_fraction: float = Field(
         default=0.0,
         ge=0.0,

@@ -13,6 +13,7 @@ function node(tag, attrs, text) {
 }
 
 function fmt(v) {
+  if (Number.isInteger(v)) return v.toLocaleString();
   const a = Math.abs(v);
   return a >= 100 ? v.toFixed(0) : a >= 1 ? v.toFixed(2) : v.toPrecision(2);
 }
