@@ -8,7 +8,7 @@ from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 # words of the `ovex demo` model's vocabulary: the OpenAPI examples work against it as they stand
-DEMO_TEXT = "noci dotavo jihede kupici"
+DEMO_TEXT = "giravu cabo mirile mage"
 # float32 is what the model computes in; larger magnitudes would become inf there.
 F32_MAX = 3.4028234663852886e38
 
