@@ -40,7 +40,8 @@ def test_every_operation_parameter_and_field_is_described(spec: dict[str, Any]) 
 
 
 def test_job_params_are_the_trainer_options(spec: dict[str, Any]) -> None:
-    params = spec["components"]["schemas"]["JobCreate"]["properties"]["params"]
+    ref = spec["components"]["schemas"]["JobCreate"]["properties"]["params"]["$ref"]
+    params = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
     assert set(params["properties"]) == set(TrainParams.model_fields)
     assert params["additionalProperties"] is False
     assert {"ove", "softmax", "sparsemax"} <= set(params["properties"]["loss"]["enum"])

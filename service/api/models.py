@@ -92,7 +92,7 @@ async def activate(
     response_class=Response,
     responses={**VERSION_ERRORS, 409: {"model": ErrorBody, "description": "the version is the active one"}},
 )
-async def delete_version(name: str, version: str, registry: RegistryDep, _: ApiKey) -> Response:
+async def delete_version(name: ModelName, version: VersionName, registry: RegistryDep, _: ApiKey) -> Response:
     """Remove a version's files; the active version cannot be deleted (activate another one first)."""
     await run_in_threadpool(registry.delete_version, name, version)
     return Response(status_code=204)

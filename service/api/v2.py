@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from service.api.deps import BatcherDep, MetricsDep, RegistryDep, SettingsDep
 from service.api.predict import predict_rows
+from service.api.schemas import ModelName, VersionName
 from service.api.v2_protocol import (
     OUTPUT_METADATA,
     InferRequest,
@@ -80,13 +81,14 @@ def _metadata(registry: ModelRegistry, name: str, version: str | None) -> ModelM
 
 
 @router.get("/models/{name}", response_model=ModelMetadata, responses=ERRORS)
-def model_metadata(name: str, registry: RegistryDep) -> ModelMetadata:
+def model_metadata(name: ModelName, registry: RegistryDep) -> ModelMetadata:
     """Inputs and outputs of the model's active version, and every version on disk."""
     return _metadata(registry, name, None)
 
 
 @router.get("/models/{name}/versions/{version}", response_model=ModelMetadata, responses=ERRORS)
-def version_metadata(name: str, version: str, registry: RegistryDep) -> ModelMetadata:
+def version_metadata(name: ModelName, version: VersionName, registry: RegistryDep) -> ModelMetadata:
+    """As the model's metadata, for one stored version."""
     return _metadata(registry, name, version)
 
 
@@ -102,13 +104,13 @@ def _model_ready(registry: ModelRegistry, name: str, version: str | None) -> JSO
 
 
 @router.get("/models/{name}/ready", responses=ERRORS)
-def model_ready(name: str, registry: RegistryDep) -> JSONResponse:
+def model_ready(name: ModelName, registry: RegistryDep) -> JSONResponse:
     """200 when a version of the model serves, else 503."""
     return _model_ready(registry, name, None)
 
 
 @router.get("/models/{name}/versions/{version}/ready", responses=ERRORS)
-def version_ready(name: str, version: str, registry: RegistryDep) -> JSONResponse:
+def version_ready(name: ModelName, version: VersionName, registry: RegistryDep) -> JSONResponse:
     """200 when this version is the one serving, else 503."""
     return _model_ready(registry, name, version)
 
@@ -142,7 +144,7 @@ async def _infer(
 
 @router.post("/models/{name}/infer", response_model=InferResponse, responses=ERRORS)
 async def infer(
-    name: str,
+    name: ModelName,
     req: InferRequest,
     registry: RegistryDep,
     batcher: BatcherDep,
@@ -155,8 +157,8 @@ async def infer(
 
 @router.post("/models/{name}/versions/{version}/infer", response_model=InferResponse, responses=ERRORS)
 async def infer_version(
-    name: str,
-    version: str,
+    name: ModelName,
+    version: VersionName,
     req: InferRequest,
     registry: RegistryDep,
     batcher: BatcherDep,

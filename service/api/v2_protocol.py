@@ -32,66 +32,86 @@ PARAMETERS = ("top_k", "normalization", "exact")
 
 
 class TensorMeta(BaseModel):
-    name: str
-    datatype: Datatype
-    shape: list[int]
+    """An input or output tensor a model takes or returns."""
+
+    name: str = Field(description="tensor name")
+    datatype: Datatype = Field(description="element type (BYTES, FP32, INT64, BOOL, ...)")
+    shape: list[int] = Field(description="dimensions; -1 for one of any size")
 
 
 class ModelMetadata(BaseModel):
-    name: str
-    versions: list[str]
-    platform: str = "ovex"
-    inputs: list[TensorMeta]
-    outputs: list[TensorMeta]
-    parameters: dict[str, Any] = Field(default_factory=dict)
+    """What a model is and which tensors it takes and returns."""
+
+    name: str = Field(description="model name")
+    versions: list[str] = Field(description="its stored versions")
+    platform: str = Field(default="ovex", description="the serving platform")
+    inputs: list[TensorMeta] = Field(description="the input tensors it takes")
+    outputs: list[TensorMeta] = Field(description="the output tensors it can return")
+    parameters: dict[str, Any] = Field(default_factory=dict, description="the request parameters it takes")
 
 
 class InferInput(BaseModel):
+    """One input tensor: `text` (BYTES), or sparse rows as `indices`, `values` and `offsets`."""
+
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(max_length=64)
-    shape: list[Annotated[StrictInt, Field(ge=0)]] = Field(min_length=1, max_length=4)
-    datatype: Datatype
-    parameters: dict[str, Any] | None = None
+    name: str = Field(max_length=64, description="text, indices, values or offsets")
+    shape: list[Annotated[StrictInt, Field(ge=0)]] = Field(
+        min_length=1, max_length=4, description="dimensions of `data`"
+    )
+    datatype: Datatype = Field(description="BYTES for text, INT64 for indices/offsets, FP32 for values")
+    parameters: dict[str, Any] | None = Field(None, description="per-input parameters (none are used)")
     data: list[Any] = Field(description="row-major, flat or nested")
 
 
 class RequestedOutput(BaseModel):
+    """An output the client wants back (all of them when the request names none)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(max_length=64)
+    name: str = Field(max_length=64, description="label_ids, label_names, probabilities, scores, ...")
     parameters: dict[str, Any] | None = Field(
         None, description="`classification: k` (as in Triton) asks for the top k labels"
     )
 
 
 class InferRequest(BaseModel):
+    """An inference request of the Open Inference Protocol (V2)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    id: str | None = Field(None, max_length=256)
+    id: str | None = Field(None, max_length=256, description="echoed in the response")
     parameters: dict[str, Any] | None = Field(
         None, description="top_k (int), normalization (sparsemax|evsoftmax|softmax|none), exact (bool)"
     )
-    inputs: list[InferInput] = Field(min_length=1, max_length=3)
-    outputs: list[RequestedOutput] | None = Field(None, max_length=len(OUTPUTS))
+    inputs: list[InferInput] = Field(min_length=1, max_length=3, description="the input tensors")
+    outputs: list[RequestedOutput] | None = Field(
+        None, max_length=len(OUTPUTS), description="the outputs wanted; left out: all of them"
+    )
 
 
 class InferOutput(BaseModel):
-    name: str
-    datatype: Datatype
-    shape: list[int]
-    data: list[Any]
+    """One output tensor; rows are padded to the longest answer (`label_counts` gives each row's length)."""
+
+    name: str = Field(description="output name")
+    datatype: Datatype = Field(description="element type")
+    shape: list[int] = Field(description="dimensions of `data`")
+    data: list[Any] = Field(description="row-major, flat")
 
 
 class InferResponse(BaseModel):
-    model_name: str
-    model_version: str
-    id: str | None = None
-    outputs: list[InferOutput]
+    """The answer to an inference request, naming the version that produced it."""
+
+    model_name: str = Field(description="model name")
+    model_version: str = Field(description="the version that answered")
+    id: str | None = Field(None, description="the request's id")
+    outputs: list[InferOutput] = Field(description="the output tensors")
 
 
 class V2Error(BaseModel):
-    error: str
+    """Every error under /v2, in the protocol's shape."""
+
+    error: str = Field(description="what is wrong and how to fix it")
 
 
 def input_metadata(input_kind: str) -> list[TensorMeta]:

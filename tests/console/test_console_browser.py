@@ -128,7 +128,8 @@ def test_console_upload_train_predict_activate(browser: Any, server: Any, shots:
     loss_options = [o.get_attribute("value") for o in css_all(browser, "#param-loss option")]
     assert {"ove", "softmax", "sparsemax"} <= set(loss_options)
     spec = httpx.get(f"{url}/openapi.json").json()
-    params_schema = spec["components"]["schemas"]["JobCreate"]["properties"]["params"]
+    ref = spec["components"]["schemas"]["JobCreate"]["properties"]["params"]["$ref"]
+    params_schema = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
     assert len(css_all(browser, "#job-params-fields .field")) == len(params_schema["properties"])
     css(browser, "#job-model").send_keys("console-model")
     wait_for(lambda: len(css_all(browser, "#job-train option")) == 3, what="the dataset choices")
