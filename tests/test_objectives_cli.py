@@ -13,6 +13,7 @@ import pytest
 from service.cli import main
 from trainer.artifact import load_artifact
 from trainer.data import read_dataset
+from trainer.normalize import F32_SCORE_RTOL
 from trainer.sparse_maps import evsoftmax, softmax, sparsemax
 
 
@@ -94,7 +95,14 @@ def test_predict_normalization_probs_and_exact_flags(
         assert r["labels"] == np.argsort(-full[i], kind="stable")[:k].tolist()
         probs = np.array(r["probs"])
         assert np.all(probs >= 0) and abs(probs.sum() - 1.0) < 1e-9
-        assert r["exact"] is bool((ref[i] > 0).sum() <= k), (i, int((ref[i] > 0).sum()))
+        fits = bool((ref[i] > 0).sum() <= k)
+        if normalization == "evsoftmax" and fits and not r["exact"]:
+            # the one excuse: a score within float32 rounding of the threshold (the mean) is ambiguous
+            t = full[i].mean()
+            tol = 2 * F32_SCORE_RTOL * (1.0 + max(np.abs(full[i, r["labels"]]).max(), abs(t)))
+            assert np.abs(full[i] - t).min() <= tol, (i, int((ref[i] > 0).sum()))
+        else:
+            assert r["exact"] is fits, (i, int((ref[i] > 0).sum()))
         if r["exact"]:
             n_exact += 1
             np.testing.assert_allclose(probs, ref[i, r["labels"]], atol=1e-5)
