@@ -91,7 +91,7 @@ class LossSpec:
 
 
 LOSSES: dict[str, LossSpec] = {}
-PLUGINS: tuple[str, ...] = ("trainer.objectives",)  # modules that call register_loss (issue 3)
+PLUGINS: tuple[str, ...] = ("trainer.objectives",)  # modules that call register_loss
 _plugins_loaded = False
 
 

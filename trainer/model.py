@@ -6,7 +6,7 @@ rows it touches into small leaf tensors, so neither the gradient nor the optimiz
 O(K) or O(D). Hidden layers are ordinary dense modules.
 
 Encoder seam: `make_hidden_layer(encoder, dim, pieces, dropout)`; `maxout` comes from
-`trainer.maxout.Maxout(in_dim, out_dim, pieces)` (issue 3).
+`trainer.maxout.Maxout(in_dim, out_dim, pieces)`.
 """
 
 from __future__ import annotations

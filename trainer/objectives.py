@@ -1,4 +1,5 @@
-"""Registers issue 3's objectives with the loss registry (imported by `trainer.losses.load_plugins`)."""
+"""Registers the extra objectives (sparsemax, ev-softmax, DropMax) with the loss registry
+(imported by `trainer.losses.load_plugins`)."""
 
 from __future__ import annotations
 
