@@ -25,7 +25,6 @@ from service.errors import (
     Forbidden,
     InputError,
     Invalid,
-    Loc,
     Malformed,
     NotFound,
     TooLarge,
@@ -37,8 +36,6 @@ from service.predictor import InputRowError
 from trainer.errors import ArtifactError, DataFormatError, OvexError, ParamsError
 
 log = logging.getLogger("ovex.api")
-
-__all__ = ["Conflict", "Forbidden", "InputError", "Loc", "NotFound", "Unauthorized", "Unavailable"]
 
 # The one mapping from error kinds (domain and trainer) to statuses; the first matching class wins.
 STATUS: tuple[tuple[type[OvexError], int], ...] = (
