@@ -33,6 +33,7 @@ from service.jobs.active import ActiveVersions
 from service.predictor import Predictor
 from service.retrieval import ExactScorer, RetrievalConfig, Retriever, build_retriever, configure_threads
 from service.settings import Settings
+from service.versions import retire
 
 log = logging.getLogger("ovex.registry")
 
@@ -326,6 +327,7 @@ class ModelRegistry:
                 raise Conflict(
                     f"version {version!r} of model {name!r} is the active one: activate another version first"
                 )
+            retire(self.models_dir / name, version)
             shutil.rmtree(self.models_dir / name / version)
             self._refused.pop((name, version), None)
 

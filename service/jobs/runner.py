@@ -24,6 +24,7 @@ from service.continual import trainer_inputs
 from service.jobs.config import JobsConfig
 from service.jobs.models import CANCELLED, FAILED, SUCCEEDED, DatasetRow, JobRow
 from service.jobs.store import JobStore
+from service.versions import next_version
 from trainer.errors import DataFormatError, OvexError, TrainingCancelled
 
 log = logging.getLogger("ovex.jobs")
@@ -35,15 +36,6 @@ def dataset_path(cfg: JobsConfig, ds: DatasetRow) -> Path:
     """Where a stored dataset lives: named by its content checksum, never by a user-given path."""
     ext = ".jsonl" if ds.format == "jsonl" else ".txt"
     return cfg.datasets_dir / f"{ds.checksum}{ext}"
-
-
-def next_version(model_dir: Path) -> int:
-    versions = (
-        [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
-        if model_dir.exists()
-        else []
-    )
-    return max(versions, default=0) + 1
 
 
 def publish(staging: Path, model_dir: Path) -> str:

@@ -16,7 +16,8 @@ from service.api.errors import status_for
 from service.errors import DomainError
 from service.jobs import budget
 from service.jobs.datasets import receive_file
-from service.jobs.runner import next_version, publish
+from service.jobs.runner import publish
+from service.versions import next_version, retire
 from trainer.params import MAX_BATCH, MAX_NEGATIVES, TrainParams
 
 BOUNDARY = "XyZ123"
@@ -88,6 +89,14 @@ def test_publish_takes_the_next_free_version(tmp_path: Path) -> None:
     (models / "10" / "x").write_text("")
     (models / "beta").mkdir()
     assert next_version(models) == 11
+    retire(models, "10")  # deleting the highest version leaves its number used
+    (models / "10" / "x").unlink()
+    (models / "10").rmdir()
+    retire(models, "2")  # a lower one leaves the mark where it was
+    assert next_version(models) == 11
+    staging = tmp_path / "staging-next"
+    staging.mkdir()
+    assert publish(staging, models) == "11"
 
 
 def test_memory_estimate_by_hand_linear_adam() -> None:

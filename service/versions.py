@@ -1,0 +1,35 @@
+"""A model's version numbers: the next one to publish is above every number ever used, so a version
+name, once deleted, never comes back naming other weights (caches, logs and clients keep meaning it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+HIGH_WATER = ".highest-version"
+
+
+def _recorded(model_dir: Path) -> int:
+    try:
+        return int((model_dir / HIGH_WATER).read_text().strip() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def next_version(model_dir: Path) -> int:
+    """One above the highest version on disk or ever deleted."""
+    on_disk = (
+        [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+        if model_dir.exists()
+        else []
+    )
+    return max([*on_disk, _recorded(model_dir)], default=0) + 1
+
+
+def retire(model_dir: Path, version: str) -> None:
+    """Record a numbered version about to be deleted, atomically, before its directory goes."""
+    if not version.isdigit() or int(version) <= _recorded(model_dir):
+        return
+    tmp = model_dir / f"{HIGH_WATER}.{os.getpid()}.tmp"
+    tmp.write_text(f"{int(version)}\n")
+    os.replace(tmp, model_dir / HIGH_WATER)
