@@ -117,6 +117,80 @@ def test_2000_requests_across_workers_while_activating(two_workers: tuple[Server
     all_workers_serve(srv, "1", within=5.0)
 
 
+def _children(pid: int) -> list[Any]:
+    import psutil
+
+    return psutil.Process(pid).children(recursive=True)
+
+
+def _gone(procs: list[Any], within: float) -> list[Any]:
+    """The processes still running (zombies count as gone: nothing runs) after waiting `within` s."""
+    import psutil
+
+    _, alive = psutil.wait_procs(procs, timeout=within)
+    return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_killed_worker_is_replaced_and_requests_keep_succeeding(two_workers: tuple[Server, Path]) -> None:
+    import os
+    import signal
+
+    srv, _ = two_workers
+    before = versions_by_worker(srv)
+    serving = {str(c.pid) for c in _children(srv.proc.pid)}
+    assert set(before) <= serving, "the workers answering are the supervisor's children"
+    victim = int(sorted(before)[0])
+    os.kill(victim, signal.SIGKILL)
+    # the other worker takes every new connection on the shared socket while the victim is replaced
+    answered = []
+    for _ in range(40):
+        r = httpx.post(srv.base + "/v1/models/m/predict", json=BODY, timeout=30)
+        assert r.status_code == 200, r.text
+        answered.append(r.headers["x-ovex-worker"])
+    assert str(victim) not in answered
+    deadline = time.monotonic() + 90
+    after: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        after = versions_by_worker(srv, within=90)
+        if str(victim) not in after:
+            break
+    assert str(victim) not in after and len(after) == 2, after
+    assert set(after.values()) == {"2"}, "the replacement serves the active version"
+    assert srv.proc.poll() is None
+    assert "worker exited; restarting" in srv.log() and "SIGKILL" in srv.log()
+
+
+def test_sigterm_to_the_supervisor_leaves_no_process_behind(model_store: Path, tmp_path: Path) -> None:
+    """Both serving workers and the job worker stop with the supervisor."""
+    models = tmp_path / "models"
+    copy_version(model_store, models, "small", "1", as_name="m")
+    srv = start_server(models, tmp_path, {"OVEX_WORKERS": "2", "OVEX_EMBEDDED_WORKER": "true"})
+    try:
+        versions_by_worker(srv)
+        children = _children(srv.proc.pid)
+        assert len(children) >= 3, children  # two serving workers and the job worker
+        srv.proc.terminate()
+        assert srv.proc.wait(30) == 0
+        assert _gone(children, within=10) == []
+    finally:
+        stop_server(srv)
+
+
+def test_workers_stop_when_the_supervisor_is_killed(model_store: Path, tmp_path: Path) -> None:
+    """SIGKILL leaves the supervisor no chance to stop them: the kernel tells them instead."""
+    models = tmp_path / "models"
+    copy_version(model_store, models, "small", "1", as_name="m")
+    srv = start_server(models, tmp_path, {"OVEX_WORKERS": "2"})
+    try:
+        workers = _children(srv.proc.pid)
+        assert len(workers) == 2
+        srv.proc.kill()
+        srv.proc.wait(10)
+        assert _gone(workers, within=30) == []
+    finally:
+        stop_server(srv)
+
+
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
