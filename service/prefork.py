@@ -57,10 +57,30 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def preload() -> None:
-    """Import what every worker needs (modules that are not installed are left to the worker)."""
+    """Import what every worker needs (modules that are not installed are left to the worker), and
+    compile the int8 scan kernel, whose machine code the workers then share instead of each loading it."""
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
+    _compile_scan_kernel()
+
+
+def _compile_scan_kernel() -> None:
+    """One tiny scan per array kind a worker passes (writable when it built the index, read-only when
+    it mapped the cached one): a single thread, no model."""
+    import numpy as np
+
+    from service.quantized_scan import Int8Head, range_bounds
+
+    d = 4
+    for writable in (True, False):
+        codes = np.zeros((2, d), np.int8)
+        rows = [np.ones(2, np.float32) for _ in range(4)]
+        codes.setflags(write=writable)
+        for a in rows:
+            a.setflags(write=writable)
+        head = Int8Head(codes, *rows)
+        range_bounds(head, np.ones(d, np.float32), np.array([0], np.int64), np.array([2], np.int64))
 
 
 def _die_with_parent() -> None:
