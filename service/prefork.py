@@ -22,6 +22,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
@@ -106,9 +107,15 @@ class Supervisor:
     """Forks and watches the workers; single-threaded, so every fork happens with no other thread."""
 
     def __init__(
-        self, config: uvicorn.Config, sock: socket.socket, workers: int, jobs: EmbeddedWorker | None
+        self,
+        config: uvicorn.Config,
+        sock: socket.socket,
+        workers: int,
+        jobs: EmbeddedWorker | None,
+        metrics_dir: Path,
     ) -> None:
         self.config = config
+        self.metrics_dir = metrics_dir
         self.sock = sock
         self.slots = [Slot(i) for i in range(workers)]
         self.jobs = jobs
@@ -151,6 +158,9 @@ class Supervisor:
         self.stop_signal = sig
 
     def _reap(self) -> None:
+        # imported here, after run_workers switched the library to its multiprocess mode
+        from prometheus_client.multiprocess import mark_process_dead
+
         now = time.monotonic()
         for slot in self.slots:
             if slot.pid is None:
@@ -160,6 +170,8 @@ class Supervisor:
                 continue
             lived = now - slot.started
             slot.pid = None
+            # its gauges leave the sum (its counters stay: what it served was served)
+            mark_process_dead(pid, str(self.metrics_dir))
             slot.restarts += 1
             # a worker that keeps dying at start (a model that crashes it) is not restarted in a hot loop
             slot.backoff_s = min(MAX_BACKOFF_S, max(1.0, 2 * slot.backoff_s)) if lived < FAST_EXIT_S else 0.0

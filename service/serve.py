@@ -15,7 +15,9 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import socket
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,6 +110,9 @@ def run_workers(settings: Settings) -> int:
 
     from service.prefork import Supervisor, preload
 
+    metrics_dir = Path(tempfile.mkdtemp(prefix="ovex-metrics-"))
+    # prometheus_client reads this when first imported (below): every worker then writes its values there
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     child = worker_settings(settings)
     # each worker pins its own torch/faiss/BLAS threads; the variables reach the job worker too
     os.environ[SETTINGS_ENV] = child.to_child_json()
@@ -119,7 +124,10 @@ def run_workers(settings: Settings) -> int:
     sock = config.bind_socket()
     jobs = EmbeddedWorker(settings) if settings.embedded_worker else None
     log.info("starting workers", extra={"workers": settings.workers, "threads_each": child.threads})
-    return Supervisor(config, sock, settings.workers, jobs).run()
+    try:
+        return Supervisor(config, sock, settings.workers, jobs, metrics_dir).run()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -214,3 +214,24 @@ def test_bad_serving_settings_are_one_line_errors(args: list[str], env: dict[str
         timeout=120,
     )
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_metrics_sum_every_worker(two_workers: tuple[Server, Path]) -> None:
+    """/metrics counts the requests of both workers, whichever answers the scrape."""
+    import re
+
+    srv, _ = two_workers
+    versions_by_worker(srv)
+    n = 60
+    answered = set()
+    for _ in range(n):  # a fresh connection each: the kernel hands them to both workers
+        r = httpx.post(srv.base + "/v1/models/m/predict", json=BODY, timeout=30)
+        assert r.status_code == 200, r.text
+        answered.add(r.headers["x-ovex-worker"])
+    assert len(answered) == 2, "both workers answered"
+    series = 'ovex_requests_total{method="POST",route="/v1/models/{name}/predict",status="200"}'
+    for _ in range(6):  # scrapes land on either worker; each sees the sum
+        text = httpx.get(srv.base + "/metrics", timeout=10).text
+        found = re.search(re.escape(series) + r" (\S+)", text)
+        assert found and float(found.group(1)) == n, text[:2000]
+        assert 'ovex_models_loaded{model="m",version="2"} 1.0' in text
