@@ -5,8 +5,8 @@ modules) copy-on-write, and the weights are memory-mapped, so N workers cost abo
 what each builds for itself. Before a fork the supervisor only imports: it starts no thread, runs no
 torch/OpenMP parallel region, builds no app and loads no model. Each worker sets its own thread counts,
 builds its app, loads its models and indexes, follows the active versions, and serves the socket the
-supervisor bound. The supervisor replaces a worker that dies, hands SIGTERM/SIGINT on to every worker,
-and runs the one job worker for the group.
+supervisor bound. The supervisor replaces a worker that dies or whose event loop stops beating, hands
+SIGTERM/SIGINT on to every worker, and runs the one job worker for the group.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
-if TYPE_CHECKING:
-    import uvicorn
+import uvicorn
 
+if TYPE_CHECKING:
     from service.jobs.runtime import EmbeddedWorker
 
 log = logging.getLogger("ovex.serve")
@@ -55,6 +55,8 @@ FAST_EXIT_S = 10.0  # a worker that dies sooner than this after its start is res
 MAX_BACKOFF_S = 30.0
 TICK_S = 0.1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+BEAT_TICKS = 10  # uvicorn ticks every 0.1 s: one heartbeat a second
+START_GRACE_S = 60.0  # to import the app and start its lifespan, before the first heartbeat
 
 
 def preload() -> None:
@@ -97,10 +99,27 @@ class Slot:
 
     index: int
     pid: int | None = None
+    beats: int | None = None  # read end of the worker's heartbeat pipe
+    last_beat: float = 0.0
+    beating: bool = False  # its event loop has run (before that it is starting: more time allowed)
     started: float = 0.0
     restart_at: float = 0.0
     backoff_s: float = 0.0
     restarts: int = 0
+
+
+class HeartbeatServer(uvicorn.Server):
+    """uvicorn's server, telling the supervisor once a second that its event loop still runs."""
+
+    def __init__(self, config: uvicorn.Config, beat_fd: int) -> None:
+        super().__init__(config)
+        self.beat_fd = beat_fd
+
+    async def on_tick(self, counter: int) -> bool:
+        if counter % BEAT_TICKS == 0:
+            with contextlib.suppress(BlockingIOError, BrokenPipeError):
+                os.write(self.beat_fd, b".")
+        return await super().on_tick(counter)
 
 
 class Supervisor:
@@ -113,8 +132,10 @@ class Supervisor:
         workers: int,
         jobs: EmbeddedWorker | None,
         metrics_dir: Path,
+        hang_s: float,
     ) -> None:
         self.config = config
+        self.hang_s = hang_s
         self.metrics_dir = metrics_dir
         self.sock = sock
         self.slots = [Slot(i) for i in range(workers)]
@@ -122,9 +143,7 @@ class Supervisor:
         self.stop_signal: int | None = None
 
     # -- the worker side --------------------------------------------------------------------------
-    def _serve_in_child(self) -> NoReturn:
-        import uvicorn
-
+    def _serve_in_child(self, beat_fd: int) -> NoReturn:
         code = 1
         try:
             for sig in STOP_SIGNALS:
@@ -133,7 +152,10 @@ class Supervisor:
             _die_with_parent()
             if os.getppid() == 1:  # the supervisor died before the death signal was asked for
                 os._exit(0)
-            uvicorn.Server(self.config).run(sockets=[self.sock])
+            for slot in self.slots:  # the other workers' heartbeats are the supervisor's to read
+                if slot.beats is not None:
+                    os.close(slot.beats)
+            HeartbeatServer(self.config, beat_fd).run(sockets=[self.sock])
             code = 0
         except BaseException:
             log.exception("worker failed")
@@ -147,11 +169,17 @@ class Supervisor:
     def _fork(self, slot: Slot) -> None:
         # blocked across the fork: a stop signal reaches the child only once its own handlers are set
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        os.set_blocking(write_end, False)
         pid = os.fork()
         if pid == 0:
-            self._serve_in_child()
+            self._serve_in_child(write_end)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-        slot.pid, slot.started = pid, time.monotonic()
+        os.close(write_end)
+        slot.pid, slot.beats = pid, read_end
+        slot.started = slot.last_beat = time.monotonic()
+        slot.beating = False
         log.info("worker started", extra={"worker": slot.index, "worker_pid": pid})
 
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
@@ -170,6 +198,9 @@ class Supervisor:
                 continue
             lived = now - slot.started
             slot.pid = None
+            if slot.beats is not None:
+                os.close(slot.beats)
+                slot.beats = None
             # its gauges leave the sum (its counters stay: what it served was served)
             mark_process_dead(pid, str(self.metrics_dir))
             slot.restarts += 1
@@ -187,6 +218,27 @@ class Supervisor:
                 },
             )
 
+    def _check_beats(self) -> None:
+        """SIGKILL a worker whose event loop has not beaten for `hang_s` (it is then replaced)."""
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.pid is None or slot.beats is None:
+                continue
+            try:
+                if os.read(slot.beats, 4096):
+                    slot.last_beat, slot.beating = now, True
+            except BlockingIOError:
+                pass
+            silent = now - slot.last_beat
+            if silent > (self.hang_s if slot.beating else max(self.hang_s, START_GRACE_S)):
+                log.warning(
+                    "worker unresponsive; killing it",
+                    extra={"worker": slot.index, "worker_pid": slot.pid, "silent_s": round(silent, 1)},
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(slot.pid, signal.SIGKILL)
+                slot.last_beat = now
+
     def run(self) -> int:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
@@ -198,6 +250,7 @@ class Supervisor:
             if self.jobs is not None:
                 self.jobs.start(watch=False)  # restarted from this loop: no thread in a process that forks
             while self.stop_signal is None:
+                self._check_beats()
                 self._reap()
                 now = time.monotonic()
                 for slot in self.slots:

@@ -125,7 +125,9 @@ def run_workers(settings: Settings) -> int:
     jobs = EmbeddedWorker(settings) if settings.embedded_worker else None
     log.info("starting workers", extra={"workers": settings.workers, "threads_each": child.threads})
     try:
-        return Supervisor(config, sock, settings.workers, jobs, metrics_dir).run()
+        # an event loop silent for twice the longest a request may wait is hung, not busy
+        hang_s = max(5.0, 2 * settings.request_timeout_s)
+        return Supervisor(config, sock, settings.workers, jobs, metrics_dir, hang_s).run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 

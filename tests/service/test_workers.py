@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,36 @@ def test_a_killed_worker_is_replaced_and_requests_keep_succeeding(two_workers: t
     assert set(after.values()) == {"2"}, "the replacement serves the active version"
     assert srv.proc.poll() is None
     assert "worker exited; restarting" in srv.log() and "SIGKILL" in srv.log()
+
+
+def test_a_hung_worker_is_killed_and_replaced(model_store: Path, tmp_path: Path) -> None:
+    """SIGSTOP freezes a worker's event loop: its heartbeats stop, the supervisor kills and replaces it,
+    and the other worker answers every request meanwhile."""
+    import signal
+
+    import psutil
+
+    models = tmp_path / "models"
+    copy_version(model_store, models, "small", "1", as_name="m")
+    # the hang limit is twice the request timeout (at least 5 s)
+    srv = start_server(models, tmp_path, {"OVEX_WORKERS": "2", "OVEX_REQUEST_TIMEOUT_S": "3"})
+    try:
+        frozen = psutil.Process(int(sorted(versions_by_worker(srv))[0]))
+        frozen.suspend()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "worker unresponsive" not in srv.log():
+            r = httpx.post(srv.base + "/v1/models/m/predict", json=BODY, timeout=30)
+            assert r.status_code == 200 and r.headers["x-ovex-worker"] != str(frozen.pid), r.text
+            time.sleep(0.2)
+        assert "worker unresponsive" in srv.log()
+        assert _gone([frozen], within=10) == []
+        after = versions_by_worker(srv, within=60)
+        assert str(frozen.pid) not in after and len(after) == 2, after
+    finally:
+        for child in _children(srv.proc.pid):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.send_signal(signal.SIGCONT)
+        stop_server(srv)
 
 
 def test_sigterm_to_the_supervisor_leaves_no_process_behind(model_store: Path, tmp_path: Path) -> None:
