@@ -1,4 +1,5 @@
-"""`ovex serve --workers 2`: two processes on one port follow one active version, under load too."""
+"""`ovex serve --workers 2`: two processes on one port follow one active version, under load too; the
+supervisor replaces a worker that is killed or hangs, and none outlives it; /metrics sums both."""
 
 from __future__ import annotations
 
@@ -133,6 +134,7 @@ def _gone(procs: list[Any], within: float) -> list[Any]:
 
 
 def test_a_killed_worker_is_replaced_and_requests_keep_succeeding(two_workers: tuple[Server, Path]) -> None:
+    """SIGKILL one worker: the other answers every new request; a fresh fork takes the dead one's place."""
     import os
     import signal
 
