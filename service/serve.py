@@ -1,9 +1,10 @@
 """`ovex serve` and `ovex demo`: run the HTTP service (demo: after training a small model once).
 
 Thin: parse flags into `Settings` (flags override `OVEX_*` variables), set up logs, hand the app to
-uvicorn. One worker: the app runs in this process. `--workers N`: uvicorn spawns N fresh interpreters
-that share the listening socket; each builds its app from the `OVEX_*` environment set here and loads the
-models itself (weights memory-mapped, so N workers hold one copy; indexes never built before a fork).
+uvicorn. One worker: the app runs in this process. `--workers N`: a supervisor imports the serving code
+once and forks N workers that share the listening socket and those imports; each builds its app from the
+settings handed over here and loads the models itself (weights memory-mapped, so N workers hold one copy;
+indexes never built before a fork).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import socket
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,34 +105,31 @@ def run_server(settings: Settings) -> int:
 
 
 def run_workers(settings: Settings) -> int:
-    """N spawned workers on one port (uvicorn restarts one that dies) and one job worker for them all."""
+    """N forked workers on one port (see `service.prefork`) and one job worker for them all."""
     import uvicorn
 
-    from service.jobs.runtime import EmbeddedWorker
+    from service.prefork import Supervisor, preload
 
+    metrics_dir = Path(tempfile.mkdtemp(prefix="ovex-metrics-"))
+    # prometheus_client reads this when first imported (below): every worker then writes its values there
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     child = worker_settings(settings)
-    # the children read these before importing torch/faiss/BLAS, so no pool starts with every core
+    # each worker pins its own torch/faiss/BLAS threads; the variables reach the job worker too
     os.environ[SETTINGS_ENV] = child.to_child_json()
     os.environ.update({name: str(child.threads) for name in _THREAD_ENV})
-    jobs = None
-    if settings.embedded_worker:
-        jobs = EmbeddedWorker(settings)
-        jobs.start()
+    preload()
+    from service.jobs.runtime import EmbeddedWorker
+
+    config = uvicorn.Config("service.app:app_from_env", factory=True, **_uvicorn_options(child))
+    sock = config.bind_socket()
+    jobs = EmbeddedWorker(settings) if settings.embedded_worker else None
     log.info("starting workers", extra={"workers": settings.workers, "threads_each": child.threads})
     try:
-        opts = _uvicorn_options(child)
-        uvicorn.run(
-            "service.app:app_from_env",
-            factory=True,
-            workers=settings.workers,
-            # a worker importing torch and faiss on a busy machine answers no ping for seconds
-            timeout_worker_healthcheck=60,
-            **opts,
-        )
+        # an event loop silent for twice the longest a request may wait is hung, not busy
+        hang_s = max(5.0, 2 * settings.request_timeout_s)
+        return Supervisor(config, sock, settings.workers, jobs, metrics_dir, hang_s).run()
     finally:
-        if jobs is not None:
-            jobs.stop()
-    return 0
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

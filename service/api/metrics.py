@@ -1,6 +1,9 @@
 """Prometheus metrics (prefix `ovex_`): requests by route and status, latency, batch sizes, models.
 
-Each app owns its own `CollectorRegistry`, so several apps in one process (tests) never collide.
+Each app owns its own `CollectorRegistry`, so several apps in one process (tests) never collide. Under
+`--workers N` every worker also writes its values to the supervisor's directory (prometheus_client's
+multiprocess mode, which the supervisor switches on before the library is imported), and `/metrics`
+answers with the sum over the workers, whichever of them serves the scrape.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    values,
 )
+from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LATENCY_BUCKETS = (
@@ -41,6 +46,8 @@ class Metrics:
     """The service's instruments; the registry, batcher and middleware write, `/metrics` reads."""
 
     def __init__(self) -> None:
+        # the library's own switch: its values go to the shared files, not to this process's memory
+        self.shared = values.ValueClass is not values.MutexValue
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "ovex_requests_total", "HTTP requests", ["route", "method", "status"], registry=self.registry
@@ -69,6 +76,7 @@ class Metrics:
             "1 for each model version that serves requests",
             ["model", "version"],
             registry=self.registry,
+            multiprocess_mode="livemax",  # across workers: served by any worker alive
         )
         self.load_failures = Counter(
             "ovex_model_load_failures_total",
@@ -87,8 +95,19 @@ class Metrics:
 
     def set_active(self, model: str, version: str, previous: str | None) -> None:
         if previous is not None and previous != version:
-            self.models_loaded.remove(model, previous)
+            if not self.shared:
+                self.models_loaded.remove(model, previous)
+            else:  # a value in the shared files cannot be removed, only set
+                self.models_loaded.labels(model, previous).set(0)
         self.models_loaded.labels(model, version).set(1)
+
+    def exposition(self) -> bytes:
+        """This process's metrics, or every worker's summed (latency buckets and counters added up)."""
+        if not self.shared:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged)
+        return generate_latest(merged)
 
 
 class MetricsMiddleware:
@@ -123,6 +142,6 @@ router = APIRouter(tags=["ops"])
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
 def metrics(request: Request) -> Response:
-    """Prometheus text exposition of this process's metrics."""
+    """Prometheus text exposition of the service's metrics (all workers' under `--workers N`)."""
     m: Metrics = request.app.state.metrics
-    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(m.exposition(), media_type=CONTENT_TYPE_LATEST)

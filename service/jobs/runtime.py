@@ -138,18 +138,24 @@ class EmbeddedWorker:
         self.proc.stdin.close()
         log.info("embedded worker started (pid %d)", self.proc.pid)
 
-    def start(self) -> None:
+    def start(self, watch: bool = True) -> None:
+        """Start the worker; `watch`: a thread restarts it if it dies (else the caller calls `check`)."""
         self._spawn()
-        self._thread = threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True)
-        self._thread.start()
+        if watch:
+            self._thread = threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True)
+            self._thread.start()
+
+    def check(self) -> None:
+        """Restart the worker if it died."""
+        proc = self.proc
+        if proc is not None and proc.poll() is not None and not self._stop.is_set():
+            log.warning("embedded worker exited with %s; restarting", proc.returncode)
+            self.restarts += 1
+            self._spawn()
 
     def _supervise(self) -> None:
         while not self._stop.wait(1.0):
-            proc = self.proc
-            if proc is not None and proc.poll() is not None and not self._stop.is_set():
-                log.warning("embedded worker exited with %s; restarting", proc.returncode)
-                self.restarts += 1
-                self._spawn()
+            self.check()
 
     @property
     def pid(self) -> int | None:

@@ -1,8 +1,10 @@
-"""`ovex serve --workers 2`: two processes on one port follow one active version, under load too."""
+"""`ovex serve --workers 2`: two processes on one port follow one active version, under load too; the
+supervisor replaces a worker that is killed or hangs, and none outlives it; /metrics sums both."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -117,6 +119,111 @@ def test_2000_requests_across_workers_while_activating(two_workers: tuple[Server
     all_workers_serve(srv, "1", within=5.0)
 
 
+def _children(pid: int) -> list[Any]:
+    import psutil
+
+    return psutil.Process(pid).children(recursive=True)
+
+
+def _gone(procs: list[Any], within: float) -> list[Any]:
+    """The processes still running (zombies count as gone: nothing runs) after waiting `within` s."""
+    import psutil
+
+    _, alive = psutil.wait_procs(procs, timeout=within)
+    return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_killed_worker_is_replaced_and_requests_keep_succeeding(two_workers: tuple[Server, Path]) -> None:
+    """SIGKILL one worker: the other answers every new request; a fresh fork takes the dead one's place."""
+    import os
+    import signal
+
+    srv, _ = two_workers
+    before = versions_by_worker(srv)
+    serving = {str(c.pid) for c in _children(srv.proc.pid)}
+    assert set(before) <= serving, "the workers answering are the supervisor's children"
+    victim = int(sorted(before)[0])
+    os.kill(victim, signal.SIGKILL)
+    # the other worker takes every new connection on the shared socket while the victim is replaced
+    answered = []
+    for _ in range(40):
+        r = httpx.post(srv.base + "/v1/models/m/predict", json=BODY, timeout=30)
+        assert r.status_code == 200, r.text
+        answered.append(r.headers["x-ovex-worker"])
+    assert str(victim) not in answered
+    deadline = time.monotonic() + 90
+    after: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        after = versions_by_worker(srv, within=90)
+        if str(victim) not in after:
+            break
+    assert str(victim) not in after and len(after) == 2, after
+    assert set(after.values()) == {"2"}, "the replacement serves the active version"
+    assert srv.proc.poll() is None
+    assert "worker exited; restarting" in srv.log() and "SIGKILL" in srv.log()
+
+
+def test_a_hung_worker_is_killed_and_replaced(model_store: Path, tmp_path: Path) -> None:
+    """SIGSTOP freezes a worker's event loop: its heartbeats stop, the supervisor kills and replaces it,
+    and the other worker answers every request meanwhile."""
+    import signal
+
+    import psutil
+
+    models = tmp_path / "models"
+    copy_version(model_store, models, "small", "1", as_name="m")
+    # the hang limit is twice the request timeout (at least 5 s)
+    srv = start_server(models, tmp_path, {"OVEX_WORKERS": "2", "OVEX_REQUEST_TIMEOUT_S": "3"})
+    try:
+        frozen = psutil.Process(int(sorted(versions_by_worker(srv))[0]))
+        frozen.suspend()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "worker unresponsive" not in srv.log():
+            r = httpx.post(srv.base + "/v1/models/m/predict", json=BODY, timeout=30)
+            assert r.status_code == 200 and r.headers["x-ovex-worker"] != str(frozen.pid), r.text
+            time.sleep(0.2)
+        assert "worker unresponsive" in srv.log()
+        assert _gone([frozen], within=10) == []
+        after = versions_by_worker(srv, within=60)
+        assert str(frozen.pid) not in after and len(after) == 2, after
+    finally:
+        for child in _children(srv.proc.pid):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.send_signal(signal.SIGCONT)
+        stop_server(srv)
+
+
+def test_sigterm_to_the_supervisor_leaves_no_process_behind(model_store: Path, tmp_path: Path) -> None:
+    """Both serving workers and the job worker stop with the supervisor."""
+    models = tmp_path / "models"
+    copy_version(model_store, models, "small", "1", as_name="m")
+    srv = start_server(models, tmp_path, {"OVEX_WORKERS": "2", "OVEX_EMBEDDED_WORKER": "true"})
+    try:
+        versions_by_worker(srv)
+        children = _children(srv.proc.pid)
+        assert len(children) >= 3, children  # two serving workers and the job worker
+        srv.proc.terminate()
+        assert srv.proc.wait(30) == 0
+        assert _gone(children, within=10) == []
+    finally:
+        stop_server(srv)
+
+
+def test_workers_stop_when_the_supervisor_is_killed(model_store: Path, tmp_path: Path) -> None:
+    """SIGKILL leaves the supervisor no chance to stop them: the kernel tells them instead."""
+    models = tmp_path / "models"
+    copy_version(model_store, models, "small", "1", as_name="m")
+    srv = start_server(models, tmp_path, {"OVEX_WORKERS": "2"})
+    try:
+        workers = _children(srv.proc.pid)
+        assert len(workers) == 2
+        srv.proc.kill()
+        srv.proc.wait(10)
+        assert _gone(workers, within=30) == []
+    finally:
+        stop_server(srv)
+
+
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
@@ -140,3 +247,24 @@ def test_bad_serving_settings_are_one_line_errors(args: list[str], env: dict[str
         timeout=120,
     )
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_metrics_sum_every_worker(two_workers: tuple[Server, Path]) -> None:
+    """/metrics counts the requests of both workers, whichever answers the scrape."""
+    import re
+
+    srv, _ = two_workers
+    versions_by_worker(srv)
+    n = 60
+    answered = set()
+    for _ in range(n):  # a fresh connection each: the kernel hands them to both workers
+        r = httpx.post(srv.base + "/v1/models/m/predict", json=BODY, timeout=30)
+        assert r.status_code == 200, r.text
+        answered.add(r.headers["x-ovex-worker"])
+    assert len(answered) == 2, "both workers answered"
+    series = 'ovex_requests_total{method="POST",route="/v1/models/{name}/predict",status="200"}'
+    for _ in range(6):  # scrapes land on either worker; each sees the sum
+        text = httpx.get(srv.base + "/metrics", timeout=10).text
+        found = re.search(re.escape(series) + r" (\S+)", text)
+        assert found and float(found.group(1)) == n, text[:2000]
+        assert 'ovex_models_loaded{model="m",version="2"} 1.0' in text

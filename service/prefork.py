@@ -1,0 +1,292 @@
+"""`ovex serve --workers N`: a supervisor that imports the serving code once, then forks N workers.
+
+Forked workers share the supervisor's imported code and data (torch, faiss, numpy, numba, the app's
+modules) copy-on-write, and the weights are memory-mapped, so N workers cost about one copy of both plus
+what each builds for itself. Before a fork the supervisor only imports: it starts no thread, runs no
+torch/OpenMP parallel region, builds no app and loads no model. Each worker sets its own thread counts,
+builds its app, loads its models and indexes, follows the active versions, and serves the socket the
+supervisor bound. The supervisor replaces a worker that dies or whose event loop stops beating, hands
+SIGTERM/SIGINT on to every worker, and runs the one job worker for the group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import importlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, NoReturn
+
+import uvicorn
+
+if TYPE_CHECKING:
+    from service.jobs.runtime import EmbeddedWorker
+
+log = logging.getLogger("ovex.serve")
+
+# what a worker imports on its way to serving, imported once here so every fork shares it; each is
+# import-only: no thread pool, no model, no connection
+PRELOAD = (
+    "service.app",
+    "trainer.artifact",
+    "trainer.featurize",
+    "safetensors.torch",
+    "sqlalchemy.dialects.sqlite",
+    "service.quantized_scan",
+    "numba",
+    "uvicorn.lifespan.on",
+    "uvicorn.loops.asyncio",
+    "uvicorn.protocols.http.h11_impl",
+    "uvicorn.protocols.http.httptools_impl",
+    "uvicorn.protocols.websockets.auto",
+)
+
+GRACE_S = 15.0  # a worker told to stop gets this long (uvicorn's own graceful shutdown is shorter)
+FAST_EXIT_S = 10.0  # a worker that dies sooner than this after its start is restarted with a back-off
+MAX_BACKOFF_S = 30.0
+TICK_S = 0.1
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+BEAT_TICKS = 10  # uvicorn ticks every 0.1 s: one heartbeat a second
+START_GRACE_S = 60.0  # to import the app and start its lifespan, before the first heartbeat
+
+
+def preload() -> None:
+    """Import what every worker needs (modules that are not installed are left to the worker), and
+    compile the int8 scan kernel, whose machine code the workers then share instead of each loading it."""
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    _compile_scan_kernel()
+
+
+def _compile_scan_kernel() -> None:
+    """One tiny scan per array kind a worker passes (writable when it built the index, read-only when
+    it mapped the cached one): a single thread, no model."""
+    import numpy as np
+
+    from service.quantized_scan import Int8Head, range_bounds
+
+    d = 4
+    for writable in (True, False):
+        codes = np.zeros((2, d), np.int8)
+        rows = [np.ones(2, np.float32) for _ in range(4)]
+        codes.setflags(write=writable)
+        for a in rows:
+            a.setflags(write=writable)
+        head = Int8Head(codes, *rows)
+        range_bounds(head, np.ones(d, np.float32), np.array([0], np.int64), np.array([2], np.int64))
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to send this worker SIGTERM when the supervisor dies, even by SIGKILL."""
+    with contextlib.suppress(OSError, AttributeError):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+@dataclass
+class Slot:
+    """One of the N worker places: the process in it now and how its last restarts went."""
+
+    index: int
+    pid: int | None = None
+    beats: int | None = None  # read end of the worker's heartbeat pipe
+    last_beat: float = 0.0
+    beating: bool = False  # its event loop has run (before that it is starting: more time allowed)
+    started: float = 0.0
+    restart_at: float = 0.0
+    backoff_s: float = 0.0
+    restarts: int = 0
+
+
+class HeartbeatServer(uvicorn.Server):
+    """uvicorn's server, telling the supervisor once a second that its event loop still runs."""
+
+    def __init__(self, config: uvicorn.Config, beat_fd: int) -> None:
+        super().__init__(config)
+        self.beat_fd = beat_fd
+
+    async def on_tick(self, counter: int) -> bool:
+        if counter % BEAT_TICKS == 0:
+            with contextlib.suppress(BlockingIOError, BrokenPipeError):
+                os.write(self.beat_fd, b".")
+        return await super().on_tick(counter)
+
+
+class Supervisor:
+    """Forks and watches the workers; single-threaded, so every fork happens with no other thread."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        sock: socket.socket,
+        workers: int,
+        jobs: EmbeddedWorker | None,
+        metrics_dir: Path,
+        hang_s: float,
+    ) -> None:
+        self.config = config
+        self.hang_s = hang_s
+        self.metrics_dir = metrics_dir
+        self.sock = sock
+        self.slots = [Slot(i) for i in range(workers)]
+        self.jobs = jobs
+        self.stop_signal: int | None = None
+
+    # -- the worker side --------------------------------------------------------------------------
+    def _serve_in_child(self, beat_fd: int) -> NoReturn:
+        code = 1
+        try:
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)  # uvicorn installs its own while it serves
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+            _die_with_parent()
+            if os.getppid() == 1:  # the supervisor died before the death signal was asked for
+                os._exit(0)
+            for slot in self.slots:  # the other workers' heartbeats are the supervisor's to read
+                if slot.beats is not None:
+                    os.close(slot.beats)
+            HeartbeatServer(self.config, beat_fd).run(sockets=[self.sock])
+            code = 0
+        except BaseException:
+            log.exception("worker failed")
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(code)
+
+    # -- the supervisor side ----------------------------------------------------------------------
+    def _fork(self, slot: Slot) -> None:
+        # blocked across the fork: a stop signal reaches the child only once its own handlers are set
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        os.set_blocking(write_end, False)
+        pid = os.fork()
+        if pid == 0:
+            self._serve_in_child(write_end)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        os.close(write_end)
+        slot.pid, slot.beats = pid, read_end
+        slot.started = slot.last_beat = time.monotonic()
+        slot.beating = False
+        log.info("worker started", extra={"worker": slot.index, "worker_pid": pid})
+
+    def _on_signal(self, sig: int, frame: FrameType | None) -> None:
+        self.stop_signal = sig
+
+    def _reap(self) -> None:
+        # imported here, after run_workers switched the library to its multiprocess mode
+        from prometheus_client.multiprocess import mark_process_dead
+
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.pid is None:
+                continue
+            pid, status = os.waitpid(slot.pid, os.WNOHANG)
+            if pid == 0:
+                continue
+            lived = now - slot.started
+            slot.pid = None
+            if slot.beats is not None:
+                os.close(slot.beats)
+                slot.beats = None
+            # its gauges leave the sum (its counters stay: what it served was served)
+            mark_process_dead(pid, str(self.metrics_dir))
+            slot.restarts += 1
+            # a worker that keeps dying at start (a model that crashes it) is not restarted in a hot loop
+            slot.backoff_s = min(MAX_BACKOFF_S, max(1.0, 2 * slot.backoff_s)) if lived < FAST_EXIT_S else 0.0
+            slot.restart_at = now + slot.backoff_s
+            log.warning(
+                "worker exited; restarting",
+                extra={
+                    "worker": slot.index,
+                    "worker_pid": pid,
+                    "status": _describe(status),
+                    "restart_in_s": slot.backoff_s,
+                    "restarts": slot.restarts,
+                },
+            )
+
+    def _check_beats(self) -> None:
+        """SIGKILL a worker whose event loop has not beaten for `hang_s` (it is then replaced)."""
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.pid is None or slot.beats is None:
+                continue
+            try:
+                if os.read(slot.beats, 4096):
+                    slot.last_beat, slot.beating = now, True
+            except BlockingIOError:
+                pass
+            silent = now - slot.last_beat
+            if silent > (self.hang_s if slot.beating else max(self.hang_s, START_GRACE_S)):
+                log.warning(
+                    "worker unresponsive; killing it",
+                    extra={"worker": slot.index, "worker_pid": slot.pid, "silent_s": round(silent, 1)},
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(slot.pid, signal.SIGKILL)
+                slot.last_beat = now
+
+    def run(self) -> int:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
+        gc.collect()
+        gc.freeze()  # the collector never writes to the imported objects, so their pages stay shared
+        try:
+            for slot in self.slots:
+                self._fork(slot)
+            if self.jobs is not None:
+                self.jobs.start(watch=False)  # restarted from this loop: no thread in a process that forks
+            while self.stop_signal is None:
+                self._check_beats()
+                self._reap()
+                now = time.monotonic()
+                for slot in self.slots:
+                    if slot.pid is None and now >= slot.restart_at and self.stop_signal is None:
+                        self._fork(slot)
+                if self.jobs is not None:
+                    self.jobs.check()
+                time.sleep(TICK_S)
+        finally:
+            self._shutdown()
+        return 0
+
+    def _shutdown(self) -> None:
+        """SIGTERM to every worker (and the job worker), then SIGKILL to whatever outlives the grace."""
+        live = [s.pid for s in self.slots if s.pid is not None]
+        log.info("stopping workers", extra={"signal": self.stop_signal, "workers": len(live)})
+        for pid in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        if self.jobs is not None:
+            self.jobs.stop()
+        deadline = time.monotonic() + GRACE_S
+        while live:
+            live = [pid for pid in live if os.waitpid(pid, os.WNOHANG)[0] == 0]
+            if live and time.monotonic() > deadline:
+                for pid in live:
+                    log.warning("worker did not stop in time; killing it", extra={"worker_pid": pid})
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                live = []
+            time.sleep(TICK_S)
+        self.sock.close()
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exit code {os.waitstatus_to_exitcode(status)}"
