@@ -392,16 +392,20 @@ def _load_weights(model: XCModel, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def _read_labels(root: Path, n_labels: int) -> list[str]:
+    """One JSON string a line. Parsed as one JSON array (10^7 names in seconds, not minutes); only a
+    file that fails that is read again line by line, to name the line at fault."""
     try:
-        lines = (root / "labels.txt").read_text(encoding="utf-8").splitlines()
+        text = (root / "labels.txt").read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ArtifactError(str(root), "labels.txt is not UTF-8") from None
-    try:  # one parse of the whole file; line by line only to name the line at fault
-        names = json.loads("[" + ",".join(lines) + "]") if all(ln.strip() for ln in lines) else None
+    body = text[:-1] if text.endswith("\n") else text
+    n_lines = body.count("\n") + 1 if body else 0
+    try:  # an empty line makes ",," and fails; a line of two names leaves more names than lines
+        names = json.loads("[" + body.replace("\n", ",") + "]") if body else []
     except json.JSONDecodeError:
         names = None
-    if names is None or not all(isinstance(n, str) for n in names):
-        for lineno, line in enumerate(lines, 1):
+    if names is None or len(names) != n_lines or set(map(type, names)) - {str}:
+        for lineno, line in enumerate(body.split("\n"), 1):
             try:
                 name = json.loads(line)
             except json.JSONDecodeError:
@@ -411,7 +415,7 @@ def _read_labels(root: Path, n_labels: int) -> list[str]:
         raise ArtifactError(str(root), "labels.txt: not one JSON string per line")
     if len(names) != n_labels:
         raise ArtifactError(str(root), f"labels.txt has {len(names)} names, expected {n_labels}")
-    return list(names)
+    return names
 
 
 def _load_featurizer(root: Path, n_features: int) -> Any:
