@@ -1,16 +1,22 @@
-"""Label-sharded training across ranks: traffic and step time against K, throughput at R = 1 and 2,
+r"""Label-sharded training across ranks: traffic and step time against K, throughput at R = 1 and 2,
 memory per rank against K, and a 10^7-label model trained on 2 ranks and served.
 
-    .venv/bin/python bench/distributed.py [--part traffic|throughput|scale|all] [--ks 1e4,1e5,1e6,1e7]
+    .venv/bin/python bench/distributed.py [--part traffic|throughput|scale|proxy|all] [--ks 1e4,1e5,1e6,1e7]
 
 traffic: R = 2 ranks, the real `Stepper` on random sparse rows (the same rows at every K), d=32, batch 512
 (256 a rank), 1024 negatives in groups of 128: bytes each rank sends into collectives per step (payload)
 and the step time; peak RSS of each rank at R = 1 and 2. throughput: examples/s at R = 1 and 2 with
-the same K and the same batch per rank (one thread a rank), one run. scale: `ovex train --nproc-per-node 2`
-on a 10^7-label synthetic set (d=32: each rank's head, Adam state and artifact copy stay under ~3 GiB),
-then `ovex serve` loads the artifact and answers a request. Writes bench/results/distributed.json and .md.
-d=32 throughout: the machine is shared (2 cores, 24 GiB, other jobs), a 10^7-label rank must stay
-under ~5 GiB.
+the same K and the same batch per rank (one thread a rank), one run. Run these alone on the machine.
+scale: `ovex synth`, `ovex train --nproc-per-node 2` (d=32: the default d=512 does not fit 10^7 labels
+here; more flags with --train-flags), then `ovex serve` loads the artifact and answers requests; reports
+P@1 against the most frequent label and the seen-label ceiling, each process's peak RSS, load time.
+The headline run:
+
+    bench/distributed.py --part scale --train-rows 600000 --epochs 4 --train-flags "--dropout 0" \
+        --name 600k_rows_4_epochs_dropout_0
+
+proxy: one process at fewer labels (--labels 1e6 --train-rows N --proxy '{"dim": 32, ...}'), the same
+synthetic structure, to see what moves P@1 before a 10^7 run. Writes bench/results/distributed.json, .md.
 """
 
 from __future__ import annotations

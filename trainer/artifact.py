@@ -397,8 +397,9 @@ def _load_weights(model: XCModel, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def _read_labels(root: Path, n_labels: int) -> list[str]:
-    """One JSON string a line. Parsed as one JSON array (10^7 names in seconds, not minutes); only a
-    file that fails that is read again line by line, to name the line at fault."""
+    """One JSON string a line. Parsed as one JSON array, with no Python pass over the lines (a label
+    space of millions loads in seconds); only a file that fails that is read again line by line, to name
+    the line at fault."""
     try:
         text = (root / "labels.txt").read_text(encoding="utf-8")
     except UnicodeDecodeError:
