@@ -1,16 +1,22 @@
-"""Label-sharded training across ranks: traffic and step time against K, throughput at R = 1 and 2,
+r"""Label-sharded training across ranks: traffic and step time against K, throughput at R = 1 and 2,
 memory per rank against K, and a 10^7-label model trained on 2 ranks and served.
 
-    .venv/bin/python bench/distributed.py [--part traffic|throughput|scale|all] [--ks 1e4,1e5,1e6,1e7]
+    .venv/bin/python bench/distributed.py [--part traffic|throughput|scale|proxy|all] [--ks 1e4,1e5,1e6,1e7]
 
 traffic: R = 2 ranks, the real `Stepper` on random sparse rows (the same rows at every K), d=32, batch 512
 (256 a rank), 1024 negatives in groups of 128: bytes each rank sends into collectives per step (payload)
 and the step time; peak RSS of each rank at R = 1 and 2. throughput: examples/s at R = 1 and 2 with
-the same K and the same batch per rank (one thread a rank), one run. scale: `ovex train --nproc-per-node 2`
-on a 10^7-label synthetic set (d=32: each rank's head, Adam state and artifact copy stay under ~3 GiB),
-then `ovex serve` loads the artifact and answers a request. Writes bench/results/distributed.json and .md.
-d=32 throughout: the machine is shared (2 cores, 24 GiB, other jobs), a 10^7-label rank must stay
-under ~5 GiB.
+the same K and the same batch per rank (one thread a rank), one run. Run these alone on the machine.
+scale: `ovex synth`, `ovex train --nproc-per-node 2` (d=32: the default d=512 does not fit 10^7 labels
+here; more flags with --train-flags), then `ovex serve` loads the artifact and answers requests; reports
+P@1 against the most frequent label and the seen-label ceiling, each process's peak RSS, load time.
+The headline run:
+
+    bench/distributed.py --part scale --train-rows 600000 --epochs 4 --train-flags "--dropout 0" \
+        --name 600k_rows_4_epochs_dropout_0
+
+proxy: one process at fewer labels (--labels 1e6 --train-rows N --proxy '{"dim": 32, ...}'), the same
+synthetic structure, to see what moves P@1 before a 10^7 run. Writes bench/results/distributed.json, .md.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -146,49 +153,105 @@ def part_throughput(k: int, batch_per_rank: int, steps: int) -> list[dict[str, A
     return out
 
 
-def part_scale(labels: int, train_rows: int, test_rows: int, epochs: int, port: int) -> dict[str, Any]:
+class PeakRss:
+    """Peak RSS (VmHWM) of a process and its descendants, sampled every half second: one figure a rank."""
+
+    def __init__(self, root: int) -> None:
+        self.root, self.peaks = root, {}  # pid -> (peak MB, command line)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _tree(self) -> list[int]:
+        pids, frontier = [], [self.root]
+        while frontier:
+            pid = frontier.pop()
+            pids.append(pid)
+            try:
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    with open(f"/proc/{pid}/task/{task}/children") as fh:
+                        frontier += [int(c) for c in fh.read().split()]
+            except OSError:
+                continue
+        return pids
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.5):
+            for pid in self._tree():
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+                    peak = _rss_of(pid)
+                except OSError:
+                    continue
+                if peak == peak:  # not NaN
+                    self.peaks[pid] = (max(peak, self.peaks.get(pid, (0.0, ""))[0]), cmd)
+
+    def finish(self) -> list[dict[str, Any]]:
+        self.stop.set()
+        self.thread.join()
+        return [{"pid": pid, "peak_rss_mb": mb, "cmd": cmd} for pid, (mb, cmd) in sorted(self.peaks.items())]
+
+
+def label_stats(train_p: Path, test_p: Path, labels: int) -> dict[str, Any]:
+    """Most-frequent-label P@1 and the ceiling set by labels never seen in training: the share of test
+    rows with at least one label that occurs in the training rows (the P@1 of an oracle that knows the
+    test labels but may only name seen ones)."""
+    y_counts = np.zeros(labels, dtype=np.int64)
+    with open(train_p) as fh:
+        next(fh)
+        for line in fh:
+            head = line.split(" ", 1)[0]
+            if head and ":" not in head:
+                y_counts[np.array(head.split(","), dtype=np.int64)] += 1
+    top = int(np.argmax(y_counts))
+    hits = seen = n = 0
+    first: tuple[list[int], list[float]] | None = None
+    with open(test_p) as fh:
+        next(fh)
+        for line in fh:
+            head = line.split(" ", 1)[0]
+            labs = [] if ":" in head else [int(v) for v in head.split(",") if v]
+            n += 1
+            hits += top in labs
+            seen += any(y_counts[v] > 0 for v in labs)
+            if first is None:
+                feats = [t.split(":") for t in line.split()[1:]]
+                first = ([int(a) for a, _ in feats], [float(b) for _, b in feats])
+    assert first is not None
+    return {"most_frequent_p@1": hits / max(n, 1), "seen_ceiling_p@1": seen / max(n, 1),
+            "labels_seen": int((y_counts > 0).sum()), "first_test_row": first}
+
+
+def part_scale(labels: int, train_rows: int, test_rows: int, epochs: int, port: int,
+               extra: list[str]) -> dict[str, Any]:
     """The real entry points: `ovex synth`, `ovex train --nproc-per-node 2`, `ovex serve`."""
     ovex = [sys.executable, "-m", "service.cli"]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'clients' / 'python'}"}
     work = Path(tempfile.mkdtemp(prefix="ovex-dist-"))
     try:
         train_p, test_p = work / "train.txt", work / "test.txt"
+        t0 = time.perf_counter()
         subprocess.run([*ovex, "synth", "--labels", str(labels), "--features", str(FEATURES), "--rows",
                         str(train_rows), "--out", str(train_p), "--seed", "7", "--test-out", str(test_p),
                         "--test-rows", str(test_rows)], check=True, env=env)
+        print(f"synth: {time.perf_counter() - t0:.0f} s (load {load()})", flush=True)
         model_dir = work / "models" / "big" / "1"
+        flags = ["--nproc-per-node", "2", "--dim", str(DIM), "--epochs", str(epochs), "--batch-size", "512",
+                 "--eval-every", "0", *extra]
         t0 = time.perf_counter()
         cmd = [*ovex, "train", "--train", str(train_p), "--test", str(test_p), "--out", str(model_dir),
-               "--nproc-per-node", "2", "--dim", str(DIM), "--epochs", str(epochs), "--batch-size", "512",
-               "--eval-every", "0"]
-        proc = subprocess.run(["/usr/bin/time", "-v", *cmd], env=env, capture_output=True, text=True)
+               *flags]
+        train_proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        sampler = PeakRss(train_proc.pid)
+        out, err = train_proc.communicate()
         train_s = time.perf_counter() - t0
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-3000:])
-        metrics = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(proc.stderr[-1500:], flush=True)
-        y_counts = np.zeros(labels)
-        test_first: list[tuple[list[int], list[float]]] = []
-        with open(train_p) as fh:
-            next(fh)
-            for line in fh:
-                head = line.split(" ", 1)[0]
-                if head and ":" not in head:
-                    for lab in head.split(","):
-                        y_counts[int(lab)] += 1
-        top = int(np.argmax(y_counts))
-        hits = n = 0
-        with open(test_p) as fh:
-            next(fh)
-            for line in fh:
-                head = line.split(" ", 1)[0]
-                labs = [] if ":" in head else [int(v) for v in head.split(",") if v]
-                n += 1
-                hits += top in labs
-                if len(test_first) < 1:
-                    feats = [t.split(":") for t in line.split()[1:]]
-                    test_first.append(([int(a) for a, _ in feats], [float(b) for _, b in feats]))
-        most_frequent = hits / max(n, 1)
+        processes = sampler.finish()
+        if train_proc.returncode != 0:
+            raise RuntimeError(err[-3000:])
+        metrics = json.loads(out.strip().splitlines()[-1])
+        print(err[-1500:], flush=True)
+        stats = label_stats(train_p, test_p, labels)
         art_mb = sum(f.stat().st_size for f in model_dir.rglob("*") if f.is_file()) / 2**20
 
         t0 = time.perf_counter()
@@ -203,28 +266,28 @@ def part_scale(labels: int, train_rows: int, test_rows: int, epochs: int, port: 
                         if r.status == 200:
                             break
                 except OSError:
-                    time.sleep(1)
+                    time.sleep(0.2)
                 assert server.poll() is None, server.communicate()[1][-2000:]
             load_s = time.perf_counter() - t0
-            idx, vals = test_first[0]
+            idx, vals = stats.pop("first_test_row")
             inputs = [{"features": {"indices": idx, "values": vals}}]
             body = json.dumps({"inputs": inputs, "top_k": 5}).encode()
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/predict", data=body,
-                                         headers={"Content-Type": "application/json"})
-            t1 = time.perf_counter()
-            with urllib.request.urlopen(req, timeout=120) as r:
-                answer = json.loads(r.read())
-            request_ms = 1000 * (time.perf_counter() - t1)
+            request_ms = []
+            for _ in range(5):
+                req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/predict", data=body,
+                                             headers={"Content-Type": "application/json"})
+                t1 = time.perf_counter()
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    answer = json.loads(r.read())
+                request_ms.append(1000 * (time.perf_counter() - t1))
             server_rss = _rss_of(server.pid)
         finally:
             server.terminate()
             server.wait(timeout=60)
-        rank_rss = [float(line.split(":")[1]) / 1024 for line in proc.stderr.splitlines()
-                    if "Maximum resident set size" in line]
         return {
             "labels": labels, "train_rows": train_rows, "test_rows": test_rows, "epochs": epochs, "dim": DIM,
-            "ranks": 2, "metrics": metrics, "most_frequent_p@1": most_frequent, "train_s": train_s,
-            "train_log_tail": proc.stderr[-800:], "max_rss_any_process_mb": rank_rss,
+            "ranks": 2, "flags": flags, "metrics": metrics, **stats, "train_s": train_s,
+            "train_log_tail": err[-800:], "processes": processes,
             "artifact_mb": art_mb, "serve_load_s": load_s, "request_ms": request_ms,
             "server_rss_mb": server_rss, "answer": answer["predictions"][0]["labels"][:3] if answer else None,
             "load": load(),
@@ -233,6 +296,29 @@ def part_scale(labels: int, train_rows: int, test_rows: int, epochs: int, port: 
         import shutil
 
         shutil.rmtree(work, ignore_errors=True)
+
+
+def part_proxy(labels: int, rows: int, overrides: dict[str, Any]) -> dict[str, Any]:
+    """One process, in memory, on the same synthetic structure as the 10^7-label run (seed 7, 1000 test
+    rows) at fewer labels: which of rows, epochs, d and dropout move P@1, before paying for a 10^7 run."""
+    from trainer.synth import synth_dataset
+    from trainer.train import train
+
+    tr = synth_dataset(labels, FEATURES, rows, 7, part=0)
+    te = synth_dataset(labels, FEATURES, 1000, 7, part=1)
+    counts = np.asarray(tr.Y.sum(0)).ravel()
+    top = int(np.argmax(counts))
+    yt = sp.csr_matrix(te.Y)
+    seen = [bool((counts[yt.indices[yt.indptr[i]:yt.indptr[i + 1]]] > 0).any()) for i in range(yt.shape[0])]
+    t0 = time.time()
+    r = train(TrainParams(**{"eval_every": 1, **overrides}), tr, te, out_dir=None)
+    row = {"L": labels, "N": rows, **overrides, "p@1": r.metrics["p@1"],
+           "hist": [h["metrics"]["p@1"] for h in r.history if "metrics" in h],
+           "most_frequent": float((yt[:, top].toarray().ravel() > 0).mean()),
+           "seen_ceiling": float(np.mean(seen)),
+           "s": time.time() - t0, "ex_s": r.examples_per_s, "load": load()}
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def _rss_of(pid: int) -> float:
@@ -246,12 +332,22 @@ def _rss_of(pid: int) -> float:
 def write(results: dict[str, Any]) -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(OUT.with_suffix(".json").read_text()) if OUT.with_suffix(".json").exists() else {}
+    if "traffic" in results and "traffic" in old:  # K values measured in separate runs: replace by (K, R)
+        fresh = {(row["k"], row["ranks"]) for row in results["traffic"]}
+        kept = [row for row in old["traffic"] if (row["k"], row["ranks"]) not in fresh]
+        rows = sorted(kept + results["traffic"], key=lambda r: (r["k"], r["ranks"]))
+        results = {**results, "traffic": rows}
+    if "proxy" in results:  # one configuration a run: appended
+        results = {**results, "proxy": old.get("proxy", []) + results["proxy"]}
     old.update(results)
     old["torch"] = torch.__version__
     OUT.with_suffix(".json").write_text(json.dumps(old, indent=1))
     lines = ["# Distributed training: a label-sharded head across ranks", "",
-             f"Shared machine ({os.cpu_count()} CPUs, other jobs running; load averages beside each row), "
-             f"torch {torch.__version__}, gloo on loopback, d={DIM}, one thread a rank.", ""]
+             f"{os.cpu_count()} CPUs, torch {torch.__version__}, gloo on loopback, d={DIM}, one thread a "
+             "rank. "
+             "Traffic and throughput were measured with no other test or benchmark running (one K or one "
+             "part a run; the load average at the end of each row beside it); the 10^7-label runs shared "
+             "the machine.", ""]
     if "traffic" in old:
         lines += ["## Traffic, step time and memory against K", "",
                   "Global batch 512 (256 a rank at R = 2), 1024 negatives (512 a rank), groups of 128, adam. "
@@ -277,26 +373,65 @@ def write(results: dict[str, Any]) -> None:
         if len(rates) == 2:
             lines += ["", f"R = 2 / R = 1: {rates[1] / rates[0]:.2f}x."]
         lines.append("")
+    if "proxy" in old:
+        lines += ["## What limits P@1 at d=32: one process at 10^6 labels", "",
+                  "`part_proxy`: the synthetic structure of the 10^7-label run (seed 7, 100,000 features, "
+                  "1,000 "
+                  "test rows) at 10^6 labels, one process, in memory; parameters not named are the defaults "
+                  "(dropout 0.6, adam, lr 0.01, 1024 negatives in groups of 128).", "",
+                  "| labels | rows | d | epochs | batch | dropout | P@1 by epoch | most-frequent P@1 | "
+                  "seen-label ceiling | s | load |", "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+        for r in old["proxy"]:
+            lines.append(f"| {r['L']:,} | {r['N']:,} | {r.get('dim', 512)} | {r.get('epochs', 7)} | "
+                         f"{r.get('batch_size', 256)} | {r.get('dropout', 0.6)} | "
+                         f"{' / '.join(f'{v:.3f}' for v in r['hist'])} | {r['most_frequent']:.3f} | "
+                         f"{r['seen_ceiling']:.3f} | {r['s']:.0f} | {r.get('load', 'not recorded')} |")
+        lines.append("")
     for key in sorted(k for k in old if k.startswith("scale")):
-        s = old[key]
-        lines += [f"## A 10^7-label model on 2 ranks, served ({s['epochs']} epochs)", "",
-                  f"`ovex synth` ({s['labels']:,} labels, {s['train_rows']:,} training rows, "
-                  f"{s['test_rows']:,} test rows, seed 7), `ovex train --nproc-per-node 2 --dim {s['dim']} "
-                  f"--epochs {s['epochs']} "
-                  f"--batch-size 512` (other parameters default), `ovex serve --retrieval exact`.", "",
-                  "| P@1 | P@5 | most-frequent P@1 | train s | max RSS of a process MB | artifact MB | "
+        lines += _scale_section(old[key])
+    OUT.with_suffix(".md").write_text("\n".join(lines))
+
+
+def _scale_section(s: dict[str, Any]) -> list[str]:
+    flags = " ".join(s.get("flags") or ["--nproc-per-node", "2", "--dim", str(s["dim"]), "--epochs",
+                                         str(s["epochs"]), "--batch-size", "512"])
+    lines = [f"## A 10^7-label model on 2 ranks, served ({s['train_rows']:,} rows, {s['epochs']} epochs"
+             + (", dropout 0)" if "--dropout" in flags else ")"), "",
+             f"`ovex synth` ({s['labels']:,} labels, {s['train_rows']:,} training rows, {s['test_rows']:,} "
+             f"test rows, seed 7), `ovex train {flags}` (other parameters default), "
+             "`ovex serve --retrieval exact`.", ""]
+    if "processes" not in s:  # an earlier run: one max RSS over all processes, one request
+        lines += ["| P@1 | P@5 | most-frequent P@1 | train s | max RSS of a process MB | artifact MB | "
                   "serve load s | request ms | server RSS MB |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
                   f"| {s['metrics']['p@1']:.4f} | {s['metrics']['p@5']:.4f} | {s['most_frequent_p@1']:.4f} | "
                   f"{s['train_s']:.0f} | {max(s['max_rss_any_process_mb'] or [float('nan')]):,.0f} | "
                   f"{s['artifact_mb']:,.0f} | {s['serve_load_s']:.1f} | {s['request_ms']:.0f} | "
                   f"{s['server_rss_mb']:,.0f} |", "", f"Load average {s['load']}.", ""]
-    OUT.with_suffix(".md").write_text("\n".join(lines))
+        return lines
+    ranks = sorted((p for p in s["processes"] if "spawn_main" in p["cmd"]),
+                   key=lambda p: p["pid"])
+    parent = s["processes"][0]["peak_rss_mb"]
+    rank_mb = " / ".join(f"{p['peak_rss_mb']:,.0f}" for p in ranks)
+    m, mf, ceil = s["metrics"]["p@1"], s["most_frequent_p@1"], s["seen_ceiling_p@1"]
+    lines += ["| P@1 | P@5 | most-frequent P@1 | P@1 / most-frequent | seen-label ceiling P@1 | "
+              "share of ceiling | train s |", "|---:|---:|---:|---:|---:|---:|---:|",
+              f"| {m:.4f} | {s['metrics']['p@5']:.4f} | {mf:.4f} | {m / mf:.2f}x | {ceil:.4f} | "
+              f"{m / ceil:.0%} | {s['train_s']:.0f} |", "",
+              "| peak RSS a rank MB | launcher MB | artifact MB | serve load s | request ms (5 in a row) | "
+              "server RSS MB |", "|---|---:|---:|---:|---|---:|",
+              f"| {rank_mb} | {parent:,.0f} | "
+              f"{s['artifact_mb']:,.0f} | {s['serve_load_s']:.1f} | "
+              f"{' / '.join(f'{v:.0f}' for v in s['request_ms'])} | {s['server_rss_mb']:,.0f} |", "",
+              f"{s['labels_seen']:,} distinct labels occur in the training rows. Seen-label ceiling: the "
+              "share of test rows with at least one label that occurs in training (no model can name a "
+              f"label it never saw). Load average {s['load']}.", ""]
+    return lines
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", default="all", choices=["traffic", "throughput", "scale", "all"])
+    ap.add_argument("--part", default="all", choices=["traffic", "throughput", "scale", "proxy", "all"])
     ap.add_argument("--ks", default="1e4,1e5,1e6,1e7")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--throughput-k", type=float, default=1e5)
@@ -305,14 +440,20 @@ def main() -> None:
     ap.add_argument("--test-rows", type=int, default=1000)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--port", type=int, default=8125)
+    ap.add_argument("--train-flags", default="", help="scale: more `ovex train` flags, e.g. '--dropout 0'")
+    ap.add_argument("--proxy", default="{}", help="proxy: TrainParams overrides as JSON")
+    ap.add_argument("--name", default="", help="scale: results key suffix (default: from rows and epochs)")
     args = ap.parse_args()
     if args.part in ("traffic", "all"):
         write({"traffic": part_traffic([int(float(k)) for k in args.ks.split(",")], args.steps)})
     if args.part in ("throughput", "all"):
         write({"throughput": part_throughput(int(args.throughput_k), 256, args.steps * 3)})
+    if args.part == "proxy":
+        write({"proxy": [part_proxy(int(args.labels), args.train_rows, json.loads(args.proxy))]})
     if args.part in ("scale", "all"):
-        scale = part_scale(int(args.labels), args.train_rows, args.test_rows, args.epochs, args.port)
-        write({"scale" if args.epochs == 2 else f"scale_{args.epochs}_epochs": scale})
+        scale = part_scale(int(args.labels), args.train_rows, args.test_rows, args.epochs, args.port,
+                           args.train_flags.split())
+        write({f"scale_{args.name or f'{args.train_rows}_rows_{args.epochs}_epochs'}": scale})
 
 
 if __name__ == "__main__":

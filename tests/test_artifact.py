@@ -133,6 +133,13 @@ CORRUPTIONS: list[tuple[str, Callable[[Path], object], str]] = [
     ("nan weights", _edit_weights(lambda t: t["input.weight"].fill_(float("nan"))), "non-finite"),
     ("too few labels", lambda r: (r / "labels.txt").write_text('"a"\n'), "labels.txt has 1 names"),
     ("label not json", lambda r: (r / "labels.txt").write_text("plain\n" * N_LABELS), "labels.txt:1"),
+    ("two labels a line", lambda r: (r / "labels.txt").write_text(
+        '"a"\n"b","c"\n' + '"d"\n' * (N_LABELS - 3)),
+     "labels.txt:2"),
+    ("empty label line", lambda r: (r / "labels.txt").write_text('"a"\n\n' + '"d"\n' * (N_LABELS - 1)),
+     "labels.txt:2"),
+    ("label a number", lambda r: (r / "labels.txt").write_text('"a"\n7\n' + '"d"\n' * (N_LABELS - 2)),
+     "labels.txt:2"),
     ("metrics list", lambda r: (r / "metrics.json").write_text("[]"), "metrics.json must hold"),
 ]
 

@@ -48,7 +48,7 @@ HASHES = "stats.row_hashes"  # optional [N] int64: fingerprints of the training 
 REQUIRED_FILES = ("config.json", "weights.safetensors", "labels.txt", "metrics.json")
 
 
-def _model_tensors(model: XCModel) -> dict[str, torch.Tensor]:
+def _model_tensors(model: XCModel, copy: bool = True) -> dict[str, torch.Tensor]:
     out = {
         "input.weight": model.input_weight.detach(),
         "input.bias": model.input_bias.detach(),
@@ -58,16 +58,20 @@ def _model_tensors(model: XCModel) -> dict[str, torch.Tensor]:
         out[f"hidden.{name}"] = t.detach()
     for name, t in model.extra.items():
         out[f"extra.{name}"] = t.detach()
-    # one copy each, contiguous (`.contiguous().clone()` copied a sliced head twice)
+    # one copy each, contiguous (`.contiguous().clone()` copied a sliced head twice); without `copy`
+    # (a writer that only reads them, as the ranks' merged writer) the model's own CPU tensors
+    if not copy:
+        return {k: v.cpu().contiguous() for k, v in out.items()}
     return {k: v.cpu().clone(memory_format=torch.contiguous_format) for k, v in out.items()}
 
 
 def artifact_tensors(
-    model: XCModel, label_counts: np.ndarray | None, where: str, row_hashes: np.ndarray | None = None
+    model: XCModel, label_counts: np.ndarray | None, where: str, row_hashes: np.ndarray | None = None,
+    copy: bool = True,
 ) -> dict[str, torch.Tensor]:
     """The tensors of `weights.safetensors` (label counts as float32 and the training rows' fingerprints
-    when given)."""
-    tensors = _model_tensors(model)
+    when given); `copy=False` lends the model's own tensors to a writer that only reads them."""
+    tensors = _model_tensors(model, copy)
     if label_counts is not None:
         counts = np.asarray(label_counts, dtype=np.float32)
         if counts.shape != (model.shape.n_labels,):
@@ -120,7 +124,8 @@ def save_artifact(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        tensors = artifact_tensors(model, label_counts, str(out), row_hashes)
+        # the ranks' writer reads the tensors once: no copy of a rank's head shard at its peak
+        tensors = artifact_tensors(model, label_counts, str(out), row_hashes, copy=write_weights is None)
         if write_weights is None:
             save_file(tensors, str(tmp / "weights.safetensors"))
             shapes = {k: list(v.shape) for k, v in tensors.items()}
@@ -392,16 +397,21 @@ def _load_weights(model: XCModel, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def _read_labels(root: Path, n_labels: int) -> list[str]:
+    """One JSON string a line. Parsed as one JSON array, with no Python pass over the lines (a label
+    space of millions loads in seconds); only a file that fails that is read again line by line, to name
+    the line at fault."""
     try:
-        lines = (root / "labels.txt").read_text(encoding="utf-8").splitlines()
+        text = (root / "labels.txt").read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ArtifactError(str(root), "labels.txt is not UTF-8") from None
-    try:  # one parse of the whole file; line by line only to name the line at fault
-        names = json.loads("[" + ",".join(lines) + "]") if all(ln.strip() for ln in lines) else None
+    body = text[:-1] if text.endswith("\n") else text
+    n_lines = body.count("\n") + 1 if body else 0
+    try:  # an empty line makes ",," and fails; a line of two names leaves more names than lines
+        names = json.loads("[" + body.replace("\n", ",") + "]") if body else []
     except json.JSONDecodeError:
         names = None
-    if names is None or not all(isinstance(n, str) for n in names):
-        for lineno, line in enumerate(lines, 1):
+    if names is None or len(names) != n_lines or set(map(type, names)) - {str}:
+        for lineno, line in enumerate(body.split("\n"), 1):
             try:
                 name = json.loads(line)
             except json.JSONDecodeError:
@@ -411,7 +421,7 @@ def _read_labels(root: Path, n_labels: int) -> list[str]:
         raise ArtifactError(str(root), "labels.txt: not one JSON string per line")
     if len(names) != n_labels:
         raise ArtifactError(str(root), f"labels.txt has {len(names)} names, expected {n_labels}")
-    return list(names)
+    return names
 
 
 def _load_featurizer(root: Path, n_features: int) -> Any:

@@ -171,6 +171,12 @@ def join_group(device: torch.device) -> RankGroup:
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         if backend == "nccl":
+            gpus = torch.cuda.device_count()
+            if local_rank >= gpus:
+                raise ParamsError(
+                    f"rank {rank} (local rank {local_rank}) needs CUDA device {local_rank}, but this machine "
+                    f"has {gpus}: NCCL runs one rank a GPU, so use at most {gpus} ranks a machine"
+                )
             torch.cuda.set_device(local_rank)
         dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
     return RankGroup(rank, world, local_rank)

@@ -20,7 +20,7 @@ from typing import Any
 
 from trainer.collectives import launch
 from trainer.data import Dataset
-from trainer.errors import OvexError, RankFailed, TrainingCancelled
+from trainer.errors import OvexError, ParamsError, RankFailed, TrainingCancelled
 from trainer.label_shards import check_shardable
 from trainer.params import TrainParams
 
@@ -62,6 +62,19 @@ def _rank_main(
         raise
 
 
+def _check_gpus(params: TrainParams) -> None:
+    """A CUDA run needs a GPU a rank (NCCL): say so before any rank starts."""
+    import torch
+
+    from trainer.train import resolve_device
+
+    gpus = torch.cuda.device_count()
+    if resolve_device(params.device).type == "cuda" and params.nproc_per_node > gpus:
+        raise ParamsError(
+            f"nproc_per_node {params.nproc_per_node} on CUDA needs a GPU a rank; this machine has {gpus}"
+        )
+
+
 def train_on_ranks(
     params: TrainParams,
     train_ds: Dataset,
@@ -76,6 +89,7 @@ def train_on_ranks(
     from trainer.train import Progress
 
     check_shardable(params.loss, params.nproc_per_node)
+    _check_gpus(params)
     ctx = mp.get_context("spawn")
     events, stop = ctx.Queue(), ctx.Event()
     options = {"out_dir": out_dir, "checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every}

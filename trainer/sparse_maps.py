@@ -220,12 +220,12 @@ def evsoftmax(z: npt.ArrayLike, threshold: npt.ArrayLike | None = None) -> F64:
 
 
 def linear_head_means(weight: npt.ArrayLike, bias: npt.ArrayLike) -> tuple[F64, float]:
-    """mean_k w_k and mean_k b_k of a linear head, precomputed once per model (float64 for accuracy)."""
-    w = np.asarray(weight, dtype=np.float64)
-    b = np.asarray(bias, dtype=np.float64)
+    """mean_k w_k and mean_k b_k of a linear head, precomputed once per model: accumulated in float64
+    for accuracy, without a float64 copy of the head (a memory-mapped [K, d] table stays mapped)."""
+    w, b = np.asarray(weight), np.asarray(bias)
     if w.ndim != 2 or b.shape != (w.shape[0],):
         raise ValueError(f"head shapes: weight {w.shape}, bias {b.shape}; expected [K, d] and [K]")
-    return w.mean(axis=0), float(b.mean())
+    return w.mean(axis=0, dtype=np.float64), float(b.mean(dtype=np.float64))
 
 
 def evsoftmax_threshold_linear(h: npt.ArrayLike, w_mean: npt.ArrayLike, b_mean: float) -> F64:

@@ -715,7 +715,8 @@ def _save_model(
                              label_counts=counts, n_train_rows=n_rows, row_hashes=row_hashes,
                              write_weights=write)
     else:
-        write_merged_weights(None, artifact_tensors(model, counts, str(out), row_hashes), shard, group)
+        write_merged_weights(None, artifact_tensors(model, counts, str(out), row_hashes, copy=False), shard,
+                             group)
         path = out
     group.barrier()  # every rank returns once the model directory is in place
     return path

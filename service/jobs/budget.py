@@ -38,6 +38,8 @@ class MemoryEstimate:
     activations: int
     input_rows: int
     input_param: str | None = None  # the param that sets the input width (None: the dataset does)
+    ranks: int = 1  # processes the head is sharded across; every figure is one rank's
+    labels_per_rank: int = 0  # the largest shard (0: all labels, one rank)
 
     @property
     def tables(self) -> int:
@@ -65,8 +67,13 @@ class MemoryEstimate:
 
     def explain(self) -> str:
         b = BYTES_PER_FLOAT
+        where = ""
+        if self.ranks > 1:
+            where = (f" per rank ({self.ranks} ranks, the largest holding {self.labels_per_rank} of the "
+                     f"{self.labels} labels)")
         return (
-            f"about {human_bytes(self.bytes)}: {self.labels} labels × {self.dim} dims for the label head "
+            f"about {human_bytes(self.bytes)}{where}: {self.labels_per_rank or self.labels} labels × "
+            f"{self.dim} dims for the label head "
             f"({human_bytes(self.head * b)}), {self.features} features × {self.dim} dims for the input "
             f"projection ({human_bytes(self.projection * b)}), hidden layers "
             f"({human_bytes(self.hidden * b)}), all × {self.multiplier} for weights and {self.optimizer} "
@@ -85,12 +92,16 @@ def input_features(params: TrainParams, features: int | None) -> int:
 
 
 def estimate(params: TrainParams, labels: int, features: int | None) -> MemoryEstimate:
-    d, batch = params.dim, params.batch_size
+    """The memory of one process: the whole run with one rank, the largest rank's with several."""
+    d, batch, ranks = params.dim, params.batch_size, params.nproc_per_node
     n_in = input_features(params, features)
     width = d * (params.pieces if params.encoder == "maxout" else 1)
     hidden = params.hidden * (d * width + width)
-    # candidate columns: the sampled negatives plus at least one positive per row, never more than K
-    candidates = min(labels, params.negatives + batch)
+    shard = -(-labels // ranks)  # the first shards hold one row more (trainer.label_shards.shard_bounds)
+    # the shard's share of the negatives (LabelShard.negatives), all of its rows when M >= K
+    negatives = shard if params.negatives >= labels else -(-params.negatives * shard // labels)
+    # candidate columns: the sampled negatives plus at least one positive per row, never more than K_r
+    candidates = min(shard, negatives + batch)
     mult = OPTIMIZER_MULTIPLIER[params.optimizer]
     return MemoryEstimate(
         labels=labels,
@@ -98,7 +109,7 @@ def estimate(params: TrainParams, labels: int, features: int | None) -> MemoryEs
         dim=d,
         optimizer=params.optimizer,
         multiplier=mult,
-        head=labels * (d + 1),
+        head=shard * (d + 1),
         projection=n_in * d,
         hidden=hidden,
         scores=batch * candidates * SCORE_COPIES,
@@ -106,6 +117,8 @@ def estimate(params: TrainParams, labels: int, features: int | None) -> MemoryEs
         activations=batch * (d + width * params.hidden) * WITH_GRAD,
         input_rows=n_in * d * WITH_GRAD,
         input_param=None if features is not None else ("hash_size" if params.hash_size > 0 else "max_vocab"),
+        ranks=ranks,
+        labels_per_rank=shard if ranks > 1 else 0,
     )
 
 

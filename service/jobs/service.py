@@ -25,6 +25,8 @@ from service.jobs.datasets import ingest, receive_file
 from service.jobs.models import SUCCEEDED, TERMINAL_STATES, DatasetRow, JobEventRow, JobRow
 from service.jobs.runner import dataset_path
 from service.jobs.store import MAX_EVENT_ID, JobStore
+from trainer.errors import ParamsError
+from trainer.label_shards import check_shardable
 from trainer.params import TrainParams
 
 # how long an idle event stream stays silent before a keep-alive comment
@@ -119,12 +121,17 @@ class JobsService:
         if req.test_dataset is not None:
             test = self.get_dataset(req.test_dataset, ["body", "test_dataset"])
             _check_compatible(train, test)
+        _check_ranks(params, labels, continual=base is not None)
         need = budget.estimate(params, labels, features)
         limit = self.cfg.settings.memory_budget_bytes
         if need.bytes > limit:
+            more_ranks = ""
+            if need.culprit() == "dim" and params.nproc_per_node < cores:
+                more_ranks = f", shard the label head across more ranks (params.nproc_per_node <= {cores})"
+            per = " a process" if params.nproc_per_node > 1 else ""
             raise Invalid(
-                f"the job needs {need.explain()}; over the memory budget of {budget.human_bytes(limit)}: "
-                f"lower params.{need.culprit()} or raise OVEX_MEMORY_BUDGET_BYTES",
+                f"the job needs {need.explain()}; over the memory budget of {budget.human_bytes(limit)}"
+                f"{per}: lower params.{need.culprit()}{more_ranks} or raise OVEX_MEMORY_BUDGET_BYTES",
                 loc=["body", "params", need.culprit()],
                 kind="memory_budget",
                 need_bytes=need.bytes,
@@ -274,6 +281,23 @@ def parse_last_event_id(value: str | None) -> int:
         f"Last-Event-ID must be an event id this server sent (an integer 0..{MAX_EVENT_ID})",
         loc=["header", "last-event-id"],
     )
+
+
+def _check_ranks(params: TrainParams, labels: int, *, continual: bool) -> None:
+    """What the ranks of a sharded run would refuse once started, refused at submission instead."""
+    ranks = params.nproc_per_node
+    if ranks == 1:
+        return
+    loc: list[str | int] = ["body", "params", "nproc_per_node"]
+    try:
+        check_shardable(params.loss, ranks)
+    except ParamsError as exc:
+        raise Invalid(str(exc), loc=["body", "params", "loss"]) from None
+    if labels < ranks:
+        raise Invalid(f"{labels} labels cannot be sharded across {ranks} ranks (need labels >= ranks)",
+                      loc=loc)
+    if continual:
+        raise Invalid("continuing a base model runs on one rank: leave out params.nproc_per_node", loc=loc)
 
 
 def _check_compatible(train: DatasetRow, test: DatasetRow) -> None:
