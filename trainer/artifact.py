@@ -58,8 +58,9 @@ def _model_tensors(model: XCModel) -> dict[str, torch.Tensor]:
         out[f"hidden.{name}"] = t.detach()
     for name, t in model.extra.items():
         out[f"extra.{name}"] = t.detach()
-    # one copy each, contiguous (`.contiguous().clone()` copied a sliced head twice)
-    return {k: v.cpu().clone(memory_format=torch.contiguous_format) for k, v in out.items()}
+    # contiguous CPU tensors as they are (the writer copies while serialising; a K×d head copied once
+    # more costs as much as the write itself), anything else copied once
+    return {k: v.cpu().contiguous() for k, v in out.items()}
 
 
 def artifact_tensors(
