@@ -266,13 +266,13 @@ class WarmStart:
             return None
         return np.where(self.seen[rows], n_seen / m, 1.0).astype(np.float32)
 
-    def label_lr(self, n_labels: int, new_label_lr: float) -> torch.Tensor | None:
+    def label_lr(self, n_labels: int, new_label_lr: float, device: torch.device) -> torch.Tensor | None:
         """Per-label learning-rate multiplier of the head: `new_label_lr` for new labels, 1 for the others
         (None when it is 1 everywhere)."""
         if new_label_lr == 1.0 or self.new_labels is None or not self.new_labels.any():
             return None
         scale = np.where(self.new_labels[:n_labels], new_label_lr, 1.0)
-        return torch.from_numpy(scale.astype(np.float32))
+        return torch.from_numpy(scale.astype(np.float32)).to(device)
 
     def artifact_stats(self, y: sp.csr_matrix) -> tuple[np.ndarray, int, np.ndarray]:
         """(label counts, row count, row fingerprints) of everything the grown model has trained on: the

@@ -584,9 +584,7 @@ def _fit(
     sampler = NegativeSampler(shard.size, params.sampler, params.alpha, counts, seed=seed)
     stepper = Stepper(model, spec, params, sampler, group, shard)
     if warm is not None:
-        stepper.head_lr = warm.label_lr(k, params.new_label_lr)
-        if stepper.head_lr is not None:
-            stepper.head_lr = stepper.head_lr.to(device)
+        stepper.head_lr = warm.label_lr(k, params.new_label_lr, device)
 
     bs = params.batch_size
     n_epoch = n if warm is None else warm.epoch_size(params.replay)  # rows trained on per epoch
