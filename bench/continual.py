@@ -11,11 +11,16 @@ scored on the test split in the original label ids:
 * new: P@k on the test rows carrying a held-out label (continual vs full retrain; target ≥ 95 %);
 * old: P@1 on the test rows whose labels are all kept, continual vs the base (target: within 1 point);
 * overall P@1, continual vs full retrain (target: within 1 point);
-* wall time of the continual run (load base, featurize, train, save) over the full retrain's (≤ 1/3).
+* wall time of the continual run (load base, featurize, train, save) over the full retrain's (≤ 1/3),
+  and beside it the ratio of CPU times (`time.process_time`: every thread of this one process; torch
+  runs one thread here). On a quiet machine the two agree; on a loaded one wall time also counts the
+  other tenants, so the load average before and after each timed run is recorded with it. The
+  continual run and the full retrain run back to back, in alternating order from seed to seed.
 
 Extra rows, not the defaults: `--variants` adds continual runs with random new-label rows
-(`new_label_init=random`) and without replay (`replay=0`, to measure forgetting), and, on request, the
-cheaper settings `replay=0.5` and `continual_epochs=2` (what meeting the time target would cost).
+(`new_label_init=random`), without replay (`replay=0`, to measure forgetting), with new label rows at
+the common learning rate (`new_label_lr=1`), and, on request, other settings (`replay=0.5`, `replay=1`,
+`continual_epochs=3`).
 
     .venv/bin/python bench/continual.py [--sets bibtex corel5k synth] [--seeds 0 1 2] [--variants ...]
 
@@ -55,10 +60,12 @@ K = 5
 VARIANTS: dict[str, dict[str, Any]] = {
     "random-init": {"new_label_init": "random"},
     "no-replay": {"replay": 0.0},
+    "new-label-lr-1": {"new_label_lr": 1.0},
     "replay-0.5": {"replay": 0.5},
-    "epochs-2": {"continual_epochs": 2},
+    "replay-1": {"replay": 1.0},
+    "epochs-3": {"continual_epochs": 3},
 }
-DEFAULT_VARIANTS = ["random-init", "no-replay"]
+DEFAULT_VARIANTS = ["random-init", "no-replay", "new-label-lr-1"]
 # 10^5 labels; rows kept small enough for three seeds of three trainings on a shared 2-core machine
 SYNTH = {"labels": 100_000, "features": 50_000, "rows": 10_000, "test_rows": 1_000, "seed": 7}
 
@@ -100,12 +107,14 @@ def p_at(top: np.ndarray, y: sp.csr_matrix, rows: np.ndarray) -> dict[str, float
     return {k: v for k, v in out.items() if k.startswith("p@")}
 
 
-def timed(fn: Any) -> tuple[Any, float, float]:
-    """(result, wall seconds, CPU seconds of this process): on a shared machine the CPU time of a
-    one-thread run measures its work; wall time also counts the other tenants."""
+def timed(fn: Any) -> tuple[Any, dict[str, Any]]:
+    """(result, {wall_s, cpu_s, load}): CPU seconds of this process (all its threads), and the 1-minute
+    load average before and after, since on a shared machine wall time also counts the other tenants."""
+    load0 = os.getloadavg()[0]
     t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
-    return out, time.perf_counter() - t0, time.process_time() - c0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return out, {"wall_s": wall, "cpu_s": cpu, "load": [round(load0, 2), round(os.getloadavg()[0], 2)]}
 
 
 def run_one(name: str, train_ds: Dataset, test_ds: Dataset, seed: int, variants: list[str],
@@ -119,25 +128,27 @@ def run_one(name: str, train_ds: Dataset, test_ds: Dataset, seed: int, variants:
     params = TrainParams(seed=seed)
     quiet = QuietHooks()
     d = tmp / f"{name}-{seed}"
-    _, t_base, c_base = timed(lambda: train(params, base_ds, None, out_dir=d / "base", hooks=quiet))
+    _, t_base = timed(lambda: train(params, base_ds, None, out_dir=d / "base", hooks=quiet))
     runs: dict[str, dict[str, Any]] = {}
-    plan: list[tuple[str, dict[str, Any] | None]] = [("continual", {}), ("full", None)]
-    plan += [(f"continual-{v}", VARIANTS[v]) for v in variants]
+    pair: list[tuple[str, dict[str, Any] | None]] = [("continual", {}), ("full", None)]
+    plan = (pair if seed % 2 == 0 else pair[::-1]) + [(f"continual-{v}", VARIANTS[v]) for v in variants]
     for run, extra in plan:
         out = d / run
         if extra is None:
-            res, wall, cpu = timed(lambda out=out: train(params, train_ds, None, out_dir=out, hooks=quiet))
+            res, t = timed(lambda out=out: train(params, train_ds, None, out_dir=out, hooks=quiet))
         else:
             p = TrainParams(seed=seed, **extra)
-            res, wall, cpu = timed(lambda p=p, out=out: train(p, train_ds, None, out_dir=out, hooks=quiet,
-                                                         base=d / "base"))
+            res, t = timed(lambda p=p, out=out: train(p, train_ds, None, out_dir=out, hooks=quiet,
+                                                     base=d / "base"))
         top = score(out, test_ds)
-        runs[run] = {"wall_s": wall, "cpu_s": cpu, "steps": res.steps, "epochs": res.epochs,
+        runs[run] = {**t, "steps": res.steps, "epochs": res.epochs,
                      "new": p_at(top, y, new_rows), "old": p_at(top, y, old_rows),
                      "all": p_at(top, y, all_rows)}
     top = score(d / "base", test_ds)
-    runs["base"] = {"wall_s": t_base, "cpu_s": c_base, "old": p_at(top, y, old_rows),
+    runs["base"] = {**t_base, "old": p_at(top, y, old_rows),
                     "all": p_at(top, y, all_rows), "new": p_at(top, y, new_rows)}
+    runs = {"continual": runs["continual"], "full": runs["full"],
+            **{k: v for k, v in runs.items() if k not in ("continual", "full")}}
     shutil.rmtree(d, ignore_errors=True)
     c, f, b = runs["continual"], runs["full"], runs["base"]
     summary = {
@@ -181,6 +192,7 @@ def aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
                                 for m in ("p@1", "p@3", "p@5")} for part in ("new", "old", "all")}
             for t in ("wall_s", "cpu_s"):
                 runs[run][t] = float(np.mean([r["runs"][run][t] for r in rs]))
+            runs[run]["load_max"] = float(max(max(r["runs"][run]["load"]) for r in rs))
         out[name] = {"targets": agg, "runs": runs, "seeds": [r["seed"] for r in rs]}
     return out
 
@@ -188,20 +200,21 @@ def aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
 def write_md(path: Path, agg: dict[str, Any], meta: dict[str, Any]) -> None:
     lines = ["# Continual training vs a full retrain", "",
              f"Command: `{meta['command']}`  ",
-             f"Machine: {meta['machine']}; load average at the end {meta['load_average']} (a shared 2-core "
-             "machine: wall times are indicative, the ratio compares runs made side by side)  ",
+             f"Machine: {meta['machine']}; load average at the start {meta['load_start']}, at the end "
+             f"{meta['load_average']} (a shared 2-core machine; each run's 1-minute load before and after "
+             "it is in the JSON, the highest per run in the table)  ",
              f"Defaults: `{json.dumps(meta['defaults'])}`", "",
              "Hold out 20 % of the labels (seeded) and every training row carrying one; base = default "
              "training on the rest; continual = `train(base=...)` from the base on the full training set; "
              "full = default training on the full set. Means over seeds; P@k in original label ids.", ""]
     for name, a in agg.items():
         lines += [f"## {name}", "",
-                  "| run | new P@1 | new P@5 | old P@1 | all P@1 | all P@5 | wall s | cpu s |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| run | new P@1 | new P@5 | old P@1 | all P@1 | all P@5 | wall s | cpu s | max load |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for run, r in a["runs"].items():
             lines.append(f"| {run} | {r['new']['p@1']:.4f} | {r['new']['p@5']:.4f} | {r['old']['p@1']:.4f} | "
-                         f"{r['all']['p@1']:.4f} | {r['all']['p@5']:.4f} | {r['wall_s']:.1f} | "
-                         f"{r['cpu_s']:.1f} |")
+                         f"{r['all']['p@1']:.4f} | {r['all']['p@5']:.4f} | {r['wall_s']:.2f} | "
+                         f"{r['cpu_s']:.2f} | {r['load_max']:.1f} |")
         lines += ["", "| target | mean ± std | bound | met |", "|---|---|---|---|"]
         for key, t in a["targets"].items():
             met = "-" if t["met"] is None else "yes" if t["met"] else "NO"
@@ -219,6 +232,7 @@ def main() -> None:
     ap.add_argument("--name", default="continual", help="results file stem under bench/results/")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    load_start = [round(x, 2) for x in os.getloadavg()]
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ovex-continual-") as tmp:
         for name in args.sets:
@@ -229,14 +243,14 @@ def main() -> None:
                 s = r["summary"]
                 print(f"{name} seed {seed}: " + " ".join(f"{k} {v:.4f}" for k, v in s.items())
                       + f" load {r['load_average'][0]:.1f}", flush=True)
-            write_results(args.name, results)  # after each set, so a long run leaves what it has
+            write_results(args.name, results, load_start)  # after each set: a long run leaves what it has
 
 
-def write_results(name: str, results: list[dict[str, Any]]) -> None:
+def write_results(name: str, results: list[dict[str, Any]], load_start: list[float]) -> None:
     agg = aggregate(results)
     meta = {"command": "python bench/continual.py " + " ".join(sys.argv[1:]),
             "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}, 1 thread",
-            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "load_start": load_start, "load_average": [round(x, 2) for x in os.getloadavg()],
             "defaults": TrainParams().to_json_dict(), "synth": SYNTH}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "aggregate": agg, "runs": results},

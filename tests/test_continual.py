@@ -129,6 +129,40 @@ def test_epoch_rows_hold_every_new_row_and_a_replay_sample() -> None:
     assert warm.epoch_size(5.0) == 100 and warm.epoch_size(0.0) == 30
 
 
+def test_replayed_rows_stand_for_the_seen_rows_left_out() -> None:
+    warm = WarmStart(base=None, name="b", label_names=[], featurizer=None)
+    warm.seen = np.array([True] * 70 + [False] * 30)
+    rows = warm.epoch_rows(seed=0, epoch=0, replay=1.0)
+    w = warm.epoch_weights(rows, replay=1.0)
+    assert w is not None and w.shape == rows.shape
+    np.testing.assert_allclose(w[rows < 70], 70 / 30)  # 30 of the 70 seen rows stand for all 70
+    np.testing.assert_allclose(w[rows >= 70], 1.0)
+    assert float(w.sum()) == pytest.approx(100.0)  # the epoch weighs as much as every row once
+    assert warm.epoch_weights(warm.epoch_rows(0, 0, 5.0), replay=5.0) is None  # every seen row is in
+    assert warm.epoch_weights(warm.epoch_rows(0, 0, 0.0), replay=0.0) is None  # none is
+
+
+def test_new_label_lr_is_the_step_at_that_learning_rate() -> None:
+    """Scaling a row's move (`_row_lr`) equals a row-wise Adam step at the scaled lr, catch-up included."""
+    from trainer.optim import RowAdam
+    from trainer.train import _row_lr
+
+    gen = torch.Generator().manual_seed(0)
+    start = torch.randn(6, 4, generator=gen)
+    grads = [torch.randn(3, 4, generator=gen) for _ in range(3)]
+    ids = [torch.tensor([0, 2, 4]), torch.tensor([1, 2, 5]), torch.tensor([0, 3, 4])]  # rows skip steps
+    scale = torch.tensor([1.0, 3.0, 1.0, 3.0, 0.5, 3.0])
+    scaled, plain = start.clone(), {r: start.clone() for r in (1.0, 3.0, 0.5)}
+    opt_scaled, opts = RowAdam(), {r: RowAdam() for r in plain}
+    for g, rows in zip(grads, ids, strict=True):
+        with _row_lr(scale, [scaled], rows):
+            opt_scaled.step("head", scaled, g, 0.1, rows=rows)
+        for r, table in plain.items():
+            opts[r].step("head", table, g, 0.1 * r, rows=rows)
+    for row in range(6):
+        torch.testing.assert_close(scaled[row], plain[float(scale[row])][row], rtol=1e-5, atol=1e-6)
+
+
 def test_continual_params_take_the_base_and_refuse_a_different_architecture() -> None:
     base = TrainParams(dim=64, lr=0.02, epochs=9)
     p = continual_params(base, TrainParams(seed=5), "m")
@@ -185,11 +219,20 @@ def test_mean_init_points_new_rows_at_their_examples(
     warm.init_model(model, x, ds.Y, "mean", seed=0)
     h = model.encode(x).double()
     y = sp.csr_matrix(ds.Y)
+    old_rows = model.head[:24].double()
+    median_norm = float(old_rows[:, :32].norm(dim=1).median())
+    pairs = [(r, lab) for lab in range(24) for r in y[:, lab].nonzero()[0]]
+    target = float(torch.stack([h[r] @ old_rows[lab, :32] + old_rows[lab, 32] for r, lab in pairs]).median())
     for label in range(24, 30):
         rows = torch.from_numpy(y[:, label].nonzero()[0])
         mean = h[rows].mean(0)
         w = model.head[label, :32].double()
         assert float(torch.nn.functional.cosine_similarity(w, mean, dim=0)) > 0.999
+        # positives score about what trained labels give theirs, never via a row longer than theirs
+        scores = h[rows] @ w + float(model.head[label, 32])
+        assert float(w.norm()) <= median_norm + 1e-4
+        assert float(scores.mean()) <= target + 1e-3
+        assert float(w.norm()) >= median_norm - 1e-4 or abs(float(scores.mean()) - target) < 1e-3
     base = load_artifact(tmp_path / "v1").model
     torch.testing.assert_close(model.head[:24], base.head)
     torch.testing.assert_close(model.input_weight, base.input_weight)

@@ -48,7 +48,7 @@ HASHES = "stats.row_hashes"  # optional [N] int64: fingerprints of the training 
 REQUIRED_FILES = ("config.json", "weights.safetensors", "labels.txt", "metrics.json")
 
 
-def _model_tensors(model: XCModel, copy: bool = True) -> dict[str, torch.Tensor]:
+def _model_tensors(model: XCModel) -> dict[str, torch.Tensor]:
     out = {
         "input.weight": model.input_weight.detach(),
         "input.bias": model.input_bias.detach(),
@@ -58,20 +58,17 @@ def _model_tensors(model: XCModel, copy: bool = True) -> dict[str, torch.Tensor]
         out[f"hidden.{name}"] = t.detach()
     for name, t in model.extra.items():
         out[f"extra.{name}"] = t.detach()
-    # one copy each, contiguous (`.contiguous().clone()` copied a sliced head twice); without `copy`
-    # (a writer that only reads them, as the ranks' merged writer) the model's own CPU tensors
-    if not copy:
-        return {k: v.cpu().contiguous() for k, v in out.items()}
-    return {k: v.cpu().clone(memory_format=torch.contiguous_format) for k, v in out.items()}
+    # contiguous CPU tensors as they are (the writer copies while serialising; a K×d head copied once
+    # more costs as much as the write itself), anything else copied once
+    return {k: v.cpu().contiguous() for k, v in out.items()}
 
 
 def artifact_tensors(
-    model: XCModel, label_counts: np.ndarray | None, where: str, row_hashes: np.ndarray | None = None,
-    copy: bool = True,
+    model: XCModel, label_counts: np.ndarray | None, where: str, row_hashes: np.ndarray | None = None
 ) -> dict[str, torch.Tensor]:
     """The tensors of `weights.safetensors` (label counts as float32 and the training rows' fingerprints
-    when given); `copy=False` lends the model's own tensors to a writer that only reads them."""
-    tensors = _model_tensors(model, copy)
+    when given); the model's own CPU tensors are lent, not copied: writers only read them."""
+    tensors = _model_tensors(model)
     if label_counts is not None:
         counts = np.asarray(label_counts, dtype=np.float32)
         if counts.shape != (model.shape.n_labels,):
@@ -125,7 +122,7 @@ def save_artifact(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         # the ranks' writer reads the tensors once: no copy of a rank's head shard at its peak
-        tensors = artifact_tensors(model, label_counts, str(out), row_hashes, copy=write_weights is None)
+        tensors = artifact_tensors(model, label_counts, str(out), row_hashes)
         if write_weights is None:
             save_file(tensors, str(tmp / "weights.safetensors"))
             shapes = {k: list(v.shape) for k, v in tensors.items()}

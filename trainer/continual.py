@@ -255,6 +255,25 @@ class WarmStart:
         picked = rng.choice(old, size=m, replace=False) if m else old[:0]
         return rng.permutation(np.concatenate([new, picked]))
 
+    def epoch_weights(self, rows: np.ndarray, replay: float) -> np.ndarray | None:
+        """Loss weights of an epoch's rows: a replayed row stands for the seen rows left out of the sample
+        (weight seen / sampled), so an epoch's loss estimates the loss over all rows, and new labels are
+        not favoured over old ones only because their rows are all present. None when every row is in."""
+        assert self.seen is not None
+        n_seen = int(self.seen.sum())
+        m = self.epoch_size(replay) - int((~self.seen).sum())
+        if m in (0, n_seen):
+            return None
+        return np.where(self.seen[rows], n_seen / m, 1.0).astype(np.float32)
+
+    def label_lr(self, n_labels: int, new_label_lr: float, device: torch.device) -> torch.Tensor | None:
+        """Per-label learning-rate multiplier of the head: `new_label_lr` for new labels, 1 for the others
+        (None when it is 1 everywhere)."""
+        if new_label_lr == 1.0 or self.new_labels is None or not self.new_labels.any():
+            return None
+        scale = np.where(self.new_labels[:n_labels], new_label_lr, 1.0)
+        return torch.from_numpy(scale.astype(np.float32)).to(device)
+
     def artifact_stats(self, y: sp.csr_matrix) -> tuple[np.ndarray, int, np.ndarray]:
         """(label counts, row count, row fingerprints) of everything the grown model has trained on: the
         base's, plus the rows it had not seen."""
@@ -274,8 +293,8 @@ class WarmStart:
     def init_model(self, model: Any, x: sp.csr_matrix, y: sp.csr_matrix, how: str, seed: int) -> None:
         """Copy the base's weights into `model` (built with `init=False`; it may have more input rows and
         more labels) and give new label rows their start: `mean` = the mean encoding of their positive
-        rows, scaled like the trained rows; `random` (and labels without a positive row) = a fresh
-        model's small random rows."""
+        rows, scaled to score them as trained labels score theirs (`_mean_init`); `random` (and labels
+        without a positive row) = a fresh model's small random rows."""
         src = self.base.model
         k0, d0 = src.shape.n_labels, src.shape.n_features
         d = model.shape.dim
@@ -297,8 +316,15 @@ class WarmStart:
 
 
 def _mean_init(model: Any, x: sp.csr_matrix, y: sp.csr_matrix, new_labels: np.ndarray) -> None:
-    """Head rows of new labels := the direction of their positive rows' mean encoding, with the median
-    norm and bias of the labels the base did train (labels without a positive row keep their init)."""
+    """Head rows of new labels := the direction of their positive rows' mean encoding, long enough that
+    their positives score what a trained label's positives score (median over a sample), never longer
+    than the median trained row, with the median trained bias (labels without a positive row keep their
+    init).
+
+    Why calibrated: a row scaled to the median norm alone scores its own examples too low where encodings
+    are short and too high where they are long; why capped: a row longer than the trained ones also
+    scores high on unrelated rows, and new labels then crowd old ones out of the top ranks.
+    """
     new = np.flatnonzero(new_labels)
     yn = sp.csr_matrix(y[:, new])
     rows = np.flatnonzero(np.diff(yn.indptr))
@@ -306,18 +332,44 @@ def _mean_init(model: Any, x: sp.csr_matrix, y: sp.csr_matrix, new_labels: np.nd
     if rows.size == 0 or old.size == 0:
         return
     yr = sp.csr_matrix(yn[rows])
-    h = model.encode(x[rows]).cpu().numpy()
     counts = np.asarray(yr.sum(axis=0)).ravel()
     has = counts > 0
-    mean = torch.from_numpy(np.asarray(yr.T @ h, dtype=np.float64)[has] / counts[has, None])
+    yr = sp.csr_matrix(yr[:, np.flatnonzero(has)])
+    h = model.encode(x[rows]).cpu().numpy()
+    mean = torch.from_numpy(np.asarray(yr.T @ h, dtype=np.float32) / counts[has, None].astype(np.float32))
     d = model.shape.dim
-    trained = model.head[torch.from_numpy(old).to(model.head.device)].double().cpu()
-    scale = float(trained[:, :d].norm(dim=1).median())
-    bias = float(trained[:, d].median())
-    direction = mean / mean.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    old_ids = torch.from_numpy(old).to(model.head.device)
+    # norms over the whole head, then picked: no [K_old, d] copy of a large head
+    scale = float(torch.linalg.vector_norm(model.head[:, :d], dim=1).index_select(0, old_ids).median())
+    bias = float(model.head[:, d].index_select(0, old_ids).median())
+    length = mean.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    norm: torch.Tensor | float = scale
+    target = _positive_score(model, x, y, old)
+    if target is not None and target > bias:  # mean · direction = length: positives score ≈ target
+        norm = ((target - bias) / length).clamp_max(scale)
     ids = torch.from_numpy(new[has]).to(model.head.device)
-    model.head[ids, :d] = (direction * scale).to(model.head.dtype).to(model.head.device)
+    model.head[ids, :d] = (mean / length * norm).to(model.head.dtype).to(model.head.device)
     model.head[ids, d] = bias
+
+
+_CALIBRATION_ROWS = 4096  # rows scored to find a trained label's typical positive score
+
+
+def _positive_score(model: Any, x: sp.csr_matrix, y: sp.csr_matrix, old: np.ndarray) -> float | None:
+    """The median score trained labels give their own positive rows (a seeded sample of rows), or None."""
+    yo = sp.csr_matrix(y[:, old])
+    rows = np.flatnonzero(np.diff(yo.indptr))
+    if rows.size == 0:
+        return None
+    if rows.size > _CALIBRATION_ROWS:
+        rows = np.sort(np.random.default_rng(0).choice(rows, _CALIBRATION_ROWS, replace=False))
+    ys = sp.csr_matrix(yo[rows])
+    h = model.encode(x[rows])
+    pair_rows = torch.from_numpy(np.repeat(np.arange(rows.size), np.diff(ys.indptr))).to(h.device)
+    w = model.head.index_select(0, torch.from_numpy(old[ys.indices]).to(model.head.device))
+    d = model.shape.dim
+    scores = (h.index_select(0, pair_rows) * w[:, :d]).sum(1) + w[:, d]
+    return float(scores.median())
 
 
 def split_metrics(top: np.ndarray, y: sp.csr_matrix, new_labels: np.ndarray,

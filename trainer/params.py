@@ -99,7 +99,7 @@ class TrainParams(BaseModel):
     )
     # continual training (`train --init-from`): only used when a run starts from a base model
     continual_epochs: int = Field(
-        default=3,
+        default=2,
         ge=1,
         le=10_000,
         description="with a base model: epochs of a continual run when `epochs` is not given",
@@ -111,10 +111,17 @@ class TrainParams(BaseModel):
         description="with a base model: rows the base already trained on, replayed per epoch, as a "
         "multiple of the rows new to it (0 = train on new rows only)",
     )
+    new_label_lr: float = Field(
+        default=3.0,
+        gt=0.0,
+        le=1000.0,
+        description="with a base model: learning rate of the head rows of labels new to it, as a multiple "
+        "of `lr` (they start from their initialisation, the others from a trained model)",
+    )
     new_label_init: NewLabelInit = Field(
         default="mean",
         description="with a base model: start of the head rows of labels new to it: mean (the mean "
-        "encoding of their positive rows, scaled like the trained rows) or random",
+        "encoding of their positive rows, scaled to score them as trained labels score theirs) or random",
     )
     # evaluation
     eval_every: int = Field(

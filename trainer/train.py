@@ -7,11 +7,13 @@ state plus the position in the epoch, so a resumed run continues the same step s
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import math
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,7 +37,7 @@ from trainer.label_shards import (
     shard_softmax_loss,
     shard_topk,
 )
-from trainer.losses import CandidateBatch, LossSpec, get_loss, row_pair_weights
+from trainer.losses import CandidateBatch, LossSpec, get_loss, pair_weights, row_pair_weights
 from trainer.model import ModelShape, XCModel
 from trainer.negatives import NegativeSampler
 from trainer.optim import RowAdagrad, RowAdam
@@ -233,8 +235,11 @@ def _as_csr32(x: sp.spmatrix) -> sp.csr_matrix:
 class EpochData:
     """One epoch's shuffled CSR, as device tensors sliced by row ranges (no per-row Python)."""
 
-    def __init__(self, x: sp.csr_matrix, y: sp.csr_matrix, perm: np.ndarray, device: torch.device) -> None:
+    def __init__(self, x: sp.csr_matrix, y: sp.csr_matrix, perm: np.ndarray, device: torch.device,
+                 weights: np.ndarray | None = None) -> None:
         xp, yp = x[perm], y[perm]
+        # per-row loss weights in epoch order (a continual run's replayed rows), or None: all equal
+        self.row_weight = None if weights is None else torch.from_numpy(weights).to(device)
         self.x_ptr_np = np.asarray(xp.indptr, dtype=np.int64)
         self.y_ptr_np = np.asarray(yp.indptr, dtype=np.int64)
         self.x_ptr = torch.from_numpy(self.x_ptr_np).to(device)
@@ -272,6 +277,7 @@ class Stepper:
         self.exhaustive = spec.needs_all_labels
         self.dense = model.dense_parameters()
         self.best = BestEpoch()  # used when params.valid_fraction > 0; saved with checkpoints
+        self.head_lr: torch.Tensor | None = None  # per-label lr multiplier of the head (continual runs)
 
     def step(self, ep: EpochData, i: int, j: int, lr: float) -> float:
         """One SGD step on rows [i, j); returns the loss."""
@@ -309,6 +315,8 @@ class Stepper:
         cand = sc.cand
         if params.label_weighting == "row":
             cand.pair_weight = row_pair_weights(cand)
+        if ep.row_weight is not None:
+            cand.pair_weight = _reweighted(pair_weights(cand), ep.row_weight[i:j], cand.pos_rows)
         h_aug = torch.cat([h, h.new_ones(h.shape[0], 1)], dim=1)
         own_rows = cand.pos_rows.index_select(0, sc.owned)
         own_cols = cand.pos_cols.index_select(0, sc.owned)
@@ -342,10 +350,11 @@ class Stepper:
         else:
             e_grad = e_rows.grad
         opt.step("input", model.input_weight, e_grad, lr, rows=uf, weight_decay=wd)
-        opt.step("head", model.head, head_rows.grad, lr, rows=rows, weight_decay=wd)
-        for name, t in extra.items():
-            if t.grad is not None:
-                opt.step(f"extra.{name}", model.extra[name], t.grad, lr, rows=rows, weight_decay=wd)
+        with _row_lr(self.head_lr, [model.head, *model.extra.values()], rows):
+            opt.step("head", model.head, head_rows.grad, lr, rows=rows, weight_decay=wd)
+            for name, t in extra.items():
+                if t.grad is not None:
+                    opt.step(f"extra.{name}", model.extra[name], t.grad, lr, rows=rows, weight_decay=wd)
         dense_lr = lr * params.dense_lr / params.lr  # same schedule, its own peak
         for name, p in self.dense.items():
             if p.grad is not None:
@@ -363,6 +372,35 @@ class Stepper:
         for p in params:
             p.grad = flat[start : start + p.numel()].view_as(p)
             start += p.numel()
+
+
+def _reweighted(pw: torch.Tensor, row_weight: torch.Tensor, pos_rows: torch.Tensor) -> torch.Tensor:
+    """Pair weights times their row's weight, rescaled to the same total (the step size stays that of an
+    unweighted batch; only the balance between its rows changes)."""
+    w = pw * row_weight.index_select(0, pos_rows).to(pw.dtype)
+    return w * (pw.sum() / w.sum().clamp_min(1e-30))
+
+
+@contextlib.contextmanager
+def _row_lr(scale: torch.Tensor | None, tables: list[torch.Tensor],
+            rows: torch.Tensor | None) -> Iterator[None]:
+    """Scale the optimizer's move of each touched row of `tables` by `scale[row]`: a per-row learning rate.
+
+    Why this way: a row-wise Adam (or Adagrad) move, catch-up included, is linear in the learning rate, so
+    scaling the displacement is exactly that row's step at `scale` × lr, without a per-row lr in the kernels.
+    """
+    if scale is None:
+        yield
+        return
+    ids = torch.arange(tables[0].shape[0], device=tables[0].device) if rows is None else rows
+    s = scale.index_select(0, ids)
+    scaled = s != 1.0
+    ids, s = ids[scaled], s[scaled].unsqueeze(1)  # only rows whose move changes are kept aside
+    before = [t.index_select(0, ids) for t in tables]
+    yield
+    with torch.no_grad():
+        for t, b in zip(tables, before, strict=True):
+            t.index_copy_(0, ids, torch.lerp(b, t.index_select(0, ids), s.to(t.dtype)))
 
 
 # ------------------------------------------------------------------------------------ checkpoints
@@ -545,6 +583,8 @@ def _fit(
     seed = params.seed + 1 + 7919 * group.rank
     sampler = NegativeSampler(shard.size, params.sampler, params.alpha, counts, seed=seed)
     stepper = Stepper(model, spec, params, sampler, group, shard)
+    if warm is not None:
+        stepper.head_lr = warm.label_lr(k, params.new_label_lr, device)
 
     bs = params.batch_size
     n_epoch = n if warm is None else warm.epoch_size(params.replay)  # rows trained on per epoch
@@ -581,7 +621,8 @@ def _fit(
                 break  # resumed after the patience ran out
             perm = (np.random.default_rng([params.seed, epoch]).permutation(n) if warm is None
                     else warm.epoch_rows(params.seed, epoch, params.replay))
-            ep = EpochData(x, y, perm, device)
+            ep = EpochData(x, y, perm, device,
+                           None if warm is None else warm.epoch_weights(perm, params.replay))
             t_epoch = time.perf_counter()
             epoch_examples = 0
             epoch_loss = 0.0
@@ -715,7 +756,7 @@ def _save_model(
                              label_counts=counts, n_train_rows=n_rows, row_hashes=row_hashes,
                              write_weights=write)
     else:
-        write_merged_weights(None, artifact_tensors(model, counts, str(out), row_hashes, copy=False), shard,
+        write_merged_weights(None, artifact_tensors(model, counts, str(out), row_hashes), shard,
                              group)
         path = out
     group.barrier()  # every rank returns once the model directory is in place
