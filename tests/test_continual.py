@@ -168,6 +168,11 @@ def test_continual_params_take_the_base_and_refuse_a_different_architecture() ->
     p = continual_params(base, TrainParams(seed=5), "m")
     assert (p.dim, p.lr, p.seed, p.epochs) == (64, 0.02, 5, p.continual_epochs)
     assert continual_params(base, TrainParams(epochs=4, dim=64), "m").epochs == 4
+    old = TrainParams(dim=64, continual_epochs=5, replay=0.5, new_label_lr=1.0)  # a base under other defaults
+    p = continual_params(old, TrainParams(), "m")
+    now = TrainParams()
+    assert (p.epochs, p.replay, p.new_label_lr) == (now.continual_epochs, now.replay, now.new_label_lr)
+    assert continual_params(old, TrainParams(replay=0.5), "m").replay == 0.5
     with pytest.raises(ParamsError, match=r"m: dim=32 differs from the base model's dim=64"):
         continual_params(base, TrainParams(dim=32), "m")
 

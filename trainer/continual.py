@@ -43,7 +43,9 @@ __all__ = [
 ARCHITECTURE_FIELDS = ("loss", "dim", "encoder", "hidden", "pieces", "tfidf", "l2", "hash_size",
                        "max_vocab", "min_df")
 # Fields that describe how the base was selected, not how a continual run should go.
-_RESET_FIELDS = ("stop_epoch",)
+# how a run continues, not what the model is: today's defaults apply unless the caller sets them, never the
+# values a base happened to be trained under
+_RESET_FIELDS = ("stop_epoch", "continual_epochs", "replay", "new_label_lr", "new_label_init")
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -54,7 +56,8 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def continual_params(base: TrainParams, given: TrainParams, base_name: str) -> TrainParams:
-    """The parameters of a continual run: the base's, overridden by the fields the caller set.
+    """The parameters of a continual run: the base's, overridden by the fields the caller set (the
+    continual settings themselves are the caller's or the defaults).
 
     Architecture fields must agree with the base (a different `dim` cannot reuse its weights), so a
     conflicting one is an error naming the field, not a silent fresh model. `epochs` defaults to the
