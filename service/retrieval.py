@@ -219,14 +219,13 @@ class QuantizedScanner:
     the first cell whose bound is below L and keeping every label whose upper bound reaches L; those
     are re-scored from the float32 weights. A label in a skipped cell or below L cannot be in the
     answer, so the answer is exact by construction and `bound` (the largest bound left out) says so
-    to the sparse maps. A scan may be split between `workers` threads (cells dealt round-robin, each
-    with its own floor, which is never above the shared one); by default only a lone query whose
-    cells do not prune is split (`_n_workers`).
+    to the sparse maps. A large head is split between `workers` threads (cells dealt round-robin, each
+    with its own floor, which is never above the shared one); the default is the calling thread's
+    torch thread count.
     """
 
     kind = "int8"
     SPLIT_MIN_BYTES = 1 << 22  # below this a second thread costs more than it saves
-    SPLIT_PRUNED_SHARE = 0.5  # split only while queries scan at least this share of the labels
 
     def __init__(
         self,
@@ -248,29 +247,22 @@ class QuantizedScanner:
         self._b = torch.from_numpy(self.bias)
         self._offsets = np.ascontiguousarray(cells.offsets, dtype=np.int64)
         self._sizes = np.diff(self._offsets)
-        self.scanned = 0  # labels whose int8 bounds were computed, over all queries
-        self.queries = 0
+        self.scanned = 0  # labels whose int8 bounds were computed, over all queries (for benchmarks)
 
-    def _n_workers(self, n_queries: int) -> int:
-        """Forced by `workers`, else: a lone query on a large head whose cells have not been pruning
-        (most labels scanned so far) is split over the idle cores (at concurrency 1 the client waits
-        and the second core idles); a batch, a small head or a pruned scan stays on one thread."""
+    def _n_workers(self) -> int:
         if self.workers is not None:
             return max(1, self.workers)
-        if n_queries != 1 or self.head.codes.nbytes < self.SPLIT_MIN_BYTES:
+        if self.head.codes.nbytes < self.SPLIT_MIN_BYTES:
             return 1
-        if self.scanned < self.SPLIT_PRUNED_SHARE * self.n_labels * max(self.queries, 1):
-            return 1
-        return max(1, min(os.cpu_count() or 1, 4))
+        return max(1, min(torch.get_num_threads(), 8))
 
     def search(self, h: F32, k: int, reach: float | None = None) -> TopK:
         h = np.ascontiguousarray(h, dtype=np.float32)
         n = h.shape[0]
         kk = min(k, self.n_labels)
         u_cells = self.cells.bounds(h)
-        nw = self._n_workers(n)
+        nw = self._n_workers()
         rows = [self._one(h[i], u_cells[i], kk, reach, nw) for i in range(n)]
-        self.queries += n
         width = max(k, max(len(r[0]) for r in rows) if rows else 0)
         ids_out = np.full((n, width), -1, dtype=np.int64)
         sc_out = np.full((n, width), -np.inf, dtype=np.float32)

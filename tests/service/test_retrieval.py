@@ -326,23 +326,3 @@ def test_auto_chooses_by_the_bytes_a_query_reads() -> None:
     assert choose_kind(100_000, 512, cfg) == "int8"
     assert choose_kind(1_000_000, 128, cfg) == "int8"
     assert choose_kind(10, 2, RetrievalConfig(kind="hnsw")) == "hnsw"
-
-
-def test_int8_splits_a_lone_query_only_when_the_cells_do_not_prune(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default worker count: one thread for batches and for heads whose cells prune; a lone query on
-    a large head that keeps scanning most labels goes to the idle cores, with the same exact answer."""
-    monkeypatch.setattr(retrieval.os, "cpu_count", lambda: 2)
-    w, b = _head(9000, 512, seed=21)
-    scanner = _scanner(w, b, 1, workers=None)  # one cell: nothing can be pruned
-    assert scanner.head.codes.nbytes >= QuantizedScanner.SPLIT_MIN_BYTES
-    assert scanner._n_workers(1) == 1  # no history yet
-    h = _queries(w, 3, seed=22)
-    first = scanner.search(h[:1], 10)
-    assert scanner.scanned == len(w) and scanner._n_workers(1) == 2 and scanner._n_workers(3) == 1
-    split = scanner.search(h[:1], 10)
-    assert split.ids.tolist() == first.ids.tolist()
-    full = h[:1].astype(np.float64) @ w.T.astype(np.float64) + b
-    assert set(split.ids[0].tolist()) == set(np.argsort(-full[0])[:10].tolist())
-    pruned = _scanner(w, b, 1, workers=None)
-    pruned.scanned, pruned.queries = len(w) // 10, 1  # a history of pruned scans stays on one thread
-    assert pruned._n_workers(1) == 1
