@@ -179,18 +179,24 @@ async def run_cell(
     wall = time.perf_counter() - t_start
     for c in conns:
         c.close()
-    arr = np.asarray(lat) * 1000
     return {
         "concurrency": concurrency,
-        "requests": len(lat),
         "errors": errors,
         "seconds": round(wall, 3),
+        **_timing(lat, wall),
+        "mean_ms": round(float(np.mean(lat) * 1000), 3),
+        "exact_share": round(float(np.mean(exact_flags)), 4),
+        "_answers": answers,
+    }
+
+
+def _timing(lat: list[float], wall: float) -> dict[str, Any]:
+    arr = np.asarray(lat) * 1000
+    return {
+        "requests": len(lat),
         "req_per_s": round(len(lat) / wall, 1),
         "p50_ms": round(float(np.percentile(arr, 50)), 3),
         "p99_ms": round(float(np.percentile(arr, 99)), 3),
-        "mean_ms": round(float(arr.mean()), 3),
-        "exact_share": round(float(np.mean(exact_flags)), 4),
-        "_answers": answers,
     }
 
 
@@ -217,15 +223,11 @@ async def run_plain(
     wall = time.perf_counter() - t_start
     for c in conns:
         c.close()
-    arr = np.asarray(lat) * 1000
     return {
         "request": f"{method} {path}",
         "concurrency": concurrency,
-        "requests": len(lat),
         "statuses": {str(k): v for k, v in statuses.items()},
-        "req_per_s": round(len(lat) / wall, 1),
-        "p50_ms": round(float(np.percentile(arr, 50)), 3),
-        "p99_ms": round(float(np.percentile(arr, 99)), 3),
+        **_timing(lat, wall),
     }
 
 
