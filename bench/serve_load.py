@@ -122,10 +122,10 @@ class Conn:
     async def open(self) -> None:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
 
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+    async def post(self, path: str, body: bytes, method: str = "POST") -> tuple[int, bytes]:
         assert self.reader is not None and self.writer is not None
         head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
         ).encode()
         self.writer.write(head + body)
@@ -179,19 +179,84 @@ async def run_cell(
     wall = time.perf_counter() - t_start
     for c in conns:
         c.close()
-    arr = np.asarray(lat) * 1000
     return {
         "concurrency": concurrency,
-        "requests": len(lat),
         "errors": errors,
         "seconds": round(wall, 3),
-        "req_per_s": round(len(lat) / wall, 1),
-        "p50_ms": round(float(np.percentile(arr, 50)), 3),
-        "p99_ms": round(float(np.percentile(arr, 99)), 3),
-        "mean_ms": round(float(arr.mean()), 3),
+        **_timing(lat, wall),
+        "mean_ms": round(float(np.mean(lat) * 1000), 3),
         "exact_share": round(float(np.mean(exact_flags)), 4),
         "_answers": answers,
     }
+
+
+def _timing(lat: list[float], wall: float) -> dict[str, Any]:
+    arr = np.asarray(lat) * 1000
+    return {
+        "requests": len(lat),
+        "req_per_s": round(len(lat) / wall, 1),
+        "p50_ms": round(float(np.percentile(arr, 50)), 3),
+        "p99_ms": round(float(np.percentile(arr, 99)), 3),
+    }
+
+
+async def run_plain(
+    host: str, port: int, method: str, path: str, body: bytes, concurrency: int, max_requests: int,
+    max_seconds: float,
+) -> dict[str, Any]:
+    """The same client against a request that does no scoring: what the HTTP stack alone allows."""
+    conns = [Conn(host, port) for _ in range(concurrency)]
+    await asyncio.gather(*(c.open() for c in conns))
+    lat: list[float] = []
+    statuses: dict[int, int] = {}
+    t_start = time.perf_counter()
+    deadline = t_start + max_seconds
+
+    async def worker(conn: Conn) -> None:
+        while len(lat) < max_requests and time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            status, _ = await conn.post(path, body, method)
+            lat.append(time.perf_counter() - t0)
+            statuses[status] = statuses.get(status, 0) + 1
+
+    await asyncio.gather(*(worker(c) for c in conns))
+    wall = time.perf_counter() - t_start
+    for c in conns:
+        c.close()
+    return {
+        "request": f"{method} {path}",
+        "concurrency": concurrency,
+        "statuses": {str(k): v for k, v in statuses.items()},
+        **_timing(lat, wall),
+    }
+
+
+def http_ceiling(port: int, pid: int, feats: list[bytes], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """req/s of GET /healthz and of a predict request refused after parsing and validation (top_k over
+    the server's limit: 422), at each concurrency: the ceiling the HTTP stack puts on any predict path."""
+    refused = body_for(feats[0], False, "sparsemax", top_k=10**6)
+    rows = []
+    for method, path, body in (
+        ("GET", "/healthz", b""),
+        ("POST", "/v1/models/big/predict", refused),
+    ):
+        for conc in args.concurrency:
+            asyncio.run(run_plain("127.0.0.1", port, method, path, body, conc, 50, 5))  # warm-up
+            cpu0 = cpu_seconds(pid)
+            row = asyncio.run(
+                run_plain("127.0.0.1", port, method, path, body, conc, args.max_requests, args.cell_seconds)
+            )
+            cpu_ms = 1000 * (cpu_seconds(pid) - cpu0) / max(row["requests"], 1)
+            row["server_cpu_ms_per_req"] = round(cpu_ms, 3)
+            row["loadavg_1m"] = round(os.getloadavg()[0], 2)
+            rows.append(row)
+            print(
+                f"  http  {row['request']:30s} c={conc:2d}: {row['req_per_s']:8.1f} req/s"
+                f"  p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms  {row['statuses']}"
+                f"  cpu {row['server_cpu_ms_per_req']} ms/req",
+                flush=True,
+            )
+    return rows
 
 
 # ------------------------------------------------------------------------------------------------
@@ -363,6 +428,7 @@ def serve_path(
                     f"  cpu {cell['server_cpu_ms_per_req']} ms/req  load {cell['loadavg_1m']}",
                     flush=True,
                 )
+        ceiling = http_ceiling(port, proc.pid, feats, args) if path == args.ceiling_path else []
         peak = max(sampler.peak, sampler.hwm())
     finally:
         sampler.stop.set()
@@ -377,6 +443,7 @@ def serve_path(
         "rss_ready_bytes": rss_ready,
         "rss_peak_bytes": peak,
         "cells": cells,
+        "http_ceiling": ceiling,
     }
 
 
@@ -434,6 +501,10 @@ def main() -> int:
     ap.add_argument("--max-requests", type=int, default=2000)
     ap.add_argument("--cell-seconds", type=float, default=10.0)
     ap.add_argument("--quick", action="store_true", help="fewer request bodies")
+    ap.add_argument("--alone", action="store_true", help="nothing else ran on the machine (reported)")
+    ap.add_argument(
+        "--ceiling-path", default="int8", help="the path whose server also measures the HTTP stack alone"
+    )
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "serve_load")
     args = ap.parse_args()
     args.paths = args.paths.split(",")
@@ -457,13 +528,14 @@ def main() -> int:
     result = {
         "models": results,
         "server": {"threads": args.threads, "batch_window_ms": args.window_ms},
+        "client": "asyncio HTTP/1.1 keep-alive, one connection per concurrent request, same machine",
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "loadavg_at_start": [round(x, 2) for x in load_start],
             "memory_bandwidth": bandwidth,
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-            "shared": "yes: other engineers' jobs ran at the same time (see loadavg per cell)",
+            "alone": args.alone,
         },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -509,10 +581,18 @@ def render_md(r: dict[str, Any]) -> str:
         "",
         f"Server: `ovex serve`, one process, {r['server']['threads']} compute thread(s), batch window "
         f"{r['server']['batch_window_ms']} ms; client on the same machine (asyncio, keep-alive).",
-        f"Machine: {mach['cpus']} CPUs, **shared** with other engineers' jobs: load average "
-        f"{mach['loadavg_at_start']} at the start, {mach['loadavg_at_end']} at the end, and per cell in "
-        "the table. Absolute latencies are inflated by that load; compare paths within a model "
-        "(same run) and the server CPU ms per request, which counts only the server's own CPU time.",
+        (
+            f"Machine: {mach['cpus']} CPUs, run alone (other jobs held back for the run): load average "
+            f"{mach['loadavg_at_start']} at the start (the 1-minute average still counts the jobs that "
+            f"ended just before), {mach['loadavg_at_end']} at the end, and per cell in the table."
+            if mach.get("alone")
+            else f"Machine: {mach['cpus']} CPUs, **shared** with other jobs: load average "
+            f"{mach['loadavg_at_start']} at the start, {mach['loadavg_at_end']} at the end, and per cell in "
+            "the table. Absolute latencies are inflated by that load; compare paths within a model "
+            "(same run) and the server CPU ms per request, which counts only the server's own CPU time."
+        ),
+        f"Memory read bandwidth (one thread streaming 512 MiB): {mach['memory_bandwidth']['best_gb_per_s']} "
+        f"GB/s best, {mach['memory_bandwidth']['median_gb_per_s']} GB/s median of 7.",
         "",
     ]
     for m in r["models"]:
@@ -546,6 +626,21 @@ def render_md(r: dict[str, Any]) -> str:
                     f"| {c['server_cpu_ms_per_req']} | {c['loadavg_1m']} |"
                 )
         lines.append("")
+        ceil = [(sv["path"], c) for sv in m["servers"] for c in sv.get("http_ceiling", [])]
+        if ceil:
+            lines += [
+                "HTTP alone, same server and client (no scoring): GET /healthz, and a predict request "
+                "refused after parsing and validation (top_k over the limit: 422).",
+                "",
+                "| server | request | c | req/s | p50 ms | p99 ms | server CPU ms/req | load 1m |",
+                "|---|---|---:|---:|---:|---:|---:|---:|",
+            ]
+            for path, c in ceil:
+                lines.append(
+                    f"| {path} | {c['request']} | {c['concurrency']} | {c['req_per_s']} | {c['p50_ms']} "
+                    f"| {c['p99_ms']} | {c['server_cpu_ms_per_req']} | {c['loadavg_1m']} |"
+                )
+            lines.append("")
     lines += [
         "recall@10: the served top-10 (normalization none) against an exact float32 scoring of the same",
         "inputs in the benchmark process. Certified exact: the share of answers the server flagged",

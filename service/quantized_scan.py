@@ -76,15 +76,20 @@ class Cells:
     def nlist(self) -> int:
         return int(self.centroids.shape[0])
 
+    @functools.cached_property
+    def _mu(self) -> tuple[F64, F64, F64]:
+        """Centroids, their norms and radii in float64, computed once (the cache is memory-mapped)."""
+        mu = np.ascontiguousarray(self.centroids, dtype=np.float64)
+        return mu, np.linalg.norm(mu, axis=1), self.radius.astype(np.float64)
+
     def bounds(self, h: F32) -> F64:
         """[n, nlist] upper bound on every score in each cell (float64, with a rounding margin)."""
+        mu, mu_norm, r = self._mu
         q = np.hstack([h.astype(np.float64), np.ones((h.shape[0], 1))])
         qn = np.linalg.norm(q, axis=1)[:, None]
-        mu = self.centroids.astype(np.float64)
-        r = self.radius.astype(np.float64)[None, :]
         with np.errstate(invalid="ignore"):
             u = q @ mu.T + qn * r
-            u = u + 1e-9 * (1.0 + np.abs(u) + qn * (np.linalg.norm(mu, axis=1)[None, :] + np.abs(r)))
+            u = u + 1e-9 * (1.0 + np.abs(u) + qn * (mu_norm[None, :] + np.abs(r)))
         return np.where(np.isneginf(r), -np.inf, np.nan_to_num(u, nan=np.inf))
 
 
@@ -162,12 +167,17 @@ def _kernel() -> Any:
     @numba.njit(nogil=True, cache=_cache_ok(), fastmath=fast)
     def scan(
         codes: Any, scale: Any, bias: Any, radius: Any, bias_err: Any, h: Any, hnorm: float,
-        starts: Any, stops: Any, lower: Any, upper: Any, pos: Any,
-    ) -> None:  # pragma: no cover - compiled
+        cells: Any, cell_ub: Any, offsets: Any, kk: int, reach: float,
+        heap: Any, out_pos: Any, out_lo: Any, out_up: Any, stats: Any,
+    ) -> int:  # pragma: no cover - compiled
         d = h.shape[0]
-        p = 0
-        for c in range(starts.shape[0]):
-            for k in range(starts[c], stops[c]):
+        n_heap, n = 0, 0
+        best, skipped = -np.inf, -np.inf
+        floor = -np.inf if kk > 0 else np.inf
+        i = 0
+        while i < cells.shape[0] and cell_ub[i] >= floor:
+            c = cells[i]
+            for k in range(offsets[c], offsets[c + 1]):
                 row = codes[k]
                 acc = np.float32(0.0)
                 for j in range(d):
@@ -175,10 +185,55 @@ def _kernel() -> Any:
                 a = acc * scale[k] + bias[k]
                 e = np.float32(hnorm) * radius[k] + bias_err[k]
                 lo, up = a - e, a + e
-                lower[p] = lo if lo == lo else -np.inf  # NaN never hides a label
-                upper[p] = up if up == up else np.inf
-                pos[p] = k
-                p += 1
+                if lo != lo:  # NaN never hides a label
+                    lo = -np.inf
+                if up != up:
+                    up = np.inf
+                if up >= floor:
+                    out_pos[n] = k
+                    out_lo[n] = lo
+                    out_up[n] = up
+                    n += 1
+                elif up > skipped:
+                    skipped = up
+                # a min-heap of the kk best lower bounds: its root is the k-th best so far
+                moved = False
+                if n_heap < kk:
+                    p = n_heap
+                    n_heap += 1
+                    while p > 0 and heap[(p - 1) // 2] > lo:
+                        heap[p] = heap[(p - 1) // 2]
+                        p = (p - 1) // 2
+                    heap[p] = lo
+                    moved = True
+                elif kk > 0 and lo > heap[0]:
+                    p = 0
+                    while True:
+                        q = 2 * p + 1
+                        if q >= kk:
+                            break
+                        if q + 1 < kk and heap[q + 1] < heap[q]:
+                            q += 1
+                        if heap[q] >= lo:
+                            break
+                        heap[p] = heap[q]
+                        p = q
+                    heap[p] = lo
+                    moved = True
+                if lo > best:
+                    best = lo
+                    moved = True
+                if moved and n_heap == kk and kk > 0:
+                    f = float(heap[0])
+                    if reach >= 0.0:
+                        f = min(f, best - reach - 1e-4 * (1.0 + abs(best)))
+                    floor = max(floor, f)
+            i += 1
+        stats[0] = n
+        stats[1] = n_heap
+        stats[2] = best
+        stats[3] = skipped
+        return i
 
     return scan
 
@@ -195,29 +250,61 @@ def _numba_available() -> bool:
     return available()
 
 
-def range_bounds(head: Int8Head, h: F32, starts: I64, stops: I64) -> tuple[F32, F32, I64]:
-    """(lower, upper, position) of every label in the position ranges [starts[i], stops[i]), for one
-    query `h[d]`: lower ≤ ⟨w, h⟩ + b ≤ upper (NaN read as ±inf, so it never hides a label)."""
-    total = int((stops - starts).sum())
+@dataclass(frozen=True)
+class Scan:
+    """What one pass over some cells found: the labels whose upper bound reached the floor as it rose
+    (`pos`, `lower`, `upper`), the k best lower bounds seen (`heap`), the best lower bound, the largest
+    upper bound of a scanned label *not* kept (`skipped`), and how many of the given cells it scanned
+    before their bound fell below the floor (`stop`)."""
+
+    pos: I64
+    lower: F32
+    upper: F32
+    heap: F32
+    best: float
+    skipped: float
+    stop: int
+
+
+def query_norm(h: F32) -> float:
+    """‖h‖ rounded up, as the kernels weigh the per-label error terms with it."""
+    hn = np.array([np.linalg.norm(h.astype(np.float64)) * (1.0 + 8 * _U)])
+    return float(_round_up32(hn)[0])
+
+
+def scan_cells(
+    head: Int8Head, offsets: I64, h: F32, cells: I64, cell_ub: F64, kk: int, reach: float | None
+) -> Scan:
+    """Scan `cells` (best bound first) for one query `h[d]`, keeping a floor: the k-th best lower bound
+    seen (lowered to best − reach, with a rounding margin, when asked; -inf until k labels are seen).
+    Stops at the first cell whose bound is below the floor; keeps every label whose upper bound reaches
+    the floor at the time it is scanned. The floor only rises, so whatever the final floor, every label
+    whose upper bound reaches it is kept."""
+    h = np.ascontiguousarray(h, dtype=np.float32)
+    hn = query_norm(h)
+    total = int((offsets[cells + 1] - offsets[cells]).sum())
+    pos = np.empty(total, dtype=np.int64)
     lower = np.empty(total, dtype=np.float32)
     upper = np.empty(total, dtype=np.float32)
-    pos = np.empty(total, dtype=np.int64)
-    h = np.ascontiguousarray(h, dtype=np.float32)
-    hn = float(_round_up32(np.array([np.linalg.norm(h.astype(np.float64)) * (1.0 + 8 * _U)]))[0])
-    if total == 0:
-        return lower, upper, pos
+    heap = np.empty(max(kk, 1), dtype=np.float32)
+    r = -1.0 if reach is None else float(reach)
     if _numba_available():
-        _kernel()(head.codes, head.scale, head.bias, head.radius, head.bias_err, h, hn, starts, stops,
-                  lower, upper, pos)
-    else:  # numpy: the same arithmetic (float32 products summed in some order, then scale and bias)
-        pos[:] = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops, strict=True)])
-        acc = head.codes[pos].astype(np.float32) @ h
-        a = acc * head.scale[pos] + head.bias[pos]
-        e = np.float32(hn) * head.radius[pos] + head.bias_err[pos]
-        lower[:], upper[:] = a - e, a + e
-        lower[np.isnan(lower)] = -np.inf
-        upper[np.isnan(upper)] = np.inf
-    return lower, upper, pos
+        stats = np.zeros(4, dtype=np.float64)
+        stop = _kernel()(head.codes, head.scale, head.bias, head.radius, head.bias_err, h, hn, cells,
+                         np.ascontiguousarray(cell_ub, dtype=np.float64), offsets, kk, r,
+                         heap, pos, lower, upper, stats)
+        n, nh = int(stats[0]), int(stats[1])
+        return Scan(pos[:n], lower[:n], upper[:n], heap[:nh], float(stats[2]), float(stats[3]), int(stop))
+    # numpy: every given cell, the same float32 arithmetic summed in some order; floor applied once
+    if total:
+        pos[:] = np.concatenate([np.arange(offsets[c], offsets[c + 1]) for c in cells])
+    acc = head.codes[pos].astype(np.float32) @ h
+    a = acc * head.scale[pos] + head.bias[pos]
+    e = np.float32(hn) * head.radius[pos] + head.bias_err[pos]
+    lower, upper = np.nan_to_num(a - e, nan=-np.inf), np.nan_to_num(a + e, nan=np.inf)
+    heap = np.sort(lower)[::-1][:kk] if kk else np.empty(0, np.float32)
+    best = float(lower.max(initial=-np.inf))
+    return Scan(pos, lower, upper, heap, best, -np.inf, len(cells))
 
 
 def score_bounds(head: Int8Head, h: F32) -> tuple[F32, F32]:
@@ -225,7 +312,9 @@ def score_bounds(head: Int8Head, h: F32) -> tuple[F32, F32]:
     k = head.codes.shape[0]
     lo = np.empty((h.shape[0], k), dtype=np.float32)
     up = np.empty((h.shape[0], k), dtype=np.float32)
-    whole = np.array([0], dtype=np.int64), np.array([k], dtype=np.int64)
-    for i in range(h.shape[0]):
-        lo[i], up[i], _ = range_bounds(head, h[i], *whole)
+    offsets = np.array([0, k], dtype=np.int64)
+    one = np.zeros(1, dtype=np.int64)
+    for i in range(h.shape[0]):  # k + 1 best: the floor never rises, so every label is kept
+        s = scan_cells(head, offsets, h[i], one, np.full(1, np.inf), k + 1, None)
+        lo[i, s.pos], up[i, s.pos] = s.lower, s.upper
     return lo, up

@@ -25,6 +25,7 @@ memory-mapped when loaded.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -33,6 +34,7 @@ import os
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -43,7 +45,15 @@ import numpy.typing as npt
 import torch
 from threadpoolctl import threadpool_limits
 
-from service.quantized_scan import Cells, Int8Head, build_cells, quantize_head, range_bounds, rounding_gamma
+from service.quantized_scan import (
+    Cells,
+    Int8Head,
+    Scan,
+    build_cells,
+    quantize_head,
+    rounding_gamma,
+    scan_cells,
+)
 
 log = logging.getLogger("ovex.retrieval")
 
@@ -204,19 +214,27 @@ class ExactScorer:
 class QuantizedScanner:
     """The int8 copy of the head in k-means cells, searched best cell first with certified bounds.
 
-    Per query: the cells' bounds ⟨[h, 1], μ_c⟩ + ‖[h, 1]‖·r_c order the cells; the best cells are
-    scanned (int8, per-label bound) until they hold k labels, which sets the floor L (the k-th best
-    lower bound, or best − reach); then every cell whose bound reaches L is scanned too, and every
-    label whose upper bound reaches L is re-scored from the float32 weights. A label in a skipped cell
-    or below L cannot be in the answer, so the answer is exact by construction and `bound` (the
-    largest bound left out) says so to the sparse maps. On a trained head a query touches a few
-    percent of the cells; on an unclustered one it degrades to the full int8 scan, still exact.
+    Per query: the cells' bounds ⟨[h, 1], μ_c⟩ + ‖[h, 1]‖·r_c order the cells; one compiled pass scans
+    them best first, keeping the k best int8 lower bounds as a floor L (or best − reach), stopping at
+    the first cell whose bound is below L and keeping every label whose upper bound reaches L; those
+    are re-scored from the float32 weights. A label in a skipped cell or below L cannot be in the
+    answer, so the answer is exact by construction and `bound` (the largest bound left out) says so
+    to the sparse maps. A large head is split between `workers` threads (cells dealt round-robin, each
+    with its own floor, which is never above the shared one); the default is the calling thread's
+    torch thread count.
     """
 
     kind = "int8"
+    SPLIT_MIN_BYTES = 1 << 22  # below this a second thread costs more than it saves
 
     def __init__(
-        self, head: Int8Head, cells: Cells, weight: F32, bias: F32, max_candidates: int = 4096
+        self,
+        head: Int8Head,
+        cells: Cells,
+        weight: F32,
+        bias: F32,
+        max_candidates: int = 4096,
+        workers: int | None = None,
     ) -> None:
         self.head = head
         self.cells = cells
@@ -224,16 +242,27 @@ class QuantizedScanner:
         self.bias = np.ascontiguousarray(bias, dtype=np.float32)
         self.n_labels = int(weight.shape[0])
         self.max_candidates = max_candidates
+        self.workers = workers
         self._w = torch.from_numpy(weight)
         self._b = torch.from_numpy(self.bias)
+        self._offsets = np.ascontiguousarray(cells.offsets, dtype=np.int64)
+        self._sizes = np.diff(self._offsets)
         self.scanned = 0  # labels whose int8 bounds were computed, over all queries (for benchmarks)
+
+    def _n_workers(self) -> int:
+        if self.workers is not None:
+            return max(1, self.workers)
+        if self.head.codes.nbytes < self.SPLIT_MIN_BYTES:
+            return 1
+        return max(1, min(torch.get_num_threads(), 8))
 
     def search(self, h: F32, k: int, reach: float | None = None) -> TopK:
         h = np.ascontiguousarray(h, dtype=np.float32)
         n = h.shape[0]
         kk = min(k, self.n_labels)
         u_cells = self.cells.bounds(h)
-        rows = [self._one(h[i], u_cells[i], kk, reach) for i in range(n)]
+        nw = self._n_workers()
+        rows = [self._one(h[i], u_cells[i], kk, reach, nw) for i in range(n)]
         width = max(k, max(len(r[0]) for r in rows) if rows else 0)
         ids_out = np.full((n, width), -1, dtype=np.int64)
         sc_out = np.full((n, width), -np.inf, dtype=np.float32)
@@ -244,49 +273,38 @@ class QuantizedScanner:
             bound[i] = b
         return TopK(ids_out, sc_out, bound)
 
-    def _floor(self, lower: F32, kk: int, reach: float | None) -> float:
-        """The k-th best lower bound (-inf while fewer than k are known), lowered to best − reach (with
-        a rounding margin) when asked. Grows as more labels are scanned, never shrinks."""
-        if len(lower) < kk or not kk:
-            return -math.inf if kk else math.inf
-        floor = float(np.partition(lower, len(lower) - kk)[len(lower) - kk])
-        if reach is not None:
-            best = float(lower.max())
-            floor = min(floor, best - float(reach) - 1e-4 * (1.0 + abs(best)))
-        return floor
-
-    def _one(self, h: F32, u: F64, kk: int, reach: float | None) -> tuple[I64, F32, float]:
-        """Best-first over the cells: scan a batch, raise the floor, stop at the first cell whose bound
-        is below it (cells are sorted by bound, so every later cell is below it too)."""
-        off = self.cells.offsets
+    def _scan(self, h: F32, u: F64, kk: int, reach: float | None, nw: int) -> tuple[list[Scan], float]:
+        """The scans of each worker's share of the cells, and the largest bound of a cell left out."""
         order = np.argsort(-u, kind="stable")
-        u_sorted = u[order]
-        sizes = (off[1:] - off[:-1])[order]
-        step = int(np.searchsorted(np.cumsum(sizes), max(kk, 1))) + 1  # enough cells for k labels
-        parts: list[tuple[F32, F32, I64]] = []
-        top = np.empty(0, dtype=np.float32)  # the lower bounds that may still matter
-        floor, i, nlist = -math.inf, 0, len(order)
-        while i < nlist and u_sorted[i] >= floor:
-            j = min(i + step, i + int(np.searchsorted(-u_sorted[i:], -floor, side="right")))
-            batch = order[i:j]
-            lo, up, pos = range_bounds(self.head, h, off[batch], off[batch + 1])
-            parts.append((lo, up, pos))
-            top = np.concatenate([top, lo[lo >= floor]])
-            floor = max(floor, self._floor(top, kk, reach))
-            top = top[top >= floor]
-            i, step = j, max(8, 2 * step)
-        b_cells = float(u_sorted[i]) if i < nlist else -math.inf
-        lo = np.concatenate([p[0] for p in parts])
-        up = np.concatenate([p[1] for p in parts])
-        pos = np.concatenate([p[2] for p in parts])
-        self.scanned += len(pos)
+        parts = [order[t::nw] for t in range(nw)] if nw > 1 else [order]
+
+        def run(cells: I64) -> Scan:
+            return scan_cells(self.head, self._offsets, h, cells, u[cells], kk, reach)
+
+        if nw > 1:
+            futures = [_pool(nw - 1).submit(run, p) for p in parts[1:]]
+            scans = [run(parts[0])] + [f.result() for f in futures]
+        else:
+            scans = [run(parts[0])]
+        b_cells = max((float(u[p[s.stop]]) for p, s in zip(parts, scans, strict=True) if s.stop < len(p)),
+                      default=-math.inf)
+        self.scanned += sum(int(self._sizes[p[: s.stop]].sum()) for p, s in zip(parts, scans, strict=True))
+        return scans, b_cells
+
+    def _one(self, h: F32, u: F64, kk: int, reach: float | None, nw: int) -> tuple[I64, F32, float]:
+        scans, b_cells = self._scan(h, u, kk, reach, nw)
+        pos = np.concatenate([s.pos for s in scans])
+        up = np.concatenate([s.upper for s in scans])
+        heap = np.concatenate([s.heap for s in scans])
+        floor = _floor(heap, max((s.best for s in scans), default=-math.inf), kk, reach)
         cand = np.flatnonzero(up >= floor)
         cap = max(self.max_candidates, kk + 1)
         if len(cand) > cap:  # too many near-ties to re-score: the best `cap` by upper bound
             cand = cand[np.argsort(-up[cand], kind="stable")[:cap]]
         left = np.ones(len(up), dtype=bool)
         left[cand] = False
-        b_rest = max(b_cells, float(up[left].max()) if left.any() else -math.inf)
+        b_rest = max(b_cells, max((s.skipped for s in scans), default=-math.inf),
+                     float(up[left].max()) if left.any() else -math.inf)
         labels = torch.from_numpy(self.cells.order[pos[cand]])
         s = torch.addmv(self._b[labels], self._w[labels], torch.from_numpy(h))
         srt = torch.argsort(s, descending=True, stable=True)
@@ -300,6 +318,25 @@ class QuantizedScanner:
         g = 2.0 * rounding_gamma(h.shape[0])
         wn = float(np.linalg.norm(self.weight[label].astype(np.float64)))
         return score + g * (wn * float(np.linalg.norm(h.astype(np.float64))) + abs(float(self.bias[label])))
+
+
+def _floor(heap: F32, best: float, kk: int, reach: float | None) -> float:
+    """The k-th best lower bound (-inf while fewer than k are known), lowered to best − reach (with a
+    rounding margin) when asked: the same rule as the scan kernel's, over all workers' heaps."""
+    if not kk:
+        return math.inf
+    if len(heap) < kk:
+        return -math.inf
+    floor = float(np.partition(heap, len(heap) - kk)[len(heap) - kk])
+    if reach is not None:
+        floor = min(floor, best - float(reach) - 1e-4 * (1.0 + abs(best)))
+    return floor
+
+
+@functools.cache
+def _pool(n: int) -> ThreadPoolExecutor:
+    """Helper threads for split scans (the kernel releases the GIL); one pool per size, kept for life."""
+    return ThreadPoolExecutor(max_workers=n, thread_name_prefix="ovex-scan")
 
 
 class FlatRetriever:
@@ -619,7 +656,10 @@ def _int8_scanner(
     cached = _read_index_dir(artifact_dir, "int8", fp) if artifact_dir is not None else None
     if cached is not None:
         a = cached[2]
-        head = Int8Head(a["codes"], a["scale"], a["bias"], a["radius"], a["bias_err"])
+        # The codes are read in full by most queries: a private copy sits on huge pages (numpy asks for
+        # them), which the page cache behind a memory map does not; that scans faster, for K·d bytes
+        # of private memory. The small arrays stay mapped.
+        head = Int8Head(np.array(a["codes"]), a["scale"], a["bias"], a["radius"], a["bias_err"])
         cells = Cells(a["order"], a["offsets"], a["centroids"], a["cell_radius"])
     else:
         cells = build_cells(weight, bias, cfg.ivf_nlist or default_nlist(int(weight.shape[0])), cfg.seed)

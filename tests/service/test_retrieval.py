@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import service.quantized_scan as quantized_scan
 import service.retrieval as retrieval
-from service.quantized_scan import build_cells, quantize_head, score_bounds
+from service.quantized_scan import build_cells, quantize_head, scan_cells, score_bounds
 from service.retrieval import (
     ExactScorer,
     FlatRetriever,
@@ -141,7 +142,7 @@ def test_stale_index_is_rebuilt_not_served(tmp_path: Path, monkeypatch: pytest.M
     assert fingerprint(w2, b, tmp_path) != fingerprint(w2, b)
 
 
-def test_int8_cache_is_memory_mapped_and_refused_when_stale(
+def test_int8_cache_is_read_not_rebuilt_and_refused_when_stale(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     w, b = _head(2000, 24, seed=14)
@@ -151,7 +152,8 @@ def test_int8_cache_is_memory_mapped_and_refused_when_stale(
     with monkeypatch.context() as m:
         m.setattr(retrieval, "quantize_head", _no_build)
         again = build_retriever(w, b, RetrievalConfig(kind="int8"), tmp_path, ExactScorer(w, b))
-    assert isinstance(again, QuantizedScanner) and isinstance(again.head.codes, np.memmap)
+    assert isinstance(again, QuantizedScanner)
+    assert isinstance(again.head.scale, np.memmap) and not isinstance(again.head.codes, np.memmap)
     h = _queries(w, 5, seed=15)
     assert again.search(h, 7).ids.tolist() == first.search(h, 7).ids.tolist()
     (tmp_path / "weights.safetensors").write_bytes(b"v2 with other bytes")  # new file, same rows
@@ -226,23 +228,62 @@ def test_int8_bound_holds_for_adversarial_heads(case: tuple[np.ndarray, np.ndarr
     assert (full <= upper.astype(np.float64)).all()
 
 
-def _scanner(w: np.ndarray, b: np.ndarray, nlist: int) -> QuantizedScanner:
-    cells = build_cells(w, b, nlist)
-    return QuantizedScanner(quantize_head(w, b, cells.order), cells, w, b)
-
-
 @settings(max_examples=60, deadline=None)
+@given(case=adversarial_heads(), k=st.integers(1, 8), reach=st.sampled_from([None, 0.5, 1.0]))
+def test_int8_scan_keeps_everything_that_reaches_its_floor(
+    case: tuple[np.ndarray, np.ndarray, np.ndarray], k: int, reach: float | None
+) -> None:
+    """The kernel's floor (k-th best lower bound, or best − reach) rises as it scans; whatever it ends
+    at, every label scanned and dropped has an upper bound below it, and at least k labels reach it."""
+    w, b, h = case
+    head = quantize_head(w, b)
+    offsets = np.array([0, len(w) // 2, len(w)], dtype=np.int64)
+    full = h.astype(np.float64) @ w.T.astype(np.float64) + b.astype(np.float64)
+    for i in range(len(h)):
+        s = scan_cells(head, offsets, h[i], np.array([1, 0]), np.full(2, np.inf), k, reach)
+        assert s.stop == 2 and len(s.heap) == min(k, len(w))
+        assert (s.lower <= full[i, s.pos]).all() and (full[i, s.pos] <= s.upper).all()
+        if len(s.heap) < k:
+            continue
+        floor = float(s.heap.min())
+        if reach is not None:
+            floor = min(floor, s.best - reach - 1e-4 * (1 + abs(s.best)))
+        dropped = np.setdiff1d(np.arange(len(w)), s.pos)
+        assert s.skipped < floor or not len(dropped)
+        assert (full[i, dropped] <= s.skipped).all()
+        assert (s.upper >= floor).sum() >= k
+
+
+def _scanner(w: np.ndarray, b: np.ndarray, nlist: int, workers: int | None = 1) -> QuantizedScanner:
+    cells = build_cells(w, b, nlist)
+    return QuantizedScanner(quantize_head(w, b, cells.order), cells, w, b, workers=workers)
+
+
+@settings(max_examples=80, deadline=None)
 @given(
     case=adversarial_heads(),
     k=st.integers(1, 12),
     reach=st.sampled_from([None, 1.0]),
     nlist=st.sampled_from([1, 3, 16]),
+    workers=st.sampled_from([1, 2, 3]),
+    compiled=st.booleans(),
 )
 def test_int8_search_returns_the_exact_top_k(
-    case: tuple[np.ndarray, np.ndarray, np.ndarray], k: int, reach: float | None, nlist: int
+    case: tuple[np.ndarray, np.ndarray, np.ndarray],
+    k: int,
+    reach: float | None,
+    nlist: int,
+    workers: int,
+    compiled: bool,
 ) -> None:
+    """Every path of the scan: one worker or cells dealt between several (each with its own floor), the
+    compiled kernel or the numpy fallback."""
     w, b, h = case
-    top = _scanner(w, b, nlist).search(h, k, reach=reach)
+    scanner = _scanner(w, b, nlist, workers)
+    with pytest.MonkeyPatch.context() as m:
+        if not compiled:
+            m.setattr(quantized_scan, "_numba_available", lambda: False)
+        top = scanner.search(h, k, reach=reach)
     full = h.astype(np.float64) @ w.T.astype(np.float64) + b.astype(np.float64)
     for i in range(len(h)):
         ids = top.ids[i][top.ids[i] >= 0]
