@@ -651,7 +651,7 @@ def choose_kind(n_labels: int, dim: int, cfg: RetrievalConfig) -> IndexKind:
 def _int8_scanner(
     weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str
 ) -> QuantizedScanner:
-    """The celled int8 copy of the head, memory-mapped from the cache when built from these weights."""
+    """The celled int8 copy of the head, read from the cache when built from these weights."""
     t0 = time.perf_counter()
     cached = _read_index_dir(artifact_dir, "int8", fp) if artifact_dir is not None else None
     if cached is not None:

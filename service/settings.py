@@ -111,7 +111,9 @@ class Settings(BaseSettings):
         default=1, ge=1, le=64, description="jobs one worker process runs at once"
     )
     memory_budget_bytes: int = Field(
-        default=4 << 30, ge=1 << 20, description="most memory one training process (one rank of a sharded job) may need"
+        default=4 << 30,
+        ge=1 << 20,
+        description="most memory one training process (one rank of a sharded job) may need",
     )
     checkpoint_every: int = Field(default=500, ge=1, description="training steps between checkpoints")
     job_heartbeat_s: float = Field(default=1.0, gt=0, description="how often a worker renews its job's lease")
