@@ -69,21 +69,21 @@ def preload() -> None:
 
 
 def _compile_scan_kernel() -> None:
-    """One tiny scan per array kind a worker passes (writable when it built the index, read-only when
-    it mapped the cached one): a single thread, no model."""
+    """One tiny scan per kind of arrays a worker passes (all writable when it built the index; codes
+    copied, the small arrays and the cell offsets read-only when it read the cache): one thread, no model."""
     import numpy as np
 
-    from service.quantized_scan import Int8Head, range_bounds
+    from service.quantized_scan import Int8Head, scan_cells
 
     d = 4
-    for writable in (True, False):
-        codes = np.zeros((2, d), np.int8)
-        rows = [np.ones(2, np.float32) for _ in range(4)]
-        codes.setflags(write=writable)
-        for a in rows:
-            a.setflags(write=writable)
-        head = Int8Head(codes, *rows)
-        range_bounds(head, np.ones(d, np.float32), np.array([0], np.int64), np.array([2], np.int64))
+    for from_cache in (False, True):
+        small = [np.ones(2, np.float32) for _ in range(4)]
+        offsets = np.array([0, 2], np.int64)
+        for a in (*small, offsets):
+            a.setflags(write=not from_cache)
+        head = Int8Head(np.zeros((2, d), np.int8), *small)
+        h, cells = np.ones(d, np.float32), np.array([0], np.int64)
+        scan_cells(head, offsets, h, cells, np.full(1, np.inf), 1, None)
 
 
 def _die_with_parent() -> None:

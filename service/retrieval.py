@@ -25,6 +25,8 @@ memory-mapped when loaded.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -34,6 +36,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -700,11 +703,31 @@ def build_retriever(
     if kind == "flat":
         return FlatRetriever(weight, bias)
     fp = fingerprint(weight, bias, artifact_dir)
-    if kind == "int8":
-        return _int8_scanner(weight, bias, cfg, artifact_dir, fp)
-    if kind == "hnsw":
-        return _hnsw(weight, bias, cfg, artifact_dir, fp)
-    return _ivf(weight, bias, cfg, artifact_dir, fp, exact)
+    with _building(artifact_dir, kind):
+        if kind == "int8":
+            return _int8_scanner(weight, bias, cfg, artifact_dir, fp)
+        if kind == "hnsw":
+            return _hnsw(weight, bias, cfg, artifact_dir, fp)
+        return _ivf(weight, bias, cfg, artifact_dir, fp, exact)
+
+
+@contextlib.contextmanager
+def _building(artifact_dir: Path | None, kind: str) -> Iterator[None]:
+    """One process (or thread) at a time reads or builds an artifact's index of a kind: N workers
+    starting on an uncached artifact build it once, the others wait and read the cache it wrote. An
+    artifact whose folder cannot take a lock file (read-only) is built without one."""
+    if artifact_dir is None:
+        yield
+        return
+    try:
+        (artifact_dir / "index").mkdir(exist_ok=True)
+        lock = open(artifact_dir / "index" / f".{kind}.lock", "a")  # noqa: SIM115 - held across the yield
+    except OSError:
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _hnsw(weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str) -> HNSWRetriever:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +164,40 @@ def test_int8_cache_is_read_not_rebuilt_and_refused_when_stale(
     monkeypatch.setattr(retrieval, "quantize_head", lambda *a: calls.append(1) or real(*a))
     build_retriever(w, b, RetrievalConfig(kind="int8"), tmp_path, ExactScorer(w, b))
     assert calls == [1]
+
+
+def _build_in_child(artifact: str, out: str, start: Any) -> None:
+    """A separate process starting on the artifact, as a serving worker does; records whether it built.
+    The build is slowed so that, unguarded, every process would find the cache missing."""
+    w, b = _head(3000, 24, seed=21)
+    calls: list[int] = []
+    real = retrieval.quantize_head
+
+    def slow(*a: Any) -> Any:
+        calls.append(1)
+        time.sleep(0.5)
+        return real(*a)
+
+    retrieval.quantize_head = slow  # type: ignore[assignment]
+    start.wait()
+    build_retriever(w, b, RetrievalConfig(kind="int8"), Path(artifact), ExactScorer(w, b))
+    Path(out).write_text(str(len(calls)))
+
+
+def test_workers_starting_together_build_an_uncached_index_once(tmp_path: Path) -> None:
+    (tmp_path / "weights.safetensors").write_bytes(b"v1")
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(3)
+    procs = [
+        ctx.Process(target=_build_in_child, args=(str(tmp_path), str(tmp_path / f"built-{i}"), start))
+        for i in range(3)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert sorted(int((tmp_path / f"built-{i}").read_text()) for i in range(3)) == [0, 0, 1]
 
 
 @settings(max_examples=25, deadline=None)
