@@ -79,8 +79,9 @@ def _compile_scan_kernel() -> None:
     for from_cache in (False, True):
         small = [np.ones(2, np.float32) for _ in range(4)]
         offsets = np.array([0, 2], np.int64)
-        for a in (*small, offsets):
+        for a in small:
             a.setflags(write=not from_cache)
+        offsets.setflags(write=not from_cache)
         head = Int8Head(np.zeros((2, d), np.int8), *small)
         h, cells = np.ones(d, np.float32), np.array([0], np.int64)
         scan_cells(head, offsets, h, cells, np.full(1, np.inf), 1, None)
