@@ -207,7 +207,12 @@ class JobsService:
             job = await asyncio.to_thread(self.store.get_job, job_id)
             if job is None:  # deleted while followed
                 return
-            if job.state in TERMINAL_STATES:  # the client resumed past the final event
+            if job.state in TERMINAL_STATES:
+                # the job may have ended between the two reads: its final event (written with the state,
+                # in one transaction) is then there to read, and the activation after it
+                if await asyncio.to_thread(self.store.events_since, job_id, after, ("state",), 1):
+                    continue
+                # the client resumed past the final event
                 data = {"state": job.state, "model_version": job.model_version, "error": job.error}
                 yield Event(after, "state", data)
                 return
