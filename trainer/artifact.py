@@ -121,7 +121,6 @@ def save_artifact(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        # the ranks' writer reads the tensors once: no copy of a rank's head shard at its peak
         tensors = artifact_tensors(model, label_counts, str(out), row_hashes)
         if write_weights is None:
             save_file(tensors, str(tmp / "weights.safetensors"))

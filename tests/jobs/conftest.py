@@ -393,3 +393,9 @@ def make_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
     yield factory
     for srv in servers:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def train_id(srv: Server, synth_files: dict[str, Path]) -> str:
+    """The tiny training set uploaded to the module's own `srv` (each module that uses it defines one)."""
+    return str(srv.upload(synth_files["train"])["id"])

@@ -31,11 +31,6 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def train_id(srv: Server, synth_files: dict[str, Path]) -> str:
-    return str(srv.upload(synth_files["train"])["id"])
-
-
 def _stored(srv: Server) -> set[str]:
     return {
         str(p.relative_to(srv.data_dir))

@@ -30,11 +30,6 @@ def srv(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def train_id(srv: Server, synth_files: dict[str, Path]) -> str:
-    return str(srv.upload(synth_files["train"])["id"])
-
-
 def _detail(r: httpx.Response) -> list[dict[str, Any]]:
     detail = r.json()["detail"]
     assert isinstance(detail, list), detail
