@@ -1,18 +1,25 @@
 """A certified int8 scan of a linear head: read 1 byte per weight, re-score exactly only what may matter.
 
-The head is stored a second time as int8 codes with one scale per label row (ŵ_k = s_k·q_k). A query's
-approximate score â_k = s_k·⟨q_k, h⟩ + b_k differs from its score s_k = ⟨w_k, h⟩ + b_k by at most
+The head is stored a second time as int8 codes with one scale per label row (ŵ_k = σ_k·q_k). A query's
+approximate score â_k = σ_k·⟨q_k, h⟩ + b_k differs from its score s_k = ⟨w_k, h⟩ + b_k by at most
 
     e_k = ‖h‖·(r_k + 4γ(‖w_k‖ + r_k)) + 4γ·|b_k|,   r_k = ‖w_k − ŵ_k‖ (computed exactly at build),
 
 where r_k‖h‖ bounds the quantization error (Cauchy–Schwarz) and γ = (d+4)u/(1 − (d+4)u), u = 2⁻²⁴,
-bounds float32 rounding of this scan *and* of the exact re-scoring in any summation order (Higham,
-"Accuracy and Stability of Numerical Algorithms", §3.1). So every label satisfies â_k − e_k ≤ s_k ≤
-â_k + e_k. With L the k-th largest lower bound, a label whose upper bound is below L cannot be in the
-top k: every other label is re-scored from the float32 weights, and the answer is exact by
-construction. For sparsemax the support lies within 1 of the best score (τ ≥ z_max − 1), so
-`reach=1` re-scores every label whose upper bound is within 1 of the best lower bound, which is
-everything the support can hold: certified whenever the candidates fit the re-scoring cap.
+bounds float32 rounding of a dot product *and* of the exact re-scoring in any summation order (Higham,
+"Accuracy and Stability of Numerical Algorithms", §3.1).
+
+The scan multiplies integers, which is what makes it fast: the query is rounded to int16 codes too,
+ĥ = t·p (t = max|h|/Q), so ⟨q_k, p⟩ is an exact int32 sum (Q keeps d·127·Q below 2³¹) and
+â_k = σ_k·t·⟨q_k, p⟩ + b_k takes a handful of float32 roundings, fewer than γ allows for. The query's
+rounding δ = h − ĥ adds |⟨ŵ_k, δ⟩| ≤ ‖ŵ_k‖·‖δ‖ ≤ 127√d·σ_k·‖δ‖ to e_k, about 1/Q of the row term.
+
+So every label satisfies â_k − e_k ≤ s_k ≤ â_k + e_k. With L the k-th largest lower bound, a label
+whose upper bound is below L cannot be in the top k: every other label is re-scored from the float32
+weights, and the answer is exact by construction. For sparsemax the support lies within 1 of the best
+score (τ ≥ z_max − 1), so `reach=1` re-scores every label whose upper bound is within 1 of the best
+lower bound, which is everything the support can hold: certified whenever the candidates fit the
+re-scoring cap.
 """
 
 from __future__ import annotations
@@ -166,11 +173,11 @@ def _kernel() -> Any:
 
     @numba.njit(nogil=True, cache=_cache_ok(), fastmath=fast)
     def scan(
-        codes: Any, scale: Any, bias: Any, radius: Any, bias_err: Any, h: Any, hnorm: float,
-        cells: Any, cell_ub: Any, offsets: Any, kk: int, reach: float,
+        codes: Any, scale: Any, bias: Any, radius: Any, bias_err: Any, hq: Any, t: float, hnorm: float,
+        qslack: float, cells: Any, cell_ub: Any, offsets: Any, kk: int, reach: float,
         heap: Any, out_pos: Any, out_lo: Any, out_up: Any, stats: Any,
     ) -> int:  # pragma: no cover - compiled
-        d = h.shape[0]
+        d = hq.shape[0]
         n_heap, n = 0, 0
         best, skipped = -np.inf, -np.inf
         floor = -np.inf if kk > 0 else np.inf
@@ -179,11 +186,11 @@ def _kernel() -> Any:
             c = cells[i]
             for k in range(offsets[c], offsets[c + 1]):
                 row = codes[k]
-                acc = np.float32(0.0)
-                for j in range(d):
-                    acc += np.float32(row[j]) * h[j]
-                a = acc * scale[k] + bias[k]
-                e = np.float32(hnorm) * radius[k] + bias_err[k]
+                acc = np.int32(0)
+                for j in range(d):  # int32 throughout (no overflow: see `query_levels`), so it vectorizes
+                    acc = np.int32(acc + np.int32(np.int32(row[j]) * np.int32(hq[j])))
+                a = np.float32(acc) * (scale[k] * np.float32(t)) + bias[k]
+                e = np.float32(hnorm) * radius[k] + np.float32(qslack) * scale[k] + bias_err[k]
                 lo, up = a - e, a + e
                 if lo != lo:  # NaN never hides a label
                     lo = -np.inf
@@ -272,6 +279,37 @@ def query_norm(h: F32) -> float:
     return float(_round_up32(hn)[0])
 
 
+@dataclass(frozen=True)
+class QuantizedQuery:
+    """int16 codes `p` and scale `t` of a query (ĥ = t·p), its norm, and `slack` = 127√d·‖h − ĥ‖, which
+    times a row's scale bounds what the query's rounding can move that row's score (all rounded up)."""
+
+    p: npt.NDArray[np.int16]
+    t: float
+    norm: float
+    slack: float
+
+
+def query_levels(dim: int) -> int:
+    """The largest |code| Q of a query such that d·127·Q, the largest possible int32 sum, fits."""
+    return int(min(2**15 - 1, (2**31 - 1) // (127 * max(dim, 1))))
+
+
+def quantize_query(h: F32) -> QuantizedQuery:
+    h = np.ascontiguousarray(h, dtype=np.float32)
+    d = h.shape[0]
+    h64 = h.astype(np.float64)
+    amax = float(np.abs(h64).max()) if d else 0.0
+    t = np.float32(amax / query_levels(d))
+    if t > 0 and np.isfinite(t):
+        p = np.clip(np.rint(h64 / np.float64(t)), -query_levels(d), query_levels(d)).astype(np.int16)
+    else:  # zero, subnormal or non-finite: no codes, the whole query is slack (inf/NaN stay visible)
+        t, p = np.float32(0.0), np.zeros(d, dtype=np.int16)
+    delta = np.linalg.norm(h64 - np.float64(t) * p.astype(np.float64))  # exact products, float64 sum
+    slack = np.array([127.0 * np.sqrt(d) * delta * (1.0 + 8 * _U)])
+    return QuantizedQuery(p, float(t), query_norm(h), float(_round_up32(slack)[0]))
+
+
 def scan_cells(
     head: Int8Head, offsets: I64, h: F32, cells: I64, cell_ub: F64, kk: int, reach: float | None
 ) -> Scan:
@@ -280,8 +318,7 @@ def scan_cells(
     Stops at the first cell whose bound is below the floor; keeps every label whose upper bound reaches
     the floor at the time it is scanned. The floor only rises, so whatever the final floor, every label
     whose upper bound reaches it is kept."""
-    h = np.ascontiguousarray(h, dtype=np.float32)
-    hn = query_norm(h)
+    q = quantize_query(h)
     total = int((offsets[cells + 1] - offsets[cells]).sum())
     pos = np.empty(total, dtype=np.int64)
     lower = np.empty(total, dtype=np.float32)
@@ -290,17 +327,17 @@ def scan_cells(
     r = -1.0 if reach is None else float(reach)
     if _numba_available():
         stats = np.zeros(4, dtype=np.float64)
-        stop = _kernel()(head.codes, head.scale, head.bias, head.radius, head.bias_err, h, hn, cells,
-                         np.ascontiguousarray(cell_ub, dtype=np.float64), offsets, kk, r,
+        stop = _kernel()(head.codes, head.scale, head.bias, head.radius, head.bias_err, q.p, q.t, q.norm,
+                         q.slack, cells, np.ascontiguousarray(cell_ub, dtype=np.float64), offsets, kk, r,
                          heap, pos, lower, upper, stats)
         n, nh = int(stats[0]), int(stats[1])
         return Scan(pos[:n], lower[:n], upper[:n], heap[:nh], float(stats[2]), float(stats[3]), int(stop))
-    # numpy: every given cell, the same float32 arithmetic summed in some order; floor applied once
+    # numpy: every given cell, the same arithmetic (exact integer sums); floor applied once
     if total:
         pos[:] = np.concatenate([np.arange(offsets[c], offsets[c + 1]) for c in cells])
-    acc = head.codes[pos].astype(np.float32) @ h
-    a = acc * head.scale[pos] + head.bias[pos]
-    e = np.float32(hn) * head.radius[pos] + head.bias_err[pos]
+    acc = (head.codes[pos].astype(np.int64) @ q.p.astype(np.int64)).astype(np.float32)
+    a = acc * (head.scale[pos] * np.float32(q.t)) + head.bias[pos]
+    e = np.float32(q.norm) * head.radius[pos] + np.float32(q.slack) * head.scale[pos] + head.bias_err[pos]
     lower, upper = np.nan_to_num(a - e, nan=-np.inf), np.nan_to_num(a + e, nan=np.inf)
     heap = np.sort(lower)[::-1][:kk] if kk else np.empty(0, np.float32)
     best = float(lower.max(initial=-np.inf))

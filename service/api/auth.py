@@ -23,7 +23,7 @@ bearer = HTTPBearer(auto_error=False, description="the same key as `Authorizatio
 _HOW = "send it in the X-API-Key header or as Authorization: Bearer <key>"
 
 
-def presented_key(
+async def presented_key(
     header: Annotated[str | None, Security(api_key_header)] = None,
     token: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)] = None,
 ) -> str | None:
@@ -42,7 +42,7 @@ def _settings(request: Request) -> Settings:
     return s
 
 
-def require_api_key(request: Request, key: Presented) -> None:
+async def require_api_key(request: Request, key: Presented) -> None:
     """Admin scope (every mutation); compared in constant time; a server with no key refuses every key."""
     if not key:
         raise Unauthorized(f"missing API key: {_HOW}", headers={"WWW-Authenticate": "Bearer"})
@@ -54,7 +54,7 @@ def require_api_key(request: Request, key: Presented) -> None:
         raise Forbidden(f"{what}: this call needs the admin key (OVEX_API_KEY)")
 
 
-def require_read_key(request: Request, key: Presented) -> None:
+async def require_read_key(request: Request, key: Presented) -> None:
     """Read scope: open while no read key is configured; otherwise the read key or the admin key."""
     s = _settings(request)
     if s.read_key is None:
@@ -65,10 +65,10 @@ def require_read_key(request: Request, key: Presented) -> None:
         raise Forbidden("wrong key: this call needs the read key (OVEX_READ_KEY) or the admin key")
 
 
-def require_predict_key(request: Request, key: Presented) -> None:
+async def require_predict_key(request: Request, key: Presented) -> None:
     """Predictions are open unless the server puts them behind the read key."""
     if _settings(request).predict_needs_read_key:
-        require_read_key(request, key)
+        await require_read_key(request, key)
 
 
 ApiKey = Annotated[None, Depends(require_api_key)]

@@ -55,7 +55,7 @@ def dataset_out(row: DatasetRow) -> DatasetOut:
     )
 
 
-def jobs_service(request: Request) -> JobsService:
+async def jobs_service(request: Request) -> JobsService:
     rt = getattr(request.app.state, "jobs", None)
     if rt is None:
         raise Unavailable("the job system is not running in this process")

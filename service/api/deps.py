@@ -12,22 +12,22 @@ from service.registry import ModelRegistry
 from service.settings import Settings
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     s: Settings = request.app.state.settings
     return s
 
 
-def get_registry(request: Request) -> ModelRegistry:
+async def get_registry(request: Request) -> ModelRegistry:
     r: ModelRegistry = request.app.state.registry
     return r
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     m: Metrics = request.app.state.metrics
     return m
 
 
-def get_batcher(request: Request) -> MicroBatcher:
+async def get_batcher(request: Request) -> MicroBatcher:
     b: MicroBatcher = request.app.state.batcher
     return b
 

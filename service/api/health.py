@@ -12,13 +12,13 @@ router = APIRouter(tags=["ops"])
 
 
 @router.get("/healthz", response_model=Health)
-def healthz() -> Health:
+async def healthz() -> Health:
     """Answers as soon as the process serves HTTP, models or not."""
     return Health(status="ok")
 
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
-def readyz(registry: RegistryDep) -> JSONResponse:
+async def readyz(registry: RegistryDep) -> JSONResponse:
     """200 when at least one model version is loaded and warmed, else 503."""
     models = {n: s.version for n, s in registry.active().items()}
     ready = bool(models)

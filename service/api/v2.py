@@ -52,7 +52,7 @@ def _served(registry: ModelRegistry, name: str, version: str | None) -> ServedMo
 
 
 @router.get("/health/live")
-def live() -> dict[str, bool]:
+async def live() -> dict[str, bool]:
     """The process serves HTTP."""
     return {"live": True}
 
