@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 
 import service.quantized_scan as quantized_scan
 import service.retrieval as retrieval
-from service.quantized_scan import build_cells, quantize_head, scan_cells, score_bounds
+from service.quantized_scan import (
+    build_cells,
+    quantize_head,
+    quantize_query,
+    query_levels,
+    scan_cells,
+    score_bounds,
+)
 from service.retrieval import (
     ExactScorer,
     FlatRetriever,
@@ -288,6 +295,34 @@ def test_int8_scan_keeps_everything_that_reaches_its_floor(
         assert s.skipped < floor or not len(dropped)
         assert (full[i, dropped] <= s.skipped).all()
         assert (s.upper >= floor).sum() >= k
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    d=st.sampled_from([1, 3, 64, 1031, 1040, 4096]),
+    spread=st.integers(0, 30),
+)
+def test_int8_bound_holds_for_queries_their_int16_codes_round_badly(seed: int, d: int, spread: int) -> None:
+    """The scan rounds the query to int16 codes scaled by its largest entry: one huge entry among tiny
+    ones leaves the rest as rounding, which the bound must carry; wide queries lower the code range so
+    the integer sums cannot overflow."""
+    rng = np.random.default_rng(seed)
+    w = (rng.normal(size=(50, d)) * 10.0 ** rng.integers(-2, 3, size=(50, 1))).astype(np.float32)
+    w[0] = 127.0  # every code at its extreme, so an overflowing sum would show
+    b = rng.normal(size=50).astype(np.float32)
+    h = rng.normal(size=(3, d)) * 10.0 ** -rng.integers(0, spread + 1, size=(3, d))
+    h[0] = np.sign(h[0]) * 1e-30  # tiny: no codes at all
+    h[1, 0] = 1e6
+    h[2] = np.where(rng.random(d) < 0.5, 1.0, -1.0)  # every code at ±Q
+    h = h.astype(np.float32)
+    lower, upper = score_bounds(quantize_head(w, b), h)
+    full = h.astype(np.float64) @ w.T.astype(np.float64) + b.astype(np.float64)
+    assert (lower.astype(np.float64) <= full).all() and (full <= upper.astype(np.float64)).all()
+    assert d * 127 * query_levels(d) < 2**31
+    q = quantize_query(h[2])
+    assert np.abs(q.p).max() == query_levels(d)  # ±1: every code at ±Q, rounded only through t
+    assert q.slack <= 127 * np.sqrt(d) * q.norm * 1e-6
 
 
 def _scanner(w: np.ndarray, b: np.ndarray, nlist: int, workers: int | None = 1) -> QuantizedScanner:
