@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -123,6 +124,11 @@ class Conn:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
 
     async def post(self, path: str, body: bytes, method: str = "POST") -> tuple[int, bytes]:
+        status, _, raw = await self.request(path, body, method)
+        return status, raw
+
+    async def request(self, path: str, body: bytes, method: str = "POST") -> tuple[int, str, bytes]:
+        """Status, the answering worker's pid (`X-Ovex-Worker`) and the body."""
         assert self.reader is not None and self.writer is not None
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
@@ -131,15 +137,18 @@ class Conn:
         self.writer.write(head + body)
         status_line = await self.reader.readline()
         status = int(status_line.split()[1])
-        length = 0
+        length, worker = 0, ""
         while True:
             line = await self.reader.readline()
             if line in (b"\r\n", b""):
                 break
             k, _, v = line.partition(b":")
-            if k.strip().lower() == b"content-length":
+            k = k.strip().lower()
+            if k == b"content-length":
                 length = int(v)
-        return status, await self.reader.readexactly(length)
+            elif k == b"x-ovex-worker":
+                worker = v.strip().decode()
+        return status, worker, await self.reader.readexactly(length)
 
     def close(self) -> None:
         if self.writer is not None:
@@ -154,6 +163,7 @@ async def run_cell(
     lat: list[float] = []
     answers: dict[int, list[int]] = {}
     exact_flags: list[bool] = []
+    by_worker: dict[str, int] = {}
     errors = 0
     next_i = 0
     t_start = time.perf_counter()
@@ -165,8 +175,9 @@ async def run_cell(
             i = next_i
             next_i += 1
             t0 = time.perf_counter()
-            status, raw = await conn.post(path, bodies[i % len(bodies)])
+            status, pid, raw = await conn.request(path, bodies[i % len(bodies)])
             lat.append(time.perf_counter() - t0)
+            by_worker[pid] = by_worker.get(pid, 0) + 1
             if status != 200:
                 errors += 1
                 continue
@@ -186,6 +197,7 @@ async def run_cell(
         **_timing(lat, wall),
         "mean_ms": round(float(np.mean(lat) * 1000), 3),
         "exact_share": round(float(np.mean(exact_flags)), 4),
+        "requests_per_worker": sorted(by_worker.values(), reverse=True),
         "_answers": answers,
     }
 
@@ -271,11 +283,14 @@ class RssSampler(threading.Thread):
         self.stop = threading.Event()
 
     def rss(self) -> int:
-        with open(f"/proc/{self.pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        return 0
+        """Resident set of the server and its workers (pages they share counted once per process)."""
+        total = 0
+        for p in [self.pid, *_children(self.pid)]:
+            with contextlib.suppress(OSError), open(f"/proc/{p}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+        return total
 
     def hwm(self) -> int:
         with open(f"/proc/{self.pid}/status") as fh:
@@ -293,7 +308,7 @@ class RssSampler(threading.Thread):
 
 
 def start_server(
-    models: Path, work: Path, port: int, threads: int, window_ms: float, retrieval: str
+    models: Path, work: Path, port: int, threads: int, window_ms: float, retrieval: str, workers: int = 1
 ) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.update(
@@ -309,7 +324,8 @@ def start_server(
     )
     log = open(work / "server.log", "ab")  # noqa: SIM115 - owned by the child
     return subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--models-dir", str(models), "--port", str(port)],
+        [sys.executable, "-m", "service.cli", "serve", "--models-dir", str(models), "--port", str(port),
+         "--workers", str(workers)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -333,11 +349,23 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float) -> floa
     raise RuntimeError("server not ready in time")
 
 
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            kids += [int(x) for x in (task / "children").read_text().split()]
+    return kids
+
+
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads): its CPU cost whatever else the machine runs."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """utime + stime of a process (all its threads) and of its workers (`--workers N`): the server's CPU
+    cost whatever else the machine runs."""
+    total = 0.0
+    for p in [pid, *_children(pid)]:
+        with contextlib.suppress(OSError), open(f"/proc/{p}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def memory_bandwidth() -> dict[str, float]:
@@ -389,7 +417,7 @@ def serve_path(
     had = path == "exact" or (
         meta_path.exists() and json.loads(meta_path.read_text()).get("format") == INDEX_FORMAT
     )
-    proc = start_server(models, args.work, port, args.threads, args.window_ms, path)
+    proc = start_server(models, args.work, port, args.threads, args.window_ms, path, args.workers)
     sampler = RssSampler(proc.pid)
     sampler.start()
     cells = []
@@ -497,6 +525,7 @@ def main() -> int:
     ap.add_argument("--clusters", type=int, default=4096, help="constructed model only")
     ap.add_argument("--work", type=Path, default=Path("/tmp/ovex_bench_serve"))
     ap.add_argument("--threads", type=int, default=1, help="server torch/faiss threads")
+    ap.add_argument("--workers", type=int, default=1, help="`ovex serve --workers N`")
     ap.add_argument("--window-ms", type=float, default=1.0)
     ap.add_argument("--max-requests", type=int, default=2000)
     ap.add_argument("--cell-seconds", type=float, default=10.0)
@@ -527,7 +556,7 @@ def main() -> int:
         results.append(run_model(art, args, constructed=True))
     result = {
         "models": results,
-        "server": {"threads": args.threads, "batch_window_ms": args.window_ms},
+        "server": {"threads": args.threads, "batch_window_ms": args.window_ms, "workers": args.workers},
         "client": "asyncio HTTP/1.1 keep-alive, one connection per concurrent request, same machine",
         "machine": {
             "cpus": os.cpu_count(),
@@ -579,7 +608,8 @@ def render_md(r: dict[str, Any]) -> str:
     lines = [
         "# Serving load: trained models over HTTP, every retrieval path (bench/serve_load.py)",
         "",
-        f"Server: `ovex serve`, one process, {r['server']['threads']} compute thread(s), batch window "
+        f"Server: `ovex serve --workers {r['server'].get('workers', 1)}`, {r['server']['threads']} compute "
+        f"thread(s) per process, batch window "
         f"{r['server']['batch_window_ms']} ms; client on the same machine (asyncio, keep-alive).",
         (
             f"Machine: {mach['cpus']} CPUs, run alone (other jobs held back for the run): load average "
@@ -613,8 +643,8 @@ def render_md(r: dict[str, Any]) -> str:
             f"Weights file {m['weights_file_bytes'] / gib:.2f} GiB.",
             "",
             "| path | ready s (index) | peak RSS GiB | normalization | c | req/s | p50 ms | p99 ms "
-            "| recall@10 | certified exact | server CPU ms/req | load 1m |",
-            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| recall@10 | certified exact | server CPU ms/req | requests per worker | load 1m |",
+            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
         ]
         for sv in m["servers"]:
             idx = "cached" if sv["index_from_cache"] else "built"
@@ -623,7 +653,8 @@ def render_md(r: dict[str, Any]) -> str:
                     f"| {sv['path']} | {sv['ready_seconds']} ({idx}) | {sv['rss_peak_bytes'] / gib:.2f} "
                     f"| {c['normalization']} | {c['concurrency']} | {c['req_per_s']} | {c['p50_ms']} "
                     f"| {c['p99_ms']} | {c.get('recall_at_10', '')} | {c['exact_share']} "
-                    f"| {c['server_cpu_ms_per_req']} | {c['loadavg_1m']} |"
+                    f"| {c['server_cpu_ms_per_req']} | {c.get('requests_per_worker', '')} "
+                    f"| {c['loadavg_1m']} |"
                 )
         lines.append("")
         ceil = [(sv["path"], c) for sv in m["servers"] for c in sv.get("http_ceiling", [])]

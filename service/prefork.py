@@ -243,6 +243,9 @@ class Supervisor:
     def run(self) -> int:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
+        # libuv (uvloop) accepts one connection per wakeup and yields: every idle worker wakes on the
+        # shared socket, so a burst of connections is dealt out instead of taken by the first awake
+        os.environ.setdefault("UV_TCP_SINGLE_ACCEPT", "1")
         gc.collect()
         gc.freeze()  # the collector never writes to the imported objects, so their pages stay shared
         try:

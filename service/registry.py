@@ -81,6 +81,7 @@ def retrieval_config(s: Settings) -> RetrievalConfig:
         hnsw_m=s.hnsw_m,
         hnsw_ef_search=s.hnsw_ef_search,
         exact_block_rows=s.exact_block_rows,
+        lone_scan_threads=s.lone_scan_threads,
     )
 
 

@@ -102,6 +102,7 @@ class RetrievalConfig:
     hnsw_m: int = 32
     hnsw_ef_search: int = 128
     exact_block_rows: int = 65536
+    lone_scan_threads: int = 1
     tune_queries: int = 128
     seed: int = 0
 
@@ -222,9 +223,10 @@ class QuantizedScanner:
     the first cell whose bound is below L and keeping every label whose upper bound reaches L; those
     are re-scored from the float32 weights. A label in a skipped cell or below L cannot be in the
     answer, so the answer is exact by construction and `bound` (the largest bound left out) says so
-    to the sparse maps. A large head is split between `workers` threads (cells dealt round-robin, each
-    with its own floor, which is never above the shared one); the default is the calling thread's
-    torch thread count.
+    to the sparse maps. A large head's scan can be split between threads (cells dealt round-robin,
+    each with its own floor, which is never above the shared one): `workers` threads always when
+    given, else `lone_workers` for a search of one query (a request that came alone, so the other
+    cores are idle) and one thread per query in a batch.
     """
 
     kind = "int8"
@@ -238,6 +240,7 @@ class QuantizedScanner:
         bias: F32,
         max_candidates: int = 4096,
         workers: int | None = None,
+        lone_workers: int = 1,
     ) -> None:
         self.head = head
         self.cells = cells
@@ -246,25 +249,26 @@ class QuantizedScanner:
         self.n_labels = int(weight.shape[0])
         self.max_candidates = max_candidates
         self.workers = workers
+        self.lone_workers = lone_workers
         self._w = torch.from_numpy(weight)
         self._b = torch.from_numpy(self.bias)
         self._offsets = np.ascontiguousarray(cells.offsets, dtype=np.int64)
         self._sizes = np.diff(self._offsets)
         self.scanned = 0  # labels whose int8 bounds were computed, over all queries (for benchmarks)
 
-    def _n_workers(self) -> int:
+    def _n_workers(self, n_queries: int) -> int:
         if self.workers is not None:
             return max(1, self.workers)
-        if self.head.codes.nbytes < self.SPLIT_MIN_BYTES:
+        if n_queries > 1 or self.head.codes.nbytes < self.SPLIT_MIN_BYTES:
             return 1
-        return max(1, min(torch.get_num_threads(), 8))
+        return max(1, self.lone_workers)
 
     def search(self, h: F32, k: int, reach: float | None = None) -> TopK:
         h = np.ascontiguousarray(h, dtype=np.float32)
         n = h.shape[0]
         kk = min(k, self.n_labels)
         u_cells = self.cells.bounds(h)
-        nw = self._n_workers()
+        nw = self._n_workers(n)
         rows = [self._one(h[i], u_cells[i], kk, reach, nw) for i in range(n)]
         width = max(k, max(len(r[0]) for r in rows) if rows else 0)
         ids_out = np.full((n, width), -1, dtype=np.int64)
@@ -690,7 +694,7 @@ def _int8_scanner(
             "seconds": round(time.perf_counter() - t0, 2),
         },
     )
-    return QuantizedScanner(head, cells, weight, bias)
+    return QuantizedScanner(head, cells, weight, bias, lone_workers=cfg.lone_scan_threads)
 
 
 def build_retriever(

@@ -77,7 +77,8 @@ def worker_settings(settings: Settings) -> Settings:
     """What each of N workers runs with: its share of the threads (N workers never oversubscribe the
     cores `threads` allows), and no job worker of its own (the parent runs one for all)."""
     share = max(1, settings.threads // settings.workers)
-    return settings.model_copy(update={"threads": share, "embedded_worker": False})
+    lone = max(1, settings.lone_scan_threads // settings.workers)
+    return settings.model_copy(update={"threads": share, "lone_scan_threads": lone, "embedded_worker": False})
 
 
 def _uvicorn_options(settings: Settings) -> dict[str, Any]:

@@ -22,6 +22,11 @@ def _default_threads() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
+def _default_lone_threads() -> int:
+    """Every core: a lone request leaves the others idle (under load, batches form and scan one per core)."""
+    return max(1, os.cpu_count() or 1)
+
+
 class Settings(BaseSettings):
     """Service configuration. Grouped by concern; each field's description is its documentation."""
 
@@ -73,6 +78,13 @@ class Settings(BaseSettings):
 
     # --- compute -------------------------------------------------------------------------------------
     threads: int = Field(default_factory=_default_threads, ge=1, description="torch and faiss threads")
+    lone_scan_threads: int = Field(
+        default_factory=_default_lone_threads,
+        ge=1,
+        le=64,
+        description="threads sharing the int8 scan of a request that arrives alone (a batch of several "
+        "scans each on one thread); split between workers",
+    )
     retrieval: RetrievalKind = Field(
         default="auto", description="top-k backend; auto picks by the head's size (labels × d)"
     )

@@ -397,3 +397,34 @@ def test_auto_chooses_by_the_bytes_a_query_reads() -> None:
     assert choose_kind(100_000, 512, cfg) == "int8"
     assert choose_kind(1_000_000, 128, cfg) == "int8"
     assert choose_kind(10, 2, RetrievalConfig(kind="hnsw")) == "hnsw"
+
+
+def test_a_lone_query_shares_its_scan_and_a_batch_scans_one_query_per_thread() -> None:
+    """Split a large head's scan only for a search of one query (a request that came alone: the other
+    cores are idle); split or not, the answer is the same."""
+    rng = np.random.default_rng(5)
+    n, d = 9000, 512  # codes over the size worth splitting
+    w = rng.normal(size=(n, d)).astype(np.float32)
+    b = rng.normal(size=n).astype(np.float32)
+    cells = build_cells(w, b, 64)
+    head = quantize_head(w, b, cells.order)
+    assert head.codes.nbytes >= QuantizedScanner.SPLIT_MIN_BYTES
+    scanner = QuantizedScanner(head, cells, w, b, lone_workers=3)
+    assert scanner._n_workers(1) == 3 and scanner._n_workers(2) == 1
+    h = rng.normal(size=(2, d)).astype(np.float32)
+    alone = scanner.search(h[:1], 10)
+    single = QuantizedScanner(head, cells, w, b, lone_workers=1).search(h[:1], 10)
+    assert alone.ids.tolist() == single.ids.tolist() and alone.bound.tolist() == single.bound.tolist()
+    few = build_cells(w[:100], b[:100], 4)
+    small_head = quantize_head(w[:100], b[:100], few.order)
+    small = QuantizedScanner(small_head, few, w[:100], b[:100], lone_workers=3)
+    assert small._n_workers(1) == 1  # a small head costs a second thread more than it saves
+
+
+def test_workers_split_the_threads_between_them() -> None:
+    from service.serve import worker_settings
+    from service.settings import Settings
+
+    child = worker_settings(Settings(workers=2, threads=4, lone_scan_threads=4))
+    assert (child.threads, child.lone_scan_threads, child.embedded_worker) == (2, 2, False)
+    assert worker_settings(Settings(workers=4, threads=2, lone_scan_threads=2)).lone_scan_threads == 1
