@@ -29,7 +29,6 @@ import platform
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -275,36 +274,16 @@ def http_ceiling(port: int, pid: int, feats: list[bytes], args: argparse.Namespa
 # the server and its memory
 
 
-class RssSampler(threading.Thread):
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid = pid
-        self.peak = 0
-        self.stop = threading.Event()
-
-    def rss(self) -> int:
-        """Resident set of the server and its workers (pages they share counted once per process)."""
-        total = 0
-        for p in [self.pid, *_children(self.pid)]:
-            with contextlib.suppress(OSError), open(f"/proc/{p}/status") as fh:
-                for line in fh:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
-        return total
-
-    def hwm(self) -> int:
-        with open(f"/proc/{self.pid}/status") as fh:
+def group_memory(pid: int, field: str) -> int:
+    """`VmRSS` (now) or `VmHWM` (the kernel's record of the peak) of the server and its workers, summed:
+    read once, so nothing polls the server while it is measured."""
+    total = 0
+    for p in [pid, *_children(pid)]:
+        with contextlib.suppress(OSError), open(f"/proc/{p}/status") as fh:
             for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-        return 0
-
-    def run(self) -> None:
-        while not self.stop.wait(0.05):
-            try:
-                self.peak = max(self.peak, self.rss())
-            except OSError:
-                return
+                if line.startswith(field + ":"):
+                    total += int(line.split()[1]) * 1024
+    return total
 
 
 def start_server(
@@ -418,12 +397,10 @@ def serve_path(
         meta_path.exists() and json.loads(meta_path.read_text()).get("format") == INDEX_FORMAT
     )
     proc = start_server(models, args.work, port, args.threads, args.window_ms, path, args.workers)
-    sampler = RssSampler(proc.pid)
-    sampler.start()
     cells = []
     try:
         ready_s = wait_ready(port, proc, timeout=1800)
-        rss_ready = sampler.rss()
+        rss_ready = group_memory(proc.pid, "VmRSS")
         for norm in ("none", "sparsemax"):
             bodies = [body_for(f, False, norm) for f in feats]
             for conc in args.concurrency:
@@ -457,9 +434,8 @@ def serve_path(
                     flush=True,
                 )
         ceiling = http_ceiling(port, proc.pid, feats, args) if path == args.ceiling_path else []
-        peak = max(sampler.peak, sampler.hwm())
+        peak = group_memory(proc.pid, "VmHWM")
     finally:
-        sampler.stop.set()
         proc.terminate()
         proc.wait(30)
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
