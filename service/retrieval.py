@@ -226,11 +226,13 @@ class QuantizedScanner:
     to the sparse maps. A large head's scan can be split between threads (cells dealt round-robin,
     each with its own floor, which is never above the shared one): `workers` threads always when
     given, else `lone_workers` for a search of one query (a request that came alone, so the other
-    cores are idle) and one thread per query in a batch.
+    cores are idle) on a head whose queries read most of it (where the cell bounds prune, separate
+    floors rise slower and the split costs more than it saves), and one thread per query in a batch.
     """
 
     kind = "int8"
     SPLIT_MIN_BYTES = 1 << 22  # below this a second thread costs more than it saves
+    SPLIT_MIN_READ = 0.5  # share of the head the recent queries scanned, above which a split pays
 
     def __init__(
         self,
@@ -255,11 +257,14 @@ class QuantizedScanner:
         self._offsets = np.ascontiguousarray(cells.offsets, dtype=np.int64)
         self._sizes = np.diff(self._offsets)
         self.scanned = 0  # labels whose int8 bounds were computed, over all queries (for benchmarks)
+        self.read_share = 1.0  # moving average of the share of labels a query scanned
 
     def _n_workers(self, n_queries: int) -> int:
         if self.workers is not None:
             return max(1, self.workers)
         if n_queries > 1 or self.head.codes.nbytes < self.SPLIT_MIN_BYTES:
+            return 1
+        if self.read_share < self.SPLIT_MIN_READ:
             return 1
         return max(1, self.lone_workers)
 
@@ -295,7 +300,9 @@ class QuantizedScanner:
             scans = [run(parts[0])]
         b_cells = max((float(u[p[s.stop]]) for p, s in zip(parts, scans, strict=True) if s.stop < len(p)),
                       default=-math.inf)
-        self.scanned += sum(int(self._sizes[p[: s.stop]].sum()) for p, s in zip(parts, scans, strict=True))
+        scanned = sum(int(self._sizes[p[: s.stop]].sum()) for p, s in zip(parts, scans, strict=True))
+        self.scanned += scanned
+        self.read_share = 0.9 * self.read_share + 0.1 * scanned / max(self.n_labels, 1)
         return scans, b_cells
 
     def _one(self, h: F32, u: F64, kk: int, reach: float | None, nw: int) -> tuple[I64, F32, float]:

@@ -419,6 +419,11 @@ def test_a_lone_query_shares_its_scan_and_a_batch_scans_one_query_per_thread() -
     small_head = quantize_head(w[:100], b[:100], few.order)
     small = QuantizedScanner(small_head, few, w[:100], b[:100], lone_workers=3)
     assert small._n_workers(1) == 1  # a small head costs a second thread more than it saves
+    scanner.read_share = 0.1  # the cell bounds prune: the split would only slow the floors down
+    assert scanner._n_workers(1) == 1
+    for _ in range(30):  # queries that read the whole head bring it back
+        scanner._one(h[0], cells.bounds(h[:1])[0], 10, None, 1)
+    assert scanner.read_share > QuantizedScanner.SPLIT_MIN_READ and scanner._n_workers(1) == 3
 
 
 def test_workers_split_the_threads_between_them() -> None:
