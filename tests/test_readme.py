@@ -209,7 +209,8 @@ def test_figure_check_catches_a_stale_or_uncited_figure() -> None:
 
 def _table_default(text: str) -> Any:
     """A default as the configuration table writes it, as a Python value ("computed" when none is fixed)."""
-    if text.strip() in ("none", "first by name", "auto", "half the cores", "SQLite in `data_dir`"):
+    words = ("none", "first by name", "auto", "half the cores", "every core", "SQLite in `data_dir`")
+    if text.strip() in words:
         return "computed"  # written in words: nothing fixed (in backticks, `auto` is a literal value)
     value = text.strip().strip("`")
     sized = re.fullmatch(r"(\d+) (KiB|MiB|GiB)", value)
