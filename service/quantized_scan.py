@@ -296,6 +296,7 @@ def query_levels(dim: int) -> int:
 
 
 def quantize_query(h: F32) -> QuantizedQuery:
+    """Round a query to int16 codes for the integer scan; what the rounding moves goes into the bound."""
     h = np.ascontiguousarray(h, dtype=np.float32)
     d = h.shape[0]
     h64 = h.astype(np.float64)
