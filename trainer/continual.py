@@ -42,10 +42,9 @@ __all__ = [
 # The fields that fix the shape of the model or its input rows: a continual run takes them from the base.
 ARCHITECTURE_FIELDS = ("loss", "dim", "encoder", "hidden", "pieces", "tfidf", "l2", "hash_size",
                        "max_vocab", "min_df")
-# Fields that describe how the base was selected, not how a continual run should go.
-# how a run continues, not what the model is: today's defaults apply unless the caller sets them, never the
+# How a run continues, not what the model is: today's defaults apply unless the caller sets them, never the
 # values a base happened to be trained under
-_RESET_FIELDS = ("stop_epoch", "continual_epochs", "replay", "new_label_lr", "new_label_init")
+_RESET_FIELDS = ("stop_epoch", "continual_epochs", "replay", "continual_lr", "new_label_lr", "new_label_init")
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
