@@ -15,7 +15,10 @@ as an artifact, loaded back and scored on the test split in the original label i
   and beside it the ratio of CPU times (`time.process_time`: every thread of this one process; torch
   runs one thread here). On a quiet machine the two agree; on a loaded one wall time also counts the
   other tenants, so the load average before and after each timed run is recorded with it. The
-  continual run and the full retrain run back to back, in alternating order from seed to seed.
+  continual run and the full retrain run back to back, `--repeats` times (default 3) in alternating
+  order, and each time is the median of its repeats: a 0.5-second run's wall time moves by a tenth
+  between runs of the same code, more than the margin the target leaves. Scores come from the first
+  run (a seeded run repeats them exactly).
 
 Extra rows, not the defaults: `--variants` adds continual runs with random new-label rows
 (`new_label_init=random`), without replay (`replay=0`, to measure forgetting), with new label rows at
@@ -24,6 +27,7 @@ the common learning rate (`new_label_lr=1`), and, on request, other settings (`r
 cosine decay instead of `continual_schedule=linear`).
 
     .venv/bin/python bench/continual.py [--sets bibtex corel5k synth] [--seeds 0 1 2] [--variants ...]
+        [--repeats 3]
 
 Results: bench/results/continual.json and bench/results/continual.md (one file per run name, `--name`).
 """
@@ -147,8 +151,17 @@ def timed(fn: Any, hooks: PhaseHooks) -> tuple[Any, dict[str, Any]]:
                  "phases": hooks.phases(t0, t1)}
 
 
+def median_time(ts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Timings of repeated runs: the median wall and CPU time and phases, every wall time, the load range."""
+    return {"wall_s": float(np.median([t["wall_s"] for t in ts])),
+            "cpu_s": float(np.median([t["cpu_s"] for t in ts])),
+            "phases": {k: float(np.median([t["phases"][k] for t in ts])) for k in ts[0]["phases"]},
+            "load": [min(min(t["load"]) for t in ts), max(max(t["load"]) for t in ts)],
+            "wall_s_each": [round(t["wall_s"], 4) for t in ts]}
+
+
 def run_one(name: str, train_ds: Dataset, test_ds: Dataset, seed: int, variants: list[str],
-            tmp: Path) -> dict[str, Any]:
+            tmp: Path, repeats: int = 1) -> dict[str, Any]:
     base_ds, held = base_split(train_ds, seed)
     y = sp.csr_matrix(test_ds.Y)
     carries_new = np.asarray(y[:, np.flatnonzero(held)].sum(axis=1)).ravel() > 0
@@ -160,8 +173,11 @@ def run_one(name: str, train_ds: Dataset, test_ds: Dataset, seed: int, variants:
     hooks = PhaseHooks()
     _, t_base = timed(lambda: train(params, base_ds, None, out_dir=d / "base", hooks=hooks), hooks)
     runs: dict[str, dict[str, Any]] = {}
+    times: dict[str, list[dict[str, Any]]] = {}
     pair: list[tuple[str, dict[str, Any] | None]] = [("continual", {}), ("full", None)]
-    plan = (pair if seed % 2 == 0 else pair[::-1]) + [(f"continual-{v}", VARIANTS[v]) for v in variants]
+    # the timed pair back to back, `repeats` times, in alternating order; then the extra rows once each
+    pairs = [pair if (seed + i) % 2 == 0 else pair[::-1] for i in range(repeats)]
+    plan = [run for p in pairs for run in p] + [(f"continual-{v}", VARIANTS[v]) for v in variants]
     for run, extra in plan:
         out = d / run
         hooks = PhaseHooks()
@@ -172,10 +188,15 @@ def run_one(name: str, train_ds: Dataset, test_ds: Dataset, seed: int, variants:
             p = TrainParams(seed=seed, **extra)
             res, t = timed(lambda p=p, out=out, h=hooks: train(p, train_ds, None, out_dir=out, hooks=h,
                                                               base=d / "base"), hooks)
+        times.setdefault(run, []).append(t)
+        if run in runs:  # a repeat: the same seeded run, timed again (its scores are the first's)
+            continue
         top = score(out, test_ds)
-        runs[run] = {**t, "steps": res.steps, "epochs": res.epochs,
+        runs[run] = {"steps": res.steps, "epochs": res.epochs,
                      "new": p_at(top, y, new_rows), "old": old_p_at(top, y, old_rows, held),
                      "all": p_at(top, y, all_rows)}
+    for run, ts in times.items():
+        runs[run].update(median_time(ts))
     top = score(d / "base", test_ds)
     runs["base"] = {**t_base, "old": old_p_at(top, y, old_rows, held),
                     "all": p_at(top, y, all_rows), "new": p_at(top, y, new_rows)}
@@ -271,6 +292,8 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--variants", nargs="*", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
     ap.add_argument("--name", default="continual", help="results file stem under bench/results/")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed runs of the continual/full pair per seed (median); scores: the first's")
     args = ap.parse_args()
     torch.set_num_threads(1)
     load_start = [round(x, 2) for x in os.getloadavg()]
@@ -279,7 +302,7 @@ def main() -> None:
         for name in args.sets:
             train_ds, test_ds = load_set(name, Path(args.data_dir))
             for seed in args.seeds:
-                r = run_one(name, train_ds, test_ds, seed, args.variants, Path(tmp))
+                r = run_one(name, train_ds, test_ds, seed, args.variants, Path(tmp), args.repeats)
                 results.append(r)
                 s = r["summary"]
                 print(f"{name} seed {seed}: " + " ".join(f"{k} {v:.4f}" for k, v in s.items())
