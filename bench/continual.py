@@ -5,8 +5,8 @@ that carries one; train the *base* on the rest (its label names are the original
 by name later); then a *continual* run from the base on the full training set (`train(..., base=...)`,
 the code path of `ovex train --init-from`), and a *full retrain* on the full training set. All three use
 the default `TrainParams` a user gets (only `seed` set; the continual run's defaults are its own:
-`continual_epochs`, `replay`, `new_label_init`). Every model is written as an artifact, loaded back and
-scored on the test split in the original label ids:
+`continual_epochs`, `replay`, `continual_lr`, `new_label_lr`, `new_label_init`). Every model is written
+as an artifact, loaded back and scored on the test split in the original label ids:
 
 * new: P@k on the test rows carrying a held-out label (continual vs full retrain; target ≥ 95 %);
 * old: P@1 on the test rows whose labels are all kept, continual vs the base (target: within 1 point);
@@ -15,14 +15,19 @@ scored on the test split in the original label ids:
   and beside it the ratio of CPU times (`time.process_time`: every thread of this one process; torch
   runs one thread here). On a quiet machine the two agree; on a loaded one wall time also counts the
   other tenants, so the load average before and after each timed run is recorded with it. The
-  continual run and the full retrain run back to back, in alternating order from seed to seed.
+  continual run and the full retrain run back to back, `--repeats` times (default 3) in alternating
+  order, and each time is the median of its repeats: a 0.5-second run's wall time moves by a tenth
+  between runs of the same code, more than the margin the target leaves. Scores come from the first
+  run (a seeded run repeats them exactly).
 
 Extra rows, not the defaults: `--variants` adds continual runs with random new-label rows
 (`new_label_init=random`), without replay (`replay=0`, to measure forgetting), with new label rows at
 the common learning rate (`new_label_lr=1`), and, on request, other settings (`replay=0.5`, `replay=1`,
-`continual_epochs=3`).
+`continual_epochs=3`, `continual_lr=1` (the base's own learning rates), `continual_lr=1.5`, and the base's
+cosine decay instead of `continual_schedule=linear`).
 
     .venv/bin/python bench/continual.py [--sets bibtex corel5k synth] [--seeds 0 1 2] [--variants ...]
+        [--repeats 3]
 
 Results: bench/results/continual.json and bench/results/continual.md (one file per run name, `--name`).
 """
@@ -64,6 +69,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "replay-0.5": {"replay": 0.5},
     "replay-1": {"replay": 1.0},
     "epochs-3": {"continual_epochs": 3},
+    "lr-x1": {"continual_lr": 1.0},
+    "lr-x1.5": {"continual_lr": 1.5},
+    "cosine": {"schedule": "cosine"},
 }
 DEFAULT_VARIANTS = ["random-init", "no-replay", "new-label-lr-1"]
 # 10^5 labels; rows kept small enough for three seeds of three trainings on a shared 2-core machine
@@ -107,18 +115,53 @@ def p_at(top: np.ndarray, y: sp.csr_matrix, rows: np.ndarray) -> dict[str, float
     return {k: v for k, v in out.items() if k.startswith("p@")}
 
 
-def timed(fn: Any) -> tuple[Any, dict[str, Any]]:
-    """(result, {wall_s, cpu_s, load}): CPU seconds of this process (all its threads), and the 1-minute
-    load average before and after, since on a shared machine wall time also counts the other tenants."""
+def old_p_at(top: np.ndarray, y: sp.csr_matrix, rows: np.ndarray, held: np.ndarray) -> dict[str, float]:
+    """P@k on old-label rows, and the share of them whose first label is a held-out one (`new_first`):
+    what a model that knows the new labels loses there, beside the old labels it ranks wrong."""
+    first = top[rows, 0]
+    return {**p_at(top, y, rows), "new_first": float(np.mean((first >= 0) & held[np.maximum(first, 0)]))}
+
+
+class PhaseHooks(QuietHooks):
+    """Silent hooks that note when each log line came: where a run's wall time goes."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[float, str]] = []
+
+    def on_log(self, message: str) -> None:
+        self.marks.append((time.perf_counter(), message))
+
+    def phases(self, t0: float, t1: float) -> dict[str, float]:
+        """setup (load a base, featurize, build and initialise the model), train (the epochs), save."""
+        start = next(t for t, m in self.marks if m.startswith("training "))
+        trained = max(t for t, m in self.marks if m.startswith("epoch "))
+        return {"setup_s": start - t0, "train_s": trained - start, "save_s": t1 - trained}
+
+
+def timed(fn: Any, hooks: PhaseHooks) -> tuple[Any, dict[str, Any]]:
+    """(result, {wall_s, cpu_s, load, phases}): CPU seconds of this process (all its threads), and the
+    1-minute load average before and after, since on a shared machine wall time also counts the other
+    tenants; `fn` trains with `hooks`, whose log lines split the wall time into phases."""
     load0 = os.getloadavg()[0]
     t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return out, {"wall_s": wall, "cpu_s": cpu, "load": [round(load0, 2), round(os.getloadavg()[0], 2)]}
+    t1 = time.perf_counter()
+    wall, cpu = t1 - t0, time.process_time() - c0
+    return out, {"wall_s": wall, "cpu_s": cpu, "load": [round(load0, 2), round(os.getloadavg()[0], 2)],
+                 "phases": hooks.phases(t0, t1)}
+
+
+def median_time(ts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Timings of repeated runs: the median wall and CPU time and phases, every wall time, the load range."""
+    return {"wall_s": float(np.median([t["wall_s"] for t in ts])),
+            "cpu_s": float(np.median([t["cpu_s"] for t in ts])),
+            "phases": {k: float(np.median([t["phases"][k] for t in ts])) for k in ts[0]["phases"]},
+            "load": [min(min(t["load"]) for t in ts), max(max(t["load"]) for t in ts)],
+            "wall_s_each": [round(t["wall_s"], 4) for t in ts]}
 
 
 def run_one(name: str, train_ds: Dataset, test_ds: Dataset, seed: int, variants: list[str],
-            tmp: Path) -> dict[str, Any]:
+            tmp: Path, repeats: int = 1) -> dict[str, Any]:
     base_ds, held = base_split(train_ds, seed)
     y = sp.csr_matrix(test_ds.Y)
     carries_new = np.asarray(y[:, np.flatnonzero(held)].sum(axis=1)).ravel() > 0
@@ -126,26 +169,36 @@ def run_one(name: str, train_ds: Dataset, test_ds: Dataset, seed: int, variants:
     new_rows, old_rows = np.flatnonzero(carries_new), np.flatnonzero(labelled & ~carries_new)
     all_rows = np.arange(test_ds.n_rows)
     params = TrainParams(seed=seed)
-    quiet = QuietHooks()
     d = tmp / f"{name}-{seed}"
-    _, t_base = timed(lambda: train(params, base_ds, None, out_dir=d / "base", hooks=quiet))
+    hooks = PhaseHooks()
+    _, t_base = timed(lambda: train(params, base_ds, None, out_dir=d / "base", hooks=hooks), hooks)
     runs: dict[str, dict[str, Any]] = {}
+    times: dict[str, list[dict[str, Any]]] = {}
     pair: list[tuple[str, dict[str, Any] | None]] = [("continual", {}), ("full", None)]
-    plan = (pair if seed % 2 == 0 else pair[::-1]) + [(f"continual-{v}", VARIANTS[v]) for v in variants]
+    # the timed pair back to back, `repeats` times, in alternating order; then the extra rows once each
+    pairs = [pair if (seed + i) % 2 == 0 else pair[::-1] for i in range(repeats)]
+    plan = [run for p in pairs for run in p] + [(f"continual-{v}", VARIANTS[v]) for v in variants]
     for run, extra in plan:
         out = d / run
+        hooks = PhaseHooks()
         if extra is None:
-            res, t = timed(lambda out=out: train(params, train_ds, None, out_dir=out, hooks=quiet))
+            res, t = timed(lambda out=out, h=hooks: train(params, train_ds, None, out_dir=out, hooks=h),
+                           hooks)
         else:
             p = TrainParams(seed=seed, **extra)
-            res, t = timed(lambda p=p, out=out: train(p, train_ds, None, out_dir=out, hooks=quiet,
-                                                     base=d / "base"))
+            res, t = timed(lambda p=p, out=out, h=hooks: train(p, train_ds, None, out_dir=out, hooks=h,
+                                                              base=d / "base"), hooks)
+        times.setdefault(run, []).append(t)
+        if run in runs:  # a repeat: the same seeded run, timed again (its scores are the first's)
+            continue
         top = score(out, test_ds)
-        runs[run] = {**t, "steps": res.steps, "epochs": res.epochs,
-                     "new": p_at(top, y, new_rows), "old": p_at(top, y, old_rows),
+        runs[run] = {"steps": res.steps, "epochs": res.epochs,
+                     "new": p_at(top, y, new_rows), "old": old_p_at(top, y, old_rows, held),
                      "all": p_at(top, y, all_rows)}
+    for run, ts in times.items():
+        runs[run].update(median_time(ts))
     top = score(d / "base", test_ds)
-    runs["base"] = {**t_base, "old": p_at(top, y, old_rows),
+    runs["base"] = {**t_base, "old": old_p_at(top, y, old_rows, held),
                     "all": p_at(top, y, all_rows), "new": p_at(top, y, new_rows)}
     runs = {"continual": runs["continual"], "full": runs["full"],
             **{k: v for k, v in runs.items() if k not in ("continual", "full")}}
@@ -190,8 +243,11 @@ def aggregate(results: list[dict[str, Any]]) -> dict[str, Any]:
         for run in rs[0]["runs"]:
             runs[run] = {part: {m: float(np.mean([r["runs"][run][part][m] for r in rs]))
                                 for m in ("p@1", "p@3", "p@5")} for part in ("new", "old", "all")}
+            runs[run]["old"]["new_first"] = float(np.mean([r["runs"][run]["old"]["new_first"] for r in rs]))
             for t in ("wall_s", "cpu_s"):
                 runs[run][t] = float(np.mean([r["runs"][run][t] for r in rs]))
+            runs[run]["phases"] = {k: float(np.mean([r["runs"][run]["phases"][k] for r in rs]))
+                                   for k in ("setup_s", "train_s", "save_s")}
             runs[run]["load_max"] = float(max(max(r["runs"][run]["load"]) for r in rs))
         out[name] = {"targets": agg, "runs": runs, "seeds": [r["seed"] for r in rs]}
     return out
@@ -206,15 +262,21 @@ def write_md(path: Path, agg: dict[str, Any], meta: dict[str, Any]) -> None:
              f"Defaults: `{json.dumps(meta['defaults'])}`", "",
              "Hold out 20 % of the labels (seeded) and every training row carrying one; base = default "
              "training on the rest; continual = `train(base=...)` from the base on the full training set; "
-             "full = default training on the full set. Means over seeds; P@k in original label ids.", ""]
+             "full = default training on the full set. Means over seeds; P@k in original label ids. "
+             "`old: new 1st` = share of the old-label rows whose first label is a held-out one; setup = load "
+             "the base (continual), featurize, build and initialise the model; save = write the model.", ""]
     for name, a in agg.items():
         lines += [f"## {name}", "",
-                  "| run | new P@1 | new P@5 | old P@1 | all P@1 | all P@5 | wall s | cpu s | max load |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| run | new P@1 | new P@5 | old P@1 | old: new 1st | all P@1 | all P@5 | wall s | cpu s "
+                  "| setup / train / save s | max load |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for run, r in a["runs"].items():
+            ph = r["phases"]
             lines.append(f"| {run} | {r['new']['p@1']:.4f} | {r['new']['p@5']:.4f} | {r['old']['p@1']:.4f} | "
+                         f"{r['old']['new_first']:.4f} | "
                          f"{r['all']['p@1']:.4f} | {r['all']['p@5']:.4f} | {r['wall_s']:.2f} | "
-                         f"{r['cpu_s']:.2f} | {r['load_max']:.1f} |")
+                         f"{r['cpu_s']:.2f} | {ph['setup_s']:.2f} / {ph['train_s']:.2f} / "
+                         f"{ph['save_s']:.2f} | {r['load_max']:.1f} |")
         lines += ["", "| target | mean ± std | bound | met |", "|---|---|---|---|"]
         for key, t in a["targets"].items():
             met = "-" if t["met"] is None else "yes" if t["met"] else "NO"
@@ -230,6 +292,8 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--variants", nargs="*", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
     ap.add_argument("--name", default="continual", help="results file stem under bench/results/")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed runs of the continual/full pair per seed (median); scores: the first's")
     args = ap.parse_args()
     torch.set_num_threads(1)
     load_start = [round(x, 2) for x in os.getloadavg()]
@@ -238,7 +302,7 @@ def main() -> None:
         for name in args.sets:
             train_ds, test_ds = load_set(name, Path(args.data_dir))
             for seed in args.seeds:
-                r = run_one(name, train_ds, test_ds, seed, args.variants, Path(tmp))
+                r = run_one(name, train_ds, test_ds, seed, args.variants, Path(tmp), args.repeats)
                 results.append(r)
                 s = r["summary"]
                 print(f"{name} seed {seed}: " + " ".join(f"{k} {v:.4f}" for k, v in s.items())

@@ -163,15 +163,47 @@ def test_new_label_lr_is_the_step_at_that_learning_rate() -> None:
         torch.testing.assert_close(scaled[row], plain[float(scale[row])][row], rtol=1e-5, atol=1e-6)
 
 
+def test_a_continual_run_peaks_at_continual_lr_times_the_learning_rates(
+        planted: tuple[Dataset, Dataset], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step of a continual run is at `continual_lr` × the base's rate, decaying by `continual_schedule`;
+    a fresh run's peak is `lr` itself."""
+    from trainer import train as train_mod
+
+    seen: list[float] = []
+    step = train_mod.Stepper.step
+
+    def record(self: train_mod.Stepper, ep: train_mod.EpochData, i: int, j: int, lr: float) -> float:
+        seen.append(lr)
+        return step(self, ep, i, j, lr)
+
+    monkeypatch.setattr(train_mod.Stepper, "step", record)
+    tr, _ = planted
+    train(_params(seed=1, epochs=2), _old_part(tr, 24), None, out_dir=tmp_path / "v1", hooks=QuietHooks())
+    assert max(seen) == pytest.approx(0.01)
+    seen.clear()
+    train(_params(seed=1, continual_lr=1.5), tr, None, out_dir=tmp_path / "v2", hooks=QuietHooks(),
+          base=tmp_path / "v1")
+    assert max(seen) == pytest.approx(0.015)
+    linear = _params(schedule="linear")  # the continual run's default decay, not the base's cosine
+    assert seen == pytest.approx([1.5 * train_mod.lr_at(linear, s, len(seen)) for s in range(len(seen))])
+    assert load_artifact(tmp_path / "v2").params.lr == 0.01  # recorded unscaled: a next run scales it once
+
+
 def test_continual_params_take_the_base_and_refuse_a_different_architecture() -> None:
     base = TrainParams(dim=64, lr=0.02, epochs=9)
     p = continual_params(base, TrainParams(seed=5), "m")
     assert (p.dim, p.lr, p.seed, p.epochs) == (64, 0.02, 5, p.continual_epochs)
+    assert (p.schedule, base.schedule) == (p.continual_schedule, "cosine")
     assert continual_params(base, TrainParams(epochs=4, dim=64), "m").epochs == 4
-    old = TrainParams(dim=64, continual_epochs=5, replay=0.5, new_label_lr=1.0)  # a base under other defaults
+    assert continual_params(base, TrainParams(schedule="constant"), "m").schedule == "constant"
+    # a base under other defaults
+    old = TrainParams(dim=64, continual_epochs=5, replay=0.5, new_label_lr=1.0, continual_lr=3.0,
+                      continual_schedule="constant")
     p = continual_params(old, TrainParams(), "m")
     now = TrainParams()
-    assert (p.epochs, p.replay, p.new_label_lr) == (now.continual_epochs, now.replay, now.new_label_lr)
+    assert (p.epochs, p.replay, p.new_label_lr, p.continual_lr, p.schedule) == (
+        now.continual_epochs, now.replay, now.new_label_lr, now.continual_lr, now.continual_schedule)
+    assert p.lr == old.lr  # the multiplier applies at run time: generations of continual runs do not compound
     assert continual_params(old, TrainParams(replay=0.5), "m").replay == 0.5
     with pytest.raises(ParamsError, match=r"m: dim=32 differs from the base model's dim=64"):
         continual_params(base, TrainParams(dim=32), "m")

@@ -42,10 +42,10 @@ __all__ = [
 # The fields that fix the shape of the model or its input rows: a continual run takes them from the base.
 ARCHITECTURE_FIELDS = ("loss", "dim", "encoder", "hidden", "pieces", "tfidf", "l2", "hash_size",
                        "max_vocab", "min_df")
-# Fields that describe how the base was selected, not how a continual run should go.
-# how a run continues, not what the model is: today's defaults apply unless the caller sets them, never the
+# How a run continues, not what the model is: today's defaults apply unless the caller sets them, never the
 # values a base happened to be trained under
-_RESET_FIELDS = ("stop_epoch", "continual_epochs", "replay", "new_label_lr", "new_label_init")
+_RESET_FIELDS = ("stop_epoch", "continual_epochs", "continual_schedule", "continual_lr", "replay",
+                 "new_label_lr", "new_label_init")
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -60,8 +60,9 @@ def continual_params(base: TrainParams, given: TrainParams, base_name: str) -> T
     continual settings themselves are the caller's or the defaults).
 
     Architecture fields must agree with the base (a different `dim` cannot reuse its weights), so a
-    conflicting one is an error naming the field, not a silent fresh model. `epochs` defaults to the
-    continual default of `TrainParams.continual_epochs` when the caller did not set it.
+    conflicting one is an error naming the field, not a silent fresh model. `epochs` and `schedule` default
+    to `continual_epochs` and `continual_schedule` when the caller did not set them (the learning rates
+    stay the base's; `continual_lr` scales them at run time).
     """
     set_fields = given.model_fields_set
     for name in ARCHITECTURE_FIELDS:
@@ -76,6 +77,8 @@ def continual_params(base: TrainParams, given: TrainParams, base_name: str) -> T
     values.update({name: getattr(given, name) for name in set_fields})
     if "epochs" not in set_fields:
         values["epochs"] = values["continual_epochs"]
+    if "schedule" not in set_fields:
+        values["schedule"] = values["continual_schedule"]
     values["stop_epoch"] = min(values["stop_epoch"], values["epochs"])
     try:
         return TrainParams(**values)

@@ -111,6 +111,18 @@ class TrainParams(BaseModel):
         description="with a base model: rows the base already trained on, replayed per epoch, as a "
         "multiple of the rows new to it (0 = train on new rows only)",
     )
+    continual_schedule: Schedule = Field(
+        default="linear",
+        description="with a base model: decay of a continual run when `schedule` is not given (a short run "
+        "from a trained model learns more at a linearly decaying rate than under cosine's long tail)",
+    )
+    continual_lr: float = Field(
+        default=1.25,
+        gt=0.0,
+        le=100.0,
+        description="with a base model: peak learning rates (lr and dense_lr) of a continual run, as a "
+        "multiple of `lr` and `dense_lr` (the run starts from a trained model and is short)",
+    )
     new_label_lr: float = Field(
         default=3.0,
         gt=0.0,

@@ -588,6 +588,7 @@ def _fit(
 
     bs = params.batch_size
     n_epoch = n if warm is None else warm.epoch_size(params.replay)  # rows trained on per epoch
+    lr_scale = 1.0 if warm is None else params.continual_lr
     steps_per_epoch = math.ceil(n_epoch / bs)
     total = steps_per_epoch * params.epochs
     step, start_epoch, start_pos = 0, 0, 0
@@ -631,7 +632,7 @@ def _fit(
                 if hooks.should_stop():
                     raise TrainingCancelled(f"training stopped at step {step}")
                 i, j = pos * bs, min(n_epoch, (pos + 1) * bs)
-                value = stepper.step(ep, i, j, lr_at(params, step, total))
+                value = stepper.step(ep, i, j, lr_at(params, step, total) * lr_scale)
                 if not math.isfinite(value):
                     raise ParamsError(f"loss became {value} at step {step}; lower --lr")
                 step += 1
