@@ -41,6 +41,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.serve_load import group  # noqa: E402  (a process and its descendants)
 from trainer.collectives import join_group, launch  # noqa: E402
 from trainer.label_shards import shard_bounds  # noqa: E402
 from trainer.losses import get_loss  # noqa: E402
@@ -162,22 +163,9 @@ class PeakRss:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def _tree(self) -> list[int]:
-        pids, frontier = [], [self.root]
-        while frontier:
-            pid = frontier.pop()
-            pids.append(pid)
-            try:
-                for task in os.listdir(f"/proc/{pid}/task"):
-                    with open(f"/proc/{pid}/task/{task}/children") as fh:
-                        frontier += [int(c) for c in fh.read().split()]
-            except OSError:
-                continue
-        return pids
-
     def _run(self) -> None:
         while not self.stop.wait(0.5):
-            for pid in self._tree():
+            for pid in group(self.root):
                 try:
                     with open(f"/proc/{pid}/cmdline", "rb") as fh:
                         cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")[:120]

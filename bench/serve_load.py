@@ -278,7 +278,7 @@ def group_memory(pid: int, field: str) -> int:
     """`VmRSS` (now) or `VmHWM` (the kernel's record of the peak) of the server and its workers, summed:
     read once, so nothing polls the server while it is measured."""
     total = 0
-    for p in [pid, *_children(pid)]:
+    for p in group(pid):
         with contextlib.suppress(OSError), open(f"/proc/{p}/status") as fh:
             for line in fh:
                 if line.startswith(field + ":"):
@@ -328,19 +328,22 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float) -> floa
     raise RuntimeError("server not ready in time")
 
 
-def _children(pid: int) -> list[int]:
-    kids: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
+def group(pid: int) -> list[int]:
+    """The process and all its descendants (a server's workers); one that exits meanwhile is skipped."""
+    pids, i = [pid], 0
+    while i < len(pids):
         with contextlib.suppress(OSError):
-            kids += [int(x) for x in (task / "children").read_text().split()]
-    return kids
+            for task in Path(f"/proc/{pids[i]}/task").iterdir():
+                pids.extend(int(k) for k in (task / "children").read_text().split())
+        i += 1
+    return pids
 
 
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process (all its threads) and of its workers (`--workers N`): the server's CPU
     cost whatever else the machine runs."""
     total = 0.0
-    for p in [pid, *_children(pid)]:
+    for p in group(pid):
         with contextlib.suppress(OSError), open(f"/proc/{p}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

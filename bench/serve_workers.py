@@ -31,7 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serve_load import free_port, run_cell  # noqa: E402  (the same load generator)
+from bench.serve_load import free_port, group, run_cell  # noqa: E402  (the same load generator)
 
 OVEX = [sys.executable, "-m", "service.cli"]
 MODEL = "big"  # the name bench/serve_load's generator posts to
@@ -145,17 +145,6 @@ def group_unique_bytes(pids: list[int]) -> int | None:
     if any(len(f) and int(f.max()) == 0 for f in frames):
         return None
     return int(len(np.unique(np.concatenate(frames))) * PAGE)
-
-
-def group(pid: int) -> list[int]:
-    """The process and all its descendants."""
-    pids, i = [pid], 0
-    while i < len(pids):
-        for task in Path(f"/proc/{pids[i]}/task").iterdir():
-            kids = (task / "children").read_text().split()
-            pids.extend(int(k) for k in kids)
-        i += 1
-    return pids
 
 
 # peak RSS from VmHWM: it starts afresh at exec, while getrusage's ru_maxrss keeps the parent's peak

@@ -73,7 +73,7 @@ def _compile_scan_kernel() -> None:
     copied, the small arrays and the cell offsets read-only when it read the cache): one thread, no model."""
     import numpy as np
 
-    from service.quantized_scan import Int8Head, scan_cells
+    from service.quantized_scan import Int8Head, quantize_query, scan_cells
 
     d = 4
     for from_cache in (False, True):
@@ -84,7 +84,7 @@ def _compile_scan_kernel() -> None:
         offsets.setflags(write=not from_cache)
         head = Int8Head(np.zeros((2, d), np.int8), *small)
         h, cells = np.ones(d, np.float32), np.array([0], np.int64)
-        scan_cells(head, offsets, h, cells, np.full(1, np.inf), 1, None)
+        scan_cells(head, offsets, quantize_query(h), cells, np.full(1, np.inf), 1, None)
 
 
 def _die_with_parent() -> None:

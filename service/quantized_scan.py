@@ -273,16 +273,11 @@ class Scan:
     stop: int
 
 
-def query_norm(h: F32) -> float:
-    """‖h‖ rounded up, as the kernels weigh the per-label error terms with it."""
-    hn = np.array([np.linalg.norm(h.astype(np.float64)) * (1.0 + 8 * _U)])
-    return float(_round_up32(hn)[0])
-
-
 @dataclass(frozen=True)
 class QuantizedQuery:
-    """int16 codes `p` and scale `t` of a query (ĥ = t·p), its norm, and `slack` = 127√d·‖h − ĥ‖, which
-    times a row's scale bounds what the query's rounding can move that row's score (all rounded up)."""
+    """int16 codes `p` and scale `t` of a query (ĥ = t·p), its norm ‖h‖ (which the kernel weighs the
+    per-label error terms with), and `slack` = 127√d·‖h − ĥ‖, which times a row's scale bounds what the
+    query's rounding can move that row's score (both rounded up)."""
 
     p: npt.NDArray[np.int16]
     t: float
@@ -297,29 +292,28 @@ def query_levels(dim: int) -> int:
 
 def quantize_query(h: F32) -> QuantizedQuery:
     """Round a query to int16 codes for the integer scan; what the rounding moves goes into the bound."""
-    h = np.ascontiguousarray(h, dtype=np.float32)
-    d = h.shape[0]
-    h64 = h.astype(np.float64)
+    h64 = np.asarray(h, dtype=np.float32).astype(np.float64)
+    d, levels = h64.shape[0], query_levels(h64.shape[0])
     amax = float(np.abs(h64).max()) if d else 0.0
-    t = np.float32(amax / query_levels(d))
+    t = np.float32(amax / levels)
     if t > 0 and np.isfinite(t):
-        p = np.clip(np.rint(h64 / np.float64(t)), -query_levels(d), query_levels(d)).astype(np.int16)
+        p = np.clip(np.rint(h64 / np.float64(t)), -levels, levels).astype(np.int16)
     else:  # zero, subnormal or non-finite: no codes, the whole query is slack (inf/NaN stay visible)
         t, p = np.float32(0.0), np.zeros(d, dtype=np.int16)
     delta = np.linalg.norm(h64 - np.float64(t) * p.astype(np.float64))  # exact products, float64 sum
-    slack = np.array([127.0 * np.sqrt(d) * delta * (1.0 + 8 * _U)])
-    return QuantizedQuery(p, float(t), query_norm(h), float(_round_up32(slack)[0]))
+    norm, slack = _round_up32(np.array([np.linalg.norm(h64), 127.0 * np.sqrt(d) * delta]) * (1.0 + 8 * _U))
+    return QuantizedQuery(p, float(t), float(norm), float(slack))
 
 
 def scan_cells(
-    head: Int8Head, offsets: I64, h: F32, cells: I64, cell_ub: F64, kk: int, reach: float | None
+    head: Int8Head, offsets: I64, q: QuantizedQuery, cells: I64, cell_ub: F64, kk: int, reach: float | None
 ) -> Scan:
-    """Scan `cells` (best bound first) for one query `h[d]`, keeping a floor: the k-th best lower bound
-    seen (lowered to best − reach, with a rounding margin, when asked; -inf until k labels are seen).
+    """Scan `cells` (best bound first) for one query, quantized once by `quantize_query` however many
+    threads share its cells, keeping a floor: the k-th best lower bound seen (lowered to best − reach,
+    with a rounding margin, when asked; -inf until k labels are seen).
     Stops at the first cell whose bound is below the floor; keeps every label whose upper bound reaches
     the floor at the time it is scanned. The floor only rises, so whatever the final floor, every label
     whose upper bound reaches it is kept."""
-    q = quantize_query(h)
     total = int((offsets[cells + 1] - offsets[cells]).sum())
     pos = np.empty(total, dtype=np.int64)
     lower = np.empty(total, dtype=np.float32)
@@ -353,6 +347,6 @@ def score_bounds(head: Int8Head, h: F32) -> tuple[F32, F32]:
     offsets = np.array([0, k], dtype=np.int64)
     one = np.zeros(1, dtype=np.int64)
     for i in range(h.shape[0]):  # k + 1 best: the floor never rises, so every label is kept
-        s = scan_cells(head, offsets, h[i], one, np.full(1, np.inf), k + 1, None)
+        s = scan_cells(head, offsets, quantize_query(h[i]), one, np.full(1, np.inf), k + 1, None)
         lo[i, s.pos], up[i, s.pos] = s.lower, s.upper
     return lo, up

@@ -54,6 +54,7 @@ from service.quantized_scan import (
     Scan,
     build_cells,
     quantize_head,
+    quantize_query,
     rounding_gamma,
     scan_cells,
 )
@@ -262,11 +263,8 @@ class QuantizedScanner:
     def _n_workers(self, n_queries: int) -> int:
         if self.workers is not None:
             return max(1, self.workers)
-        if n_queries > 1 or self.head.codes.nbytes < self.SPLIT_MIN_BYTES:
-            return 1
-        if self.read_share < self.SPLIT_MIN_READ:
-            return 1
-        return max(1, self.lone_workers)
+        big = self.head.codes.nbytes >= self.SPLIT_MIN_BYTES and self.read_share >= self.SPLIT_MIN_READ
+        return max(1, self.lone_workers) if n_queries == 1 and big else 1
 
     def search(self, h: F32, k: int, reach: float | None = None) -> TopK:
         h = np.ascontiguousarray(h, dtype=np.float32)
@@ -289,9 +287,10 @@ class QuantizedScanner:
         """The scans of each worker's share of the cells, and the largest bound of a cell left out."""
         order = np.argsort(-u, kind="stable")
         parts = [order[t::nw] for t in range(nw)] if nw > 1 else [order]
+        q = quantize_query(h)
 
         def run(cells: I64) -> Scan:
-            return scan_cells(self.head, self._offsets, h, cells, u[cells], kk, reach)
+            return scan_cells(self.head, self._offsets, q, cells, u[cells], kk, reach)
 
         if nw > 1:
             futures = [_pool(nw - 1).submit(run, p) for p in parts[1:]]

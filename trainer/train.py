@@ -757,8 +757,7 @@ def _save_model(
                              label_counts=counts, n_train_rows=n_rows, row_hashes=row_hashes,
                              write_weights=write)
     else:
-        write_merged_weights(None, artifact_tensors(model, counts, str(out), row_hashes), shard,
-                             group)
+        write_merged_weights(None, artifact_tensors(model, counts, str(out), row_hashes), shard, group)
         path = out
     group.barrier()  # every rank returns once the model directory is in place
     return path

@@ -283,7 +283,7 @@ def test_int8_scan_keeps_everything_that_reaches_its_floor(
     offsets = np.array([0, len(w) // 2, len(w)], dtype=np.int64)
     full = h.astype(np.float64) @ w.T.astype(np.float64) + b.astype(np.float64)
     for i in range(len(h)):
-        s = scan_cells(head, offsets, h[i], np.array([1, 0]), np.full(2, np.inf), k, reach)
+        s = scan_cells(head, offsets, quantize_query(h[i]), np.array([1, 0]), np.full(2, np.inf), k, reach)
         assert s.stop == 2 and len(s.heap) == min(k, len(w))
         assert (s.lower <= full[i, s.pos]).all() and (full[i, s.pos] <= s.upper).all()
         if len(s.heap) < k:
@@ -425,11 +425,3 @@ def test_a_lone_query_shares_its_scan_and_a_batch_scans_one_query_per_thread() -
         scanner._one(h[0], cells.bounds(h[:1])[0], 10, None, 1)
     assert scanner.read_share > QuantizedScanner.SPLIT_MIN_READ and scanner._n_workers(1) == 3
 
-
-def test_workers_split_the_threads_between_them() -> None:
-    from service.serve import worker_settings
-    from service.settings import Settings
-
-    child = worker_settings(Settings(workers=2, threads=4, lone_scan_threads=4))
-    assert (child.threads, child.lone_scan_threads, child.embedded_worker) == (2, 2, False)
-    assert worker_settings(Settings(workers=4, threads=2, lone_scan_threads=2)).lone_scan_threads == 1

@@ -268,3 +268,12 @@ def test_metrics_sum_every_worker(two_workers: tuple[Server, Path]) -> None:
         found = re.search(re.escape(series) + r" (\S+)", text)
         assert found and float(found.group(1)) == n, text[:2000]
         assert 'ovex_models_loaded{model="m",version="2"} 1.0' in text
+
+
+def test_workers_split_the_threads_between_them() -> None:
+    from service.serve import worker_settings
+    from service.settings import Settings
+
+    child = worker_settings(Settings(workers=2, threads=4, lone_scan_threads=4))
+    assert (child.threads, child.lone_scan_threads, child.embedded_worker) == (2, 2, False)
+    assert worker_settings(Settings(workers=4, threads=2, lone_scan_threads=2)).lone_scan_threads == 1
