@@ -34,6 +34,7 @@ from service.settings import Settings
 log = logging.getLogger("ovex.app")
 
 API_VERSION = "1"
+MODELS_LOADED = "ovex_models_loaded"  # lifespan state: set once the registry's start-up load is done
 
 
 class WorkerHeader:
@@ -75,7 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, threading.Event]]:
         configure_threads(settings.threads)
         await batcher.start()
         loader = threading.Thread(target=registry.start, name="ovex-model-loader", daemon=True)
@@ -88,7 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             extra={"models_dir": str(settings.models_dir), "threads": settings.threads, "pid": os.getpid()},
         )
         try:
-            yield
+            yield {MODELS_LOADED: registry.started}
         finally:
             jobs_runtime.stop()
             registry.stop()

@@ -11,6 +11,7 @@ SIGTERM/SIGINT on to every worker, and runs the one job worker for the group.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import gc
@@ -110,17 +111,47 @@ class Slot:
 
 
 class HeartbeatServer(uvicorn.Server):
-    """uvicorn's server, telling the supervisor once a second that its event loop still runs."""
+    """uvicorn's server, telling the supervisor once a second that its event loop still runs.
 
-    def __init__(self, config: uvicorn.Config, beat_fd: int) -> None:
+    A replacement worker takes connections only once its models are loaded: until then the workers
+    already serving answer everything on the shared socket, where a connection it took would get 503s."""
+
+    def __init__(self, config: uvicorn.Config, beat_fd: int, listen_when_loaded: bool) -> None:
         super().__init__(config)
         self.beat_fd = beat_fd
+        self.listen_when_loaded = listen_when_loaded
+
+    def _beat(self) -> None:
+        with contextlib.suppress(BlockingIOError, BrokenPipeError):
+            os.write(self.beat_fd, b".")
 
     async def on_tick(self, counter: int) -> bool:
         if counter % BEAT_TICKS == 0:
-            with contextlib.suppress(BlockingIOError, BrokenPipeError):
-                os.write(self.beat_fd, b".")
+            self._beat()
         return await super().on_tick(counter)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if not self.listen_when_loaded or sockets is None:
+            await super().startup(sockets=sockets)
+            return
+        from service.app import MODELS_LOADED  # imported by the worker: after the metrics mode is set
+
+        await super().startup(sockets=[])  # the lifespan only: models load in its thread, no listener yet
+        loaded = self.lifespan.state.get(MODELS_LOADED)
+        while loaded is not None and not loaded.is_set() and not self.should_exit:
+            self._beat()
+            await asyncio.sleep(TICK_S)
+        if self.should_exit:
+            return
+        config, loop = self.config, asyncio.get_running_loop()
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+
+        for sock in sockets:
+            self.servers.append(await loop.create_server(protocol, sock=sock, backlog=config.backlog))
 
 
 class Supervisor:
@@ -144,7 +175,7 @@ class Supervisor:
         self.stop_signal: int | None = None
 
     # -- the worker side --------------------------------------------------------------------------
-    def _serve_in_child(self, beat_fd: int) -> NoReturn:
+    def _serve_in_child(self, beat_fd: int, listen_when_loaded: bool) -> NoReturn:
         code = 1
         try:
             for sig in STOP_SIGNALS:
@@ -156,7 +187,7 @@ class Supervisor:
             for slot in self.slots:  # the other workers' heartbeats are the supervisor's to read
                 if slot.beats is not None:
                     os.close(slot.beats)
-            HeartbeatServer(self.config, beat_fd).run(sockets=[self.sock])
+            HeartbeatServer(self.config, beat_fd, listen_when_loaded).run(sockets=[self.sock])
             code = 0
         except BaseException:
             log.exception("worker failed")
@@ -175,7 +206,7 @@ class Supervisor:
         os.set_blocking(write_end, False)
         pid = os.fork()
         if pid == 0:
-            self._serve_in_child(write_end)
+            self._serve_in_child(write_end, listen_when_loaded=slot.restarts > 0)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         os.close(write_end)
         slot.pid, slot.beats = pid, read_end

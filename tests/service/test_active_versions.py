@@ -17,13 +17,20 @@ from tests.service.conftest import API_KEY, Server, copy_version, start_server, 
 BODY = {"inputs": [{"features": {"indices": [3, 17, 101], "values": [1.0, 2.0, 0.5]}}], "top_k": 3}
 
 
-def served_version(srv: Server, model: str = "m") -> str:
+def served_version(srv: Server, model: str = "m", within: float = 5.0) -> str:
+    """The version answering predictions, once the model's listing names the same one (a swap may land
+    between the two reads: then both are read again)."""
+    deadline = time.monotonic() + within
     with srv.client() as c:
-        r = c.post(f"/v1/models/{model}/predict", json=BODY)
-        assert r.status_code == 200, r.text
-        version: str = r.json()["version"]
-        assert c.get(f"/v1/models/{model}").json()["active_version"] == version
-        return version
+        while True:
+            r = c.post(f"/v1/models/{model}/predict", json=BODY)
+            assert r.status_code == 200, r.text
+            version: str = r.json()["version"]
+            listed = c.get(f"/v1/models/{model}").json()["active_version"]
+            if listed == version:
+                return version
+            assert time.monotonic() < deadline, f"predict answers {version!r}, the listing says {listed!r}"
+            time.sleep(0.05)
 
 
 def wait_for_version(srv: Server, want: str, within: float) -> float:
