@@ -197,8 +197,11 @@ echo "top label for features 20-23 (planted for label 2): $top"
 # what each replica itself serves for a model (asked inside its container, not through the balancer)
 replica_versions() {
   for i in 1 2; do
-    dc exec -T --index "$i" api python -c "import json, urllib.request as u; \
-print(json.load(u.urlopen('http://127.0.0.1:8000/readyz', timeout=5))['models'].get('$1'))"
+    dc exec -T --index "$i" api python -c "import json, urllib.request as u
+try:
+    print(json.load(u.urlopen('http://127.0.0.1:8000/readyz', timeout=5))['models'].get('$1'))
+except OSError as exc:  # a replica restarting: not serving yet
+    print('unreachable:', type(exc).__name__)"
   done
 }
 both_serve() {  # model version seconds: wait until both replicas serve it

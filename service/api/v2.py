@@ -36,7 +36,11 @@ ERRORS: dict[int | str, dict[str, object]] = {
 
 
 def _served(registry: ModelRegistry, name: str, version: str | None) -> ServedModel:
-    """The version serving `name`; a named version must be that one (only the active version serves)."""
+    """The version serving `name`; a named version must be that one (only the active version serves).
+    A request for what serves reads no directory: only a miss lists the disk to say what is wrong."""
+    served = registry.active().get(name)
+    if served is not None and version in (None, served.version):
+        return served
     versions = registry.scan().get(name)
     if versions is None:
         raise NotFound(f"unknown model {name!r}")
