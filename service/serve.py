@@ -82,6 +82,8 @@ def worker_settings(settings: Settings) -> Settings:
 
 
 def _uvicorn_options(settings: Settings) -> dict[str, Any]:
+    from service.http_protocol import with_header_timeout
+
     return {
         "host": settings.host,
         "port": settings.port,
@@ -90,6 +92,7 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
         "log_level": settings.log_level.lower(),
         # open SSE streams (/v1/jobs/{id}/events) would otherwise hold shutdown until their job ends
         "timeout_graceful_shutdown": 5,
+        "http": with_header_timeout(settings.header_timeout_s),
     }
 
 

@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         default=30.0, gt=0, description="a request body that sends nothing for this long is dropped (408)"
     )
+    header_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a request whose headers have not all arrived this long after its first byte (or after "
+        "the connection opened) gets 408 and the connection is closed",
+    )
     predict_needs_read_key: bool = Field(
         default=False, description="predictions also need the read key when one is set (default: open)"
     )

@@ -24,7 +24,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         tmp_path_factory.mktemp("holes"),
         Backend("sqlite"),
         embedded_worker=False,  # jobs stay queued: nothing here needs one to run
-        extra_env={"OVEX_READ_KEY": READ_KEY, "OVEX_BODY_TIMEOUT_S": "1"},
+        extra_env={"OVEX_READ_KEY": READ_KEY, "OVEX_BODY_TIMEOUT_S": "1", "OVEX_HEADER_TIMEOUT_S": "1"},
     )
     server.start()
     yield server
@@ -194,6 +194,31 @@ def test_stalled_body_is_timed_out(srv: Server) -> None:
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert time.monotonic() - t0 < 15  # OVEX_BODY_TIMEOUT_S=1: far below the 20 s we would wait
     assert _fds(srv) <= before + 1
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [b"", b"GET /healthz HTTP/1.1\r\nHost: x\r\n", b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /hea"],
+    ids=["nothing", "headers unfinished", "second request unfinished"],
+)
+def test_stalled_headers_are_timed_out(srv: Server, sent: bytes) -> None:
+    """A connection that never finishes a request's headers is answered 408 and closed."""
+    before = _fds(srv)
+    t0 = time.monotonic()
+    answer = _raw(srv, sent, wait=20)
+    assert time.monotonic() - t0 < 15  # OVEX_HEADER_TIMEOUT_S=1: far below the 20 s we would wait
+    assert answer.endswith(b'{"detail": "the request headers did not arrive within 1 s"}'), answer[-300:]
+    assert answer.count(b"HTTP/1.1 200") == sent.count(b"\r\n\r\n")  # a finished request was answered
+    assert _fds(srv) <= before + 1
+
+
+def test_headers_sent_slowly_within_the_deadline_are_served(srv: Server) -> None:
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        for piece in (b"GET /healthz HTTP/1.1\r\n", b"Host: x\r\n", b"Connection: close\r\n\r\n"):
+            s.sendall(piece)
+            time.sleep(0.3)
+        answer = s.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
 
 
 def test_no_response_shows_a_server_path(srv: Server, train_id: str) -> None:
