@@ -61,8 +61,8 @@ class Settings(BaseSettings):
     header_timeout_s: float = Field(
         default=30.0,
         gt=0,
-        description="a request whose headers have not all arrived this long after its first byte (or after "
-        "the connection opened) gets 408 and the connection is closed",
+        description="a request whose headers have not all arrived this long after its first byte gets 408 "
+        "and its connection is closed; a new connection that sends nothing that long is closed",
     )
     predict_needs_read_key: bool = Field(
         default=False, description="predictions also need the read key when one is set (default: open)"

@@ -202,12 +202,16 @@ def test_stalled_body_is_timed_out(srv: Server) -> None:
     ids=["nothing", "headers unfinished", "second request unfinished"],
 )
 def test_stalled_headers_are_timed_out(srv: Server, sent: bytes) -> None:
-    """A connection that never finishes a request's headers is answered 408 and closed."""
+    """A connection that never finishes a request's headers is answered 408 and closed; one that sends
+    nothing is closed without an answer it did not ask for."""
     before = _fds(srv)
     t0 = time.monotonic()
     answer = _raw(srv, sent, wait=20)
     assert time.monotonic() - t0 < 15  # OVEX_HEADER_TIMEOUT_S=1: far below the 20 s we would wait
-    assert answer.endswith(b'{"detail": "the request headers did not arrive within 1 s"}'), answer[-300:]
+    if sent:
+        assert answer.endswith(b'{"detail": "the request headers did not arrive within 1 s"}'), answer[-300:]
+    else:
+        assert answer == b""
     assert answer.count(b"HTTP/1.1 200") == sent.count(b"\r\n\r\n")  # a finished request was answered
     assert _fds(srv) <= before + 1
 
