@@ -107,7 +107,9 @@ def test_sparsemax_topk_flag_is_never_wrong(case: tuple[np.ndarray, int, np.ndar
     full = sparsemax(zs)
     probs, exact = sparsemax_topk(top, bound)
     _assert_distribution(probs)
+    np.testing.assert_array_equal(probs, sparsemax(top))  # one threshold serves probabilities and flag
     rep = sparsemax_topk_report(top, bound, n_labels=z.shape[1])
+    np.testing.assert_array_equal(rep.exact, exact)
     for i in range(z.shape[0]):
         rest = full[i, k:].sum()
         assert rest <= rep.rest_mass_bound[i] + 1e-9
@@ -122,6 +124,14 @@ def test_sparsemax_topk_flag_is_never_wrong(case: tuple[np.ndarray, int, np.ndar
     # no bound known (graph index): never exact
     _, exact_none = sparsemax_topk(top, None)
     assert not exact_none.any()
+
+
+def test_sparsemax_topk_with_infinite_and_absent_scores() -> None:
+    inf = np.inf
+    top = np.array([[inf, 3.0, -inf], [2.0, 1.9, -inf], [-inf, -inf, -inf], [inf, inf, 1.0]])
+    probs, exact = sparsemax_topk(top, np.array([5.0, 0.0, -inf, inf]))
+    np.testing.assert_array_equal(probs, sparsemax(top))
+    assert list(exact) == [True, True, False, False]
 
 
 def test_sparsemax_topk_ties_at_threshold_are_conservative() -> None:

@@ -112,18 +112,36 @@ def sparsemax_topk(top_scores: npt.ArrayLike, bound: npt.ArrayLike | None) -> tu
     rounding error, the flag asks for bound ≤ τ − tol with tol a bound on that error (so a tie exactly at
     τ reads as "not exact": conservative, never optimistic).
     """
+    a = _topk_scores(top_scores)
+    p, exact, _, _ = _sparsemax_topk(a, _as_bound(bound, a.shape[:1]))
+    return p, exact
+
+
+def _topk_scores(top_scores: npt.ArrayLike) -> F64:
     a = _as_scores(top_scores, "top_scores")
     if a.ndim != 2:
         raise ValueError(f"top_scores: expected shape [n, k], got {a.shape}")
-    b = _as_bound(bound, a.shape[:1])
-    p = sparsemax(a)
-    tau, nonempty = _topk_tau(a)
+    return a
+
+
+def _sparsemax_topk(a: F64, b: F64) -> tuple[F64, Bools, F64, F64]:
+    """Probabilities, exact flags, τ and τ's rounding tolerance. Without +inf scores the probabilities
+    and τ come from one threshold computation (this runs once per answered request)."""
+    if a.shape[1] == 0 or np.isposinf(a).any():
+        p = sparsemax(a)
+        tau, nonempty = _topk_tau(a)
+    else:
+        tau_s, k_z, m = _sparsemax_tau(a)
+        with np.errstate(invalid="ignore"):
+            p = np.maximum((a - m[:, None]) - tau_s[:, None], 0.0)
+        p = np.where(np.isfinite(p), p, 0.0)
+        tau, nonempty = tau_s + m, k_z > 0
     tol = _tau_tolerance(a, b)
     with np.errstate(invalid="ignore"):
         exact = nonempty & (np.isneginf(b) | (np.isfinite(b) & (b <= tau - tol)))
     # A row whose mass sits on +inf scores (tau = +inf) is exact unless a left-out score may be +inf too.
     exact |= nonempty & np.isposinf(tau) & ~np.isposinf(b)
-    return p, exact
+    return p, exact, tau, tol
 
 
 def _topk_tau(a: F64) -> tuple[F64, Bools]:
@@ -167,15 +185,14 @@ def sparsemax_topk_report(
     Adding labels can only raise τ, so each left-out label gets at most (bound − τ_topk)+; with R of them
     (R = n_labels − k, or unknown → the bound is 1) the rest carries at most min(1, R·(bound − τ_topk)+).
     """
-    a = _as_scores(top_scores, "top_scores")
-    p, exact = sparsemax_topk(a, bound)
+    a = _topk_scores(top_scores)
     b = _as_bound(bound, a.shape[:1])
-    tau, _ = _topk_tau(a)
+    p, exact, tau, tol = _sparsemax_topk(a, b)
     rest = np.ones(a.shape[0])
     if n_labels is not None:
         r = max(int(n_labels) - a.shape[1], 0)
         with np.errstate(invalid="ignore", over="ignore"):
-            gap = np.maximum(b - tau + _tau_tolerance(a, b), 0.0)
+            gap = np.maximum(b - tau + tol, 0.0)
             cand = np.minimum(1.0, r * gap)
         cand = np.where(np.isfinite(cand), cand, 1.0)
         rest = np.where(r == 0, 0.0, cand)
