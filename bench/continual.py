@@ -5,8 +5,8 @@ that carries one; train the *base* on the rest (its label names are the original
 by name later); then a *continual* run from the base on the full training set (`train(..., base=...)`,
 the code path of `ovex train --init-from`), and a *full retrain* on the full training set. All three use
 the default `TrainParams` a user gets (only `seed` set; the continual run's defaults are its own:
-`continual_epochs`, `replay`, `continual_lr`, `new_label_lr`, `new_label_init`). Every model is written
-as an artifact, loaded back and scored on the test split in the original label ids:
+`continual_epochs`, `replay`, `continual_lr`, `new_label_lr`, `new_label_negatives`, `new_label_init`).
+Every model is written as an artifact, loaded back and scored on the test split in the original label ids:
 
 * new: P@k on the test rows carrying a held-out label (continual vs full retrain; target ≥ 95 %);
 * old: P@1 on the test rows whose labels are all kept, continual vs the base (target: within 1 point);
@@ -22,9 +22,10 @@ as an artifact, loaded back and scored on the test split in the original label i
 
 Extra rows, not the defaults: `--variants` adds continual runs with random new-label rows
 (`new_label_init=random`), without replay (`replay=0`, to measure forgetting), with new label rows at
-the common learning rate (`new_label_lr=1`), and, on request, other settings (`replay=0.5`, `replay=1`,
-`continual_epochs=3`, `continual_lr=1` (the base's own learning rates), `continual_lr=1.5`, and the base's
-cosine decay instead of `continual_schedule=linear`).
+the common learning rate (`new_label_lr=1`), with uniform negatives (`new_label_negatives=0`; it changes
+nothing where the negatives cover every label, as on Bibtex and Corel5k), and, on request, other
+settings (`replay=0.5`, `replay=1`, `continual_epochs=3`, `continual_lr=1` (the base's own learning
+rates), `continual_lr=1.5`, and the base's cosine decay instead of `continual_schedule=linear`).
 
     .venv/bin/python bench/continual.py [--sets bibtex corel5k synth] [--seeds 0 1 2] [--variants ...]
         [--repeats 3]
@@ -66,6 +67,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "random-init": {"new_label_init": "random"},
     "no-replay": {"replay": 0.0},
     "new-label-lr-1": {"new_label_lr": 1.0},
+    "uniform-negatives": {"new_label_negatives": 0.0},
     "replay-0.5": {"replay": 0.5},
     "replay-1": {"replay": 1.0},
     "epochs-3": {"continual_epochs": 3},
@@ -73,7 +75,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lr-x1.5": {"continual_lr": 1.5},
     "cosine": {"schedule": "cosine"},
 }
-DEFAULT_VARIANTS = ["random-init", "no-replay", "new-label-lr-1"]
+DEFAULT_VARIANTS = ["random-init", "no-replay", "new-label-lr-1", "uniform-negatives"]
 # 10^5 labels; rows kept small enough for three seeds of three trainings on a shared 2-core machine
 SYNTH = {"labels": 100_000, "features": 50_000, "rows": 10_000, "test_rows": 1_000, "seed": 7}
 
