@@ -5,8 +5,8 @@ that carries one; train the *base* on the rest (its label names are the original
 by name later); then a *continual* run from the base on the full training set (`train(..., base=...)`,
 the code path of `ovex train --init-from`), and a *full retrain* on the full training set. All three use
 the default `TrainParams` a user gets (only `seed` set; the continual run's defaults are its own:
-`continual_epochs`, `replay`, `continual_lr`, `new_label_lr`, `new_label_init`). Every model is written
-as an artifact, loaded back and scored on the test split in the original label ids:
+`continual_epochs`, `replay`, `continual_lr`, `new_label_lr`, `new_label_negatives`, `new_label_init`).
+Every model is written as an artifact, loaded back and scored on the test split in the original label ids:
 
 * new: P@k on the test rows carrying a held-out label (continual vs full retrain; target ≥ 95 %);
 * old: P@1 on the test rows whose labels are all kept, continual vs the base (target: within 1 point);
@@ -22,12 +22,14 @@ as an artifact, loaded back and scored on the test split in the original label i
 
 Extra rows, not the defaults: `--variants` adds continual runs with random new-label rows
 (`new_label_init=random`), without replay (`replay=0`, to measure forgetting), with new label rows at
-the common learning rate (`new_label_lr=1`), and, on request, other settings (`replay=0.5`, `replay=1`,
-`continual_epochs=3`, `continual_lr=1` (the base's own learning rates), `continual_lr=1.5`, and the base's
-cosine decay instead of `continual_schedule=linear`).
+the common learning rate (`new_label_lr=1`), with uniform negatives (`new_label_negatives=0`; it changes
+nothing where the negatives cover every label, as on Bibtex and Corel5k), and, on request, other
+settings (`replay=0.5`, `replay=1`, `continual_epochs=3`, `continual_lr=1` (the base's own learning
+rates), `continual_lr=1.5`, the base's cosine decay instead of `continual_schedule=linear`, and
+`new_label_negatives` 0.1, 0.25, 0.75).
 
     .venv/bin/python bench/continual.py [--sets bibtex corel5k synth] [--seeds 0 1 2] [--variants ...]
-        [--repeats 3]
+        [--repeats 3] [--merge]
 
 Results: bench/results/continual.json and bench/results/continual.md (one file per run name, `--name`).
 """
@@ -66,6 +68,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "random-init": {"new_label_init": "random"},
     "no-replay": {"replay": 0.0},
     "new-label-lr-1": {"new_label_lr": 1.0},
+    "uniform-negatives": {"new_label_negatives": 0.0},
+    "negatives-0.1": {"new_label_negatives": 0.1},
+    "negatives-0.25": {"new_label_negatives": 0.25},
+    "negatives-0.75": {"new_label_negatives": 0.75},
     "replay-0.5": {"replay": 0.5},
     "replay-1": {"replay": 1.0},
     "epochs-3": {"continual_epochs": 3},
@@ -73,7 +79,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lr-x1.5": {"continual_lr": 1.5},
     "cosine": {"schedule": "cosine"},
 }
-DEFAULT_VARIANTS = ["random-init", "no-replay", "new-label-lr-1"]
+DEFAULT_VARIANTS = ["random-init", "no-replay", "new-label-lr-1", "uniform-negatives"]
 # 10^5 labels; rows kept small enough for three seeds of three trainings on a shared 2-core machine
 SYNTH = {"labels": 100_000, "features": 50_000, "rows": 10_000, "test_rows": 1_000, "seed": 7}
 
@@ -294,6 +300,8 @@ def main() -> None:
     ap.add_argument("--name", default="continual", help="results file stem under bench/results/")
     ap.add_argument("--repeats", type=int, default=3,
                     help="timed runs of the continual/full pair per seed (median); scores: the first's")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the other sets already in the results file (a long run split by set)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     load_start = [round(x, 2) for x in os.getloadavg()]
@@ -307,12 +315,23 @@ def main() -> None:
                 s = r["summary"]
                 print(f"{name} seed {seed}: " + " ".join(f"{k} {v:.4f}" for k, v in s.items())
                       + f" load {r['load_average'][0]:.1f}", flush=True)
-            write_results(args.name, results, load_start)  # after each set: a long run leaves what it has
+            # after each set: a long run leaves what it has
+            write_results(args.name, results, load_start, args.merge)
 
 
-def write_results(name: str, results: list[dict[str, Any]], load_start: list[float]) -> None:
+def write_results(name: str, results: list[dict[str, Any]], load_start: list[float], merge: bool) -> None:
+    """The JSON and the table; with `merge`, the sets of the file's earlier runs not run now are kept."""
+    command = "python bench/continual.py " + " ".join(sys.argv[1:])
+    commands = [command]
+    path = RESULTS / f"{name}.json"
+    if merge and path.exists():
+        earlier = json.loads(path.read_text())
+        now = {r["set"] for r in results}
+        results = [r for r in earlier["runs"] if r["set"] not in now] + results
+        commands = [c for c in earlier["meta"].get("commands", [earlier["meta"]["command"]])
+                    if c != command] + [command]
     agg = aggregate(results)
-    meta = {"command": "python bench/continual.py " + " ".join(sys.argv[1:]),
+    meta = {"command": "; ".join(commands), "commands": commands,
             "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}, 1 thread",
             "load_start": load_start, "load_average": [round(x, 2) for x in os.getloadavg()],
             "defaults": TrainParams().to_json_dict(), "synth": SYNTH}

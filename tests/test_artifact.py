@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from trainer.artifact import SCHEMA_VERSION, load_artifact, save_artifact
@@ -211,3 +213,14 @@ def test_huge_finite_weights_whose_sum_overflows_still_load(tmp_path: Path) -> N
     out, _, _ = _save(tmp_path)
     _edit_weights(lambda t: t["input.weight"].fill_(3e38))(out)
     assert float(load_artifact(out).model.input_weight.max()) == pytest.approx(3e38)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(), max_size=8))
+def test_labels_file_round_trips_any_names(names: list[str]) -> None:
+    """labels.txt holds any names, one JSON string a line: quotes, backslashes, newlines, separators."""
+    from trainer.artifact import _labels_text
+
+    text = _labels_text(names)
+    assert text == "".join(json.dumps(n, ensure_ascii=False) + "\n" for n in names)  # one name a line
+    assert [json.loads(line) for line in text.split("\n")[:-1]] == names

@@ -352,3 +352,38 @@ def test_a_base_without_fingerprints_treats_every_row_as_new(
 def test_replay_data_needs_a_base(tmp_path: Path) -> None:
     proc = _cli("train", "--train", "x.txt", "--replay-data", "y.txt", "--out", str(tmp_path / "m"))
     assert proc.returncode == 2 and "--replay-data needs --init-from" in proc.stderr
+
+
+def test_new_labels_with_rows_are_oversampled_as_negatives() -> None:
+    """A focused uniform draw: M distinct sorted labels, `focus_share` of them from the focus set, every one
+    weighing K/M; without a focus (or at share 0) the draws are those of the plain uniform sampler."""
+    from trainer.negatives import NegativeSampler
+
+    k, m = 1000, 64
+    focus = np.zeros(k, dtype=bool)
+    focus[::50] = True  # 20 labels: fewer than the share asks for, so all of them are drawn
+    few = NegativeSampler(k, "uniform", seed=3, focus=focus, focus_share=0.5).draw(m)
+    assert set(np.flatnonzero(focus)) <= set(few.ids.tolist()) and few.ids.numel() == m
+    focus[::5] = True  # 200 labels
+    neg = NegativeSampler(k, "uniform", seed=3, focus=focus, focus_share=0.25).draw(m)
+    ids = neg.ids.numpy()
+    assert ids.size == m and np.all(np.diff(ids) > 0)
+    assert int(focus[ids].sum()) == 16
+    np.testing.assert_allclose(neg.log_weight.numpy(), np.log(k / m), rtol=1e-6)
+    plain = NegativeSampler(k, "uniform", seed=3).draw(m)
+    unfocused = NegativeSampler(k, "uniform", seed=3, focus=focus, focus_share=0.0).draw(m)
+    assert torch.equal(plain.ids, unfocused.ids)
+    assert focus[plain.ids.numpy()].sum() < 16  # uniform draws reach the 20 % focus set less often
+    every = NegativeSampler(k, "uniform", seed=3, focus=focus, focus_share=0.25).draw(k)
+    assert torch.equal(every.ids, torch.arange(k))  # M ≥ K: every label once, as before
+
+
+def test_only_new_labels_with_rows_get_the_new_label_rate() -> None:
+    """`new_label_lr` and the negative focus go to new labels that have a positive row in this run."""
+    warm = WarmStart(base=None, name="b", label_names=[str(i) for i in range(5)], featurizer=None,
+                     new_labels=np.array([False, False, True, True, True]))
+    counts = np.array([3.0, 0.0, 2.0, 0.0, 1.0])
+    np.testing.assert_array_equal(warm.learning(counts), [False, False, True, False, True])
+    scale = warm.label_lr(counts, 3.0, torch.device("cpu"))
+    assert scale is not None and scale.tolist() == [1.0, 1.0, 3.0, 1.0, 3.0]
+    assert warm.label_lr(np.array([3.0, 1.0, 0.0, 0.0, 0.0]), 3.0, torch.device("cpu")) is None

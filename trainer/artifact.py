@@ -140,9 +140,7 @@ def save_artifact(
             "tensors": shapes,
         }
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        with open(tmp / "labels.txt", "w", encoding="utf-8") as fh:
-            for name in label_names:
-                fh.write(json.dumps(name, ensure_ascii=False) + "\n")
+        (tmp / "labels.txt").write_text(_labels_text(label_names), encoding="utf-8")
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
         featurizer.save(tmp / "featurizer")
         old = None
@@ -390,6 +388,14 @@ def _load_weights(model: XCModel, tensors: dict[str, torch.Tensor]) -> None:
         model.hidden.load_state_dict(hidden)
         for name in list(model.extra):
             model.extra[name] = torch.nn.Parameter(tensors.pop(f"extra.{name}"), requires_grad=False)
+
+
+def _labels_text(label_names: list[str]) -> str:
+    """labels.txt: one JSON string a line, by one C-encoded dump of the list with a newline between
+    items (a JSON string never holds a raw newline), not a Python call per name."""
+    if not label_names:
+        return ""
+    return json.dumps(list(label_names), ensure_ascii=False, separators=("\n", ":"))[1:-1] + "\n"
 
 
 def _read_labels(root: Path, n_labels: int) -> list[str]:

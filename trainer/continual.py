@@ -45,7 +45,7 @@ ARCHITECTURE_FIELDS = ("loss", "dim", "encoder", "hidden", "pieces", "tfidf", "l
 # How a run continues, not what the model is: today's defaults apply unless the caller sets them, never the
 # values a base happened to be trained under
 _RESET_FIELDS = ("stop_epoch", "continual_epochs", "continual_schedule", "continual_lr", "replay",
-                 "new_label_lr", "new_label_init")
+                 "new_label_lr", "new_label_negatives", "new_label_init")
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -125,8 +125,12 @@ def row_fingerprints(ds: Dataset) -> np.ndarray:
     float32 bits. Used to tell which rows of a data set a model has already trained on.
     """
     y = sp.csr_matrix(ds.Y)
-    names = np.array([_hash_str(n) for n in label_names_of(ds)], dtype=np.uint64)
-    lab = _row_sums(_mix(names[y.indices] ^ _GOLDEN), np.asarray(y.indptr, dtype=np.int64))
+    # only the names rows carry are hashed: most labels of a large label space have no row here
+    used, at = np.unique(y.indices, return_inverse=True)
+    own = ds.label_names
+    names = np.array([_hash_str(own[i] if own is not None else str(i)) for i in used.tolist()],
+                     dtype=np.uint64)
+    lab = _row_sums(_mix(names[at.ravel()] ^ _GOLDEN), np.asarray(y.indptr, dtype=np.int64))
     if ds.texts is not None:
         feat = np.array([_hash_str(t) for t in ds.texts], dtype=np.uint64)
     else:
@@ -272,12 +276,22 @@ class WarmStart:
             return None
         return np.where(self.seen[rows], n_seen / m, 1.0).astype(np.float32)
 
-    def label_lr(self, n_labels: int, new_label_lr: float, device: torch.device) -> torch.Tensor | None:
-        """Per-label learning-rate multiplier of the head: `new_label_lr` for new labels, 1 for the others
-        (None when it is 1 everywhere)."""
-        if new_label_lr == 1.0 or self.new_labels is None or not self.new_labels.any():
+    def learning(self, counts: np.ndarray) -> np.ndarray:
+        """bool [K]: the new labels with a positive row among the training rows (`counts` per label).
+
+        Only these have something to learn from a short run; a new label without a row only ever
+        scores low, as any label without rows does."""
+        if self.new_labels is None:
+            return np.zeros(counts.size, dtype=bool)
+        return self.new_labels[: counts.size] & (np.asarray(counts) > 0)
+
+    def label_lr(self, counts: np.ndarray, new_label_lr: float, device: torch.device) -> torch.Tensor | None:
+        """Per-label learning-rate multiplier of the head: `new_label_lr` for new labels with rows, 1 for
+        the others (None when it is 1 everywhere)."""
+        learning = self.learning(counts)
+        if new_label_lr == 1.0 or not learning.any():
             return None
-        scale = np.where(self.new_labels[:n_labels], new_label_lr, 1.0)
+        scale = np.where(learning, new_label_lr, 1.0)
         return torch.from_numpy(scale.astype(np.float32)).to(device)
 
     def artifact_stats(self, y: sp.csr_matrix) -> tuple[np.ndarray, int, np.ndarray]:

@@ -38,6 +38,8 @@ class NegativeSampler:
         alpha: float = 0.75,
         label_counts: np.ndarray | None = None,
         seed: int = 0,
+        focus: np.ndarray | None = None,
+        focus_share: float = 0.0,
     ) -> None:
         if n_labels < 1:
             raise ValueError("n_labels must be >= 1")
@@ -47,7 +49,15 @@ class NegativeSampler:
         self.generator.manual_seed(seed)
         self._cdf: torch.Tensor | None = None
         self._log_q: torch.Tensor | None = None
+        # uniform only: `focus_share` of each draw taken from the labels of `focus` (bool [K]), the rest
+        # from the others (see `draw`)
+        self._focus: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.focus_share = focus_share
         if kind == "uniform":
+            if focus is not None and focus_share > 0.0 and focus.any() and not focus.all():
+                mask = np.asarray(focus, dtype=bool)
+                self._focus = (torch.from_numpy(np.flatnonzero(mask)),
+                               torch.from_numpy(np.flatnonzero(~mask)))
             return
         if kind != "unigram":
             raise ValueError(f"unknown sampler {kind!r}")
@@ -79,26 +89,45 @@ class NegativeSampler:
 
         M ≥ K: every label, weight 1. Uniform: M distinct labels, weight K/M each (inclusion probability
         M/K, Horvitz–Thompson). Unigram: M i.i.d. draws with repeats folded, weight count(j)/(M q(j)).
+
+        Uniform with a focus set: `focus_share` of the M distinct labels are drawn from the focus set and
+        the rest from the others, every one still weighing K/M. Not unbiased, on purpose: a focus label
+        (a continual run's new labels that have rows) is pushed down on other rows more often and as
+        hard as any sampled label, where uniform draws would reach it a handful of times in a short run.
         """
         k = self.n_labels
         if m >= k:
             ids = torch.arange(k)
             logw = torch.zeros(k, dtype=torch.float32)
         elif self._cdf is None:
-            ids = self._distinct_uniform(m)
+            ids = self._distinct_uniform(m) if self._focus is None else self._focused(m)
             logw = torch.full((m,), math.log(k / m), dtype=torch.float32)
         else:
             ids, counts = torch.unique(self.draw_raw(m), return_counts=True)
             logw = torch.log(counts.to(torch.float32)) - math.log(m) - self.log_q(ids)
         return SampledNegatives(ids=ids.to(device), log_weight=logw.to(device), n_draws=min(m, k))
 
-    def _distinct_uniform(self, m: int) -> torch.Tensor:
-        """A uniformly random M-subset of the K labels (sorted), in O(M) expected time for M < K.
+    def _focused(self, m: int) -> torch.Tensor:
+        """M distinct labels (sorted): `focus_share` of them from the focus set, the rest from the others."""
+        assert self._focus is not None
+        inside, outside = self._focus
+        m_in = min(inside.numel(), round(self.focus_share * m))
+        m_out = min(outside.numel(), m - m_in)
+        m_in = m - m_out
+        ids = torch.cat([inside[self._distinct_uniform(m_in, inside.numel())],
+                         outside[self._distinct_uniform(m_out, outside.numel())]])
+        return torch.sort(ids).values
+
+    def _distinct_uniform(self, m: int, k: int | None = None) -> torch.Tensor:
+        """A uniformly random M-subset of the K labels (sorted; of range(k) when given), in O(M) expected
+        time for M < K.
 
         Draws with replacement until at least M distinct labels are seen, then keeps a random M of them:
         the set's law is invariant under relabelling, so every M-subset is equally likely.
         """
-        k, g = self.n_labels, self.generator
+        k, g = self.n_labels if k is None else k, self.generator
+        if m >= k:
+            return torch.arange(k)
         if 2 * m > k:  # dense case: a permutation of K costs O(M) here
             return torch.sort(torch.randperm(k, generator=g)[:m]).values
         ids = torch.unique(torch.randint(k, (m + m // 4 + 8,), generator=g))

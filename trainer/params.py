@@ -130,6 +130,14 @@ class TrainParams(BaseModel):
         description="with a base model: learning rate of the head rows of labels new to it, as a multiple "
         "of `lr` (they start from their initialisation, the others from a trained model)",
     )
+    new_label_negatives: float = Field(
+        default=0.5,
+        ge=0.0,
+        lt=1.0,
+        description="with a base model and the uniform sampler: share of each step's sampled negatives drawn "
+        "from the new labels that have rows (when `negatives` < the label count), so a label with few rows "
+        "is pushed down on the others' rows in a short run (0 = uniform over all labels)",
+    )
     new_label_init: NewLabelInit = Field(
         default="mean",
         description="with a base model: start of the head rows of labels new to it: mean (the mean "

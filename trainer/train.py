@@ -581,10 +581,13 @@ def _fit(
     counts = label_counts(y)[shard.lo : shard.hi]
     # rank 0 keeps the stream of a one-process run; other ranks draw their own
     seed = params.seed + 1 + 7919 * group.rank
-    sampler = NegativeSampler(shard.size, params.sampler, params.alpha, counts, seed=seed)
+    # a continual run (one rank) oversamples its new labels with rows as negatives
+    focus = None if warm is None else warm.learning(counts)
+    sampler = NegativeSampler(shard.size, params.sampler, params.alpha, counts, seed=seed, focus=focus,
+                              focus_share=0.0 if warm is None else params.new_label_negatives)
     stepper = Stepper(model, spec, params, sampler, group, shard)
     if warm is not None:
-        stepper.head_lr = warm.label_lr(k, params.new_label_lr, device)
+        stepper.head_lr = warm.label_lr(counts, params.new_label_lr, device)
 
     bs = params.batch_size
     n_epoch = n if warm is None else warm.epoch_size(params.replay)  # rows trained on per epoch
