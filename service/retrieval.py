@@ -675,7 +675,10 @@ def _int8_scanner(
         head = Int8Head(np.array(a["codes"]), a["scale"], a["bias"], a["radius"], a["bias_err"])
         cells = Cells(a["order"], a["offsets"], a["centroids"], a["cell_radius"])
     else:
-        cells = build_cells(weight, bias, cfg.ivf_nlist or default_nlist(int(weight.shape[0])), cfg.seed)
+        nlist = cfg.ivf_nlist or default_nlist(int(weight.shape[0]))
+        # k-means over every label row: minutes at 10^7 labels, once (the result is cached beside the model)
+        log.info("building the int8 scan", extra={"labels": int(weight.shape[0]), "cells": nlist})
+        cells = build_cells(weight, bias, nlist, cfg.seed)
         head = quantize_head(weight, bias, cells.order)
         if artifact_dir is not None:
             arrays: dict[str, npt.NDArray[Any]] = {
