@@ -77,7 +77,7 @@ def resolve_base(
         raise NotFound(f"base: model {name!r} has no stored version to continue from")
     version = base.get("version")
     if version is None:
-        served = registry.active().get(name)
+        served = registry.serving(name)
         version = served.version if served is not None else versions[-1]
     elif version not in versions:
         raise NotFound(f"base: model {name!r} has no version {version!r} (it has {', '.join(versions)})")

@@ -333,8 +333,12 @@ class ModelRegistry:
             self._refused.pop((name, version), None)
 
     # -- reads -------------------------------------------------------------------------------------
+    def serving(self, name: str) -> ServedModel | None:
+        """The version serving `name` now, if any: read from memory, no directory listed, nothing copied."""
+        return self._active.get(name)
+
     def get(self, name: str) -> ServedModel:
-        served = self._active.get(name)
+        served = self.serving(name)
         if served is not None:
             return served
         versions = self.scan().get(name)

@@ -27,7 +27,7 @@ VERSION_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} fo
 
 
 def model_info(registry: ModelRegistry, name: str, versions: list[str]) -> ModelInfo:
-    served = registry.active().get(name)
+    served = registry.serving(name)
     infos = []
     for v in versions:
         summary = registry.version_summary(name, v)

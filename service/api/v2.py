@@ -38,7 +38,7 @@ ERRORS: dict[int | str, dict[str, object]] = {
 def _served(registry: ModelRegistry, name: str, version: str | None) -> ServedModel:
     """The version serving `name`; a named version must be that one (only the active version serves).
     A request for what serves reads no directory: only a miss lists the disk to say what is wrong."""
-    served = registry.active().get(name)
+    served = registry.serving(name)
     if served is not None and version in (None, served.version):
         return served
     versions = registry.scan().get(name)
@@ -102,7 +102,7 @@ def _model_ready(registry: ModelRegistry, name: str, version: str | None) -> JSO
         raise NotFound(
             f"unknown model {name!r}" if versions is None else f"model {name!r} has no version {version!r}"
         )
-    served = registry.active().get(name)
+    served = registry.serving(name)
     ok = served is not None and (version is None or served.version == version)
     return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
