@@ -21,12 +21,14 @@ REPORT=${OVEX_DOCKER_REPORT:-bench/results/docker.json}
 WORK=$(mktemp -d)
 started_sandbox=0
 stack_up=0
+load_pid=""
 
 say() { printf '\n=== %s\n' "$*"; }
 die() { printf 'test-docker: FAIL: %s\n' "$*" >&2; exit 1; }
 
 cleanup() {
   rc=$?
+  if [ -n "$load_pid" ]; then kill "$load_pid" 2>/dev/null || true; fi  # it must not outlive $WORK
   if [ "$stack_up" = 1 ]; then
     if [ "$rc" != 0 ]; then
       echo "--- container states and last log lines (failure) ---" >&2
@@ -161,9 +163,12 @@ d.datetime.fromisoformat(j[k].replace('Z', '+00:00')); print(round((t('finished_
 echo "job $job_id succeeded ${train_s}s after submit (${run_s}s running in a worker): model dockertest version $version"
 
 say "the job ran in a worker container, with its record in PostgreSQL"
-dc logs --no-color worker | grep -F "$job_id" | head -3 || die "no worker log line names job $job_id"
-dc exec -T postgres psql -U ovex -d ovex -Atc "select count(*) from jobs where id::text = '$job_id'" \
-  | grep -qx 1 || die "job $job_id is not in PostgreSQL"
+# Whole outputs go to files before they are searched: a reader that stops early (head, grep -q) makes
+# the compose plugin die of SIGPIPE, which the docker CLI reports as exit 255 and set -e then obeys.
+dc logs --no-color worker > "$WORK/worker.log"
+grep -F "$job_id" "$WORK/worker.log" | sed -n 1,3p || die "no worker log line names job $job_id"
+n_rows=$(dc exec -T postgres psql -U ovex -d ovex -Atc "select count(*) from jobs where id::text = '$job_id'")
+[ "$n_rows" = 1 ] || die "job $job_id is not in PostgreSQL"
 echo "job row found in PostgreSQL"
 
 say "both workers healthy"
@@ -262,7 +267,8 @@ json.dump({"requests": len(codes), "failed": [c for c in codes if c != 200][:20]
 PY
 load_pid=$!
 sleep 4
-victim=$(dc ps -q api | head -1)
+api_ids=$(dc ps -q api)
+victim=${api_ids%%$'\n'*}
 docker kill "$victim" >/dev/null
 echo "killed replica ${victim:0:12}"
 wait "$load_pid"
