@@ -25,6 +25,7 @@ re-scoring cap.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,13 @@ I64 = npt.NDArray[np.int64]
 I8 = npt.NDArray[np.int8]
 
 _U = 2.0**-24
+
+
+Check = Callable[[], None]  # called between the chunks of a build; raises to abandon it (a cancelled job)
+
+
+def no_check() -> None:
+    return None
 
 
 def rounding_gamma(dim: int) -> float:
@@ -100,7 +108,9 @@ class Cells:
         return np.where(np.isneginf(r), -np.inf, np.nan_to_num(u, nan=np.inf))
 
 
-def quantize_head(weight: F32, bias: F32, order: I64 | None = None, chunk: int = 65536) -> Int8Head:
+def quantize_head(
+    weight: F32, bias: F32, order: I64 | None = None, chunk: int = 65536, check: Check = no_check
+) -> Int8Head:
     """Per-row symmetric int8 codes (scale = max|w|/127) and the exact error terms of the bound, for
     the rows `weight[order]` (all rows in order when None)."""
     n, d = weight.shape
@@ -109,6 +119,7 @@ def quantize_head(weight: F32, bias: F32, order: I64 | None = None, chunk: int =
     radius = np.empty(n, dtype=np.float64)
     g4 = 4.0 * rounding_gamma(d)
     for s in range(0, n, chunk):
+        check()
         rows = np.arange(s, min(s + chunk, n)) if order is None else order[s : s + chunk]
         w = weight[rows].astype(np.float64)
         amax = np.abs(w).max(axis=1) if d else np.zeros(w.shape[0])
@@ -126,7 +137,9 @@ def quantize_head(weight: F32, bias: F32, order: I64 | None = None, chunk: int =
     return Int8Head(codes, scale, b, _round_up32(radius), _round_up32(bias_err))
 
 
-def build_cells(weight: F32, bias: F32, nlist: int, seed: int = 0, chunk: int = 65536) -> Cells:
+def build_cells(
+    weight: F32, bias: F32, nlist: int, seed: int = 0, chunk: int = 65536, check: Check = no_check
+) -> Cells:
     """k-means (L2) on [w, b]; labels ordered by cell; each cell's radius computed over all its rows."""
     import faiss
 
@@ -150,6 +163,7 @@ def build_cells(weight: F32, bias: F32, nlist: int, seed: int = 0, chunk: int = 
     assign = np.empty(n, dtype=np.int64)
     radius = np.full(nlist, -np.inf)
     for s in range(0, n, chunk):
+        check()
         e = min(s + chunk, n)
         xs = rows(s, e)
         _, a = quant.search(xs, 1)

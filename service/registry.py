@@ -31,6 +31,7 @@ from service.api.metrics import Metrics
 from service.errors import Conflict, NotFound, Unavailable
 from service.jobs.active import ActiveVersions
 from service.predictor import Predictor
+from service.quantized_scan import Check, no_check
 from service.retrieval import ExactScorer, RetrievalConfig, Retriever, build_retriever, configure_threads
 from service.settings import Settings
 from service.versions import retire
@@ -92,16 +93,7 @@ def load_served(name: str, version: str, path: Path, settings: Settings) -> Serv
     t0 = time.perf_counter()
     configure_threads(settings.threads)  # per thread for OpenMP: loads run in worker threads
     loaded = load_artifact(path)
-    weight, bias = loaded.head_weight, loaded.head_bias
-    gate = getattr(getattr(loaded, "model", None), "extra", {}).get("dropmax")
-    if gate is not None:  # DropMax: scores f_k + log σ(g_k) — no index can serve them, score exactly
-        g = gate.detach().cpu().numpy()
-        d = weight.shape[1]
-        exact = ExactScorer(weight, bias, settings.exact_block_rows, g[:, :d], g[:, d])
-        retr: Retriever = exact
-    else:
-        exact = ExactScorer(weight, bias, settings.exact_block_rows)
-        retr = build_retriever(weight, bias, retrieval_config(settings), path, exact)
+    exact, retr = _retrievers(loaded, path, settings)
     pred = Predictor(loaded, retr, exact)
     if settings.warmup:
         pred.warmup()
@@ -117,6 +109,34 @@ def load_served(name: str, version: str, path: Path, settings: Settings) -> Serv
         },
     )
     return served
+
+
+def _retrievers(
+    loaded: Any, path: Path, settings: Settings, check: Check = no_check
+) -> tuple[ExactScorer, Retriever]:
+    """The exact scorer and the retriever that serves `loaded` (its index read from the artifact's
+    cache, or built and cached there; `check` may abandon the build)."""
+    weight, bias = loaded.head_weight, loaded.head_bias
+    gate = getattr(getattr(loaded, "model", None), "extra", {}).get("dropmax")
+    if gate is not None:  # DropMax: scores f_k + log σ(g_k) — no index can serve them, score exactly
+        g = gate.detach().cpu().numpy()
+        d = weight.shape[1]
+        exact = ExactScorer(weight, bias, settings.exact_block_rows, g[:, :d], g[:, d])
+        return exact, exact
+    exact = ExactScorer(weight, bias, settings.exact_block_rows)
+    return exact, build_retriever(weight, bias, retrieval_config(settings), path, exact, check)
+
+
+def build_serving_index(path: Path, settings: Settings, check: Check = no_check) -> str:
+    """Build the index the service would serve the artifact at `path` from, into its cache, and say
+    which kind it is ("exact": nothing to build). A training job calls this before it publishes, so
+    the service loads the new version from the cache instead of building the index (k-means over
+    every label row: minutes at 10^7 labels) on a replica that is serving. `check` is called between
+    chunks of the build and may raise to abandon it (a job cancelled meanwhile)."""
+    from trainer.artifact import load_artifact
+
+    configure_threads(settings.threads)
+    return _retrievers(load_artifact(path), path, settings, check)[1].kind
 
 
 class ModelRegistry:

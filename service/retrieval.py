@@ -50,9 +50,11 @@ from threadpoolctl import threadpool_limits
 
 from service.quantized_scan import (
     Cells,
+    Check,
     Int8Head,
     Scan,
     build_cells,
+    no_check,
     quantize_head,
     quantize_query,
     rounding_gamma,
@@ -523,7 +525,9 @@ def default_nlist(n_labels: int) -> int:
     return int(min(65536, max(16, 2 * math.sqrt(n_labels))))
 
 
-def _build_ivf(weight: F32, bias: F32, cfg: RetrievalConfig) -> tuple[Any, dict[str, Any], dict[str, F32]]:
+def _build_ivf(
+    weight: F32, bias: F32, cfg: RetrievalConfig, check: Check
+) -> tuple[Any, dict[str, Any], dict[str, F32]]:
     n_labels, dim = weight.shape
     d2 = reduced_width(dim)
     chunk = 65536
@@ -546,6 +550,7 @@ def _build_ivf(weight: F32, bias: F32, cfg: RetrievalConfig) -> tuple[Any, dict[
     radii = np.full(nlist, -np.inf)
     sq_err = np.zeros(d2)
     for s in range(0, n_labels, chunk):
+        check()
         x = _reduced(weight, bias, s, min(s + chunk, n_labels), max_norm)
         _, assign = quantizer.search(x, 1)
         a = np.ascontiguousarray(assign[:, 0])
@@ -662,7 +667,7 @@ def choose_kind(n_labels: int, dim: int, cfg: RetrievalConfig) -> IndexKind:
 
 
 def _int8_scanner(
-    weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str
+    weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str, check: Check
 ) -> QuantizedScanner:
     """The celled int8 copy of the head, read from the cache when built from these weights."""
     t0 = time.perf_counter()
@@ -678,8 +683,8 @@ def _int8_scanner(
         nlist = cfg.ivf_nlist or default_nlist(int(weight.shape[0]))
         # k-means over every label row: minutes at 10^7 labels, once (the result is cached beside the model)
         log.info("building the int8 scan", extra={"labels": int(weight.shape[0]), "cells": nlist})
-        cells = build_cells(weight, bias, nlist, cfg.seed)
-        head = quantize_head(weight, bias, cells.order)
+        cells = build_cells(weight, bias, nlist, cfg.seed, check=check)
+        head = quantize_head(weight, bias, cells.order, check=check)
         if artifact_dir is not None:
             arrays: dict[str, npt.NDArray[Any]] = {
                 "codes": head.codes,
@@ -707,9 +712,11 @@ def _int8_scanner(
 
 
 def build_retriever(
-    weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, exact: ExactScorer
+    weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, exact: ExactScorer,
+    check: Check = no_check,
 ) -> Retriever:
-    """The index for this head, loaded from the artifact's cache when it matches, else built and cached."""
+    """The index for this head, loaded from the artifact's cache when it matches, else built (calling
+    `check` between chunks, which may raise to abandon the build) and cached."""
     kind = choose_kind(int(weight.shape[0]), int(weight.shape[1]), cfg)
     if kind == "exact":
         return exact
@@ -718,10 +725,10 @@ def build_retriever(
     fp = fingerprint(weight, bias, artifact_dir)
     with _building(artifact_dir, kind):
         if kind == "int8":
-            return _int8_scanner(weight, bias, cfg, artifact_dir, fp)
+            return _int8_scanner(weight, bias, cfg, artifact_dir, fp, check)
         if kind == "hnsw":
-            return _hnsw(weight, bias, cfg, artifact_dir, fp)
-        return _ivf(weight, bias, cfg, artifact_dir, fp, exact)
+            return _hnsw(weight, bias, cfg, artifact_dir, fp, check)
+        return _ivf(weight, bias, cfg, artifact_dir, fp, exact, check)
 
 
 @contextlib.contextmanager
@@ -743,7 +750,9 @@ def _building(artifact_dir: Path | None, kind: str) -> Iterator[None]:
         yield
 
 
-def _hnsw(weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str) -> HNSWRetriever:
+def _hnsw(
+    weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str, check: Check
+) -> HNSWRetriever:
     t0 = time.perf_counter()
     cached = _read_index_dir(artifact_dir, "hnsw", fp) if artifact_dir is not None else None
     if cached is not None and cached[0] is not None:
@@ -753,6 +762,7 @@ def _hnsw(weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | Non
         index = faiss.IndexHNSWFlat(reduced_width(weight.shape[1]), cfg.hnsw_m)
         index.hnsw.efConstruction = 80
         for s in range(0, weight.shape[0], 65536):
+            check()
             index.add(_reduced(weight, bias, s, min(s + 65536, weight.shape[0]), max_norm))
         if artifact_dir is not None:
             _write_index_dir(artifact_dir, "hnsw", index, {"fingerprint": fp, "hnsw_m": cfg.hnsw_m}, {})
@@ -768,7 +778,8 @@ def _hnsw(weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | Non
 
 
 def _ivf(
-    weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str, exact: ExactScorer
+    weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str, exact: ExactScorer,
+    check: Check,
 ) -> IVFRetriever:
     t0 = time.perf_counter()
     cached = _read_index_dir(artifact_dir, "ivf", fp) if artifact_dir is not None else None
@@ -784,7 +795,7 @@ def _ivf(
             retr.nprobe, retr.tuned_recall = _tune_nprobe(retr, exact, cfg)  # the target changed: cheap
             log.info("ivf nprobe re-tuned", extra={"nprobe": retr.nprobe, "recall_at_10": retr.tuned_recall})
         return retr
-    index, meta, arrays = _build_ivf(weight, bias, cfg)
+    index, meta, arrays = _build_ivf(weight, bias, cfg, check)
     retr = _ivf_retriever(index, meta, arrays, 1, weight, bias)
     if cfg.ivf_nprobe:
         retr.nprobe, retr.tuned_recall = min(cfg.ivf_nprobe, retr.nlist), math.nan

@@ -186,6 +186,7 @@ class JobRunner:
             self.store.log(job_id, f"attempt {job.attempts} on worker {self.worker}")
             result = self._train(job, staging, checkpoints, hooks)
             resumed = _opt_int(getattr(result, "resumed_from_step", None))
+            self._serving_index(job_id, staging, hooks)
             if hooks.should_stop():
                 raise TrainingCancelled("stop requested at the end of training")
             version = publish(staging, self.cfg.models_dir / job.model)
@@ -245,6 +246,32 @@ class JobRunner:
             checkpoint_every=self.cfg.settings.checkpoint_every,
             **base_kw,
         )
+
+    def _serving_index(self, job_id: str, staging: Path, hooks: _Hooks) -> None:
+        """Build the index the service will serve the artifact from into it, before it is published: the
+        service then loads the new version from that cache instead of building it while it serves.
+        A cancel stops the build between chunks. A failure costs only the cache: the artifact is good,
+        and the service builds the index when it loads the version."""
+        from service.registry import build_serving_index
+
+        def check() -> None:
+            if hooks.should_stop():
+                raise TrainingCancelled("stop requested while building the serving index")
+
+        t0 = time.perf_counter()
+        self.store.log(job_id, "preparing the serving index")
+        try:
+            kind = build_serving_index(staging, self.cfg.settings, check)
+        except TrainingCancelled:
+            raise
+        except Exception:
+            log.exception("job %s: serving index not built", job_id)
+            self.store.log(job_id, "serving index not built (worker log); the service builds it at load")
+            return
+        if kind == "exact":
+            self.store.log(job_id, "serving: exact scan of every label, no index to build")
+        else:
+            self.store.log(job_id, f"serving index ({kind}) built in {time.perf_counter() - t0:.1f} s")
 
     def _read_replay(self, dataset_id: str) -> Any:
         from trainer.data import read_dataset

@@ -319,3 +319,72 @@ def test_embedded_worker_is_a_fresh_child_that_follows_ovex_serve(
     srv.wait(job_id, lambda j: "resumed from step" in srv.logs(job_id), 30, "the resume log line")
     assert srv.client.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
     srv.wait(job_id, lambda j: j["state"] == "cancelled", 120, "the cancel")
+
+
+def test_a_job_builds_the_serving_index_and_the_service_loads_it_from_the_cache(
+    make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    """A head the service serves through its int8 scan (every head, with OVEX_EXACT_MAX_WEIGHTS=0): the job
+    builds the index into the artifact before publishing it, and the service loads that cache, not a build."""
+    import json
+
+    from service.retrieval import fingerprint
+    from trainer.artifact import load_artifact
+
+    srv = make_server(Backend("sqlite"), OVEX_EXACT_MAX_WEIGHTS="0")
+    train = srv.upload(synth_files["train"])
+    job_id = srv.submit({"model": "indexed", "train_dataset": train["id"], "params": {**TINY, "epochs": 2},
+                         "activate": True})
+    srv.wait(job_id, lambda j: j["state"] == "succeeded" and j["activated"], 180, "activation")
+    assert re.search(r"serving index \(int8\) built in [0-9.]+ s", srv.logs(job_id)), srv.logs(job_id)
+
+    art = srv.models_dir / "indexed" / "1"
+    meta = json.loads((art / "index" / "int8" / "meta.json").read_text())
+    loaded = load_artifact(art)
+    assert meta["fingerprint"] == fingerprint(loaded.head_weight, loaded.head_bias, art)  # published files
+
+    features = _first_test_row(synth_files["test"])
+    r = srv.client.post("/v1/models/indexed/predict",
+                        json={"inputs": [{"features": features}], "top_k": 3, "normalization": "sparsemax"})
+    assert r.status_code == 200, r.text
+    assert r.json()["predictions"][0]["exact"] is True
+    # the embedded worker logs to the same file: one build (the job's), then the service's cached load
+    lines = [json.loads(x) for x in (srv.root / "server.log").read_text().splitlines() if x.startswith("{")]
+    ready = [x for x in lines if x.get("msg") == "int8 scan ready"]
+    assert [x["cached"] for x in ready] == [False, True], ready
+    assert sum(x.get("msg") == "building the int8 scan" for x in lines) == 1
+
+
+def test_a_cancel_while_the_serving_index_builds_stops_the_job(tmp_path: Path) -> None:
+    """The runner's build step polls the job's stop flag: a cancel there ends the job as cancelled, with
+    no index left in the artifact it would have published."""
+    from service.jobs.config import JobsConfig
+    from service.jobs.runner import JobRunner
+    from service.settings import Settings
+    from trainer.errors import TrainingCancelled
+    from trainer.params import TrainParams
+    from trainer.synth import synth_dataset
+    from trainer.train import QuietHooks, train
+
+    staging = tmp_path / "artifact"
+    train(TrainParams(dim=8, epochs=1, batch_size=64), synth_dataset(50, 200, 300, seed=5), None,
+          out_dir=staging, hooks=QuietHooks())
+
+    class Store:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def log(self, job_id: str, message: str) -> None:
+            self.lines.append(message)
+
+    class Cancelled:
+        def should_stop(self) -> bool:
+            return True
+
+    settings = Settings(exact_max_weights=0, data_dir=str(tmp_path / "data"), models_dir=str(tmp_path / "m"))
+    store = Store()
+    runner = JobRunner(JobsConfig(settings), store, "w", threading.Event())  # type: ignore[arg-type]
+    with pytest.raises(TrainingCancelled):
+        runner._serving_index("job", staging, Cancelled())  # type: ignore[arg-type]
+    assert not (staging / "index" / "int8" / "meta.json").exists()
+    assert store.lines == ["preparing the serving index"]

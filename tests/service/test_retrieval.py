@@ -168,9 +168,38 @@ def test_int8_cache_is_read_not_rebuilt_and_refused_when_stale(
     (tmp_path / "weights.safetensors").write_bytes(b"v2 with other bytes")  # new file, same rows
     calls: list[int] = []
     real = retrieval.quantize_head
-    monkeypatch.setattr(retrieval, "quantize_head", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(retrieval, "quantize_head", lambda *a, **k: calls.append(1) or real(*a, **k))
     build_retriever(w, b, RetrievalConfig(kind="int8"), tmp_path, ExactScorer(w, b))
     assert calls == [1]
+
+
+@pytest.mark.parametrize("kind", ["int8", "ivf", "hnsw"])
+def test_a_build_calls_check_and_a_raising_check_abandons_it(tmp_path: Path, kind: str) -> None:
+    """What lets a cancelled training job stop while it builds its serving index: the builder calls
+    `check` as it goes, and an exception from it leaves no cache behind (the next load builds it)."""
+    w, b = _head(3000, 24, seed=16)
+    cfg = RetrievalConfig(kind=kind)  # type: ignore[arg-type]
+    calls: list[int] = []
+    built = tmp_path / "built"
+    built.mkdir()
+    build_retriever(w, b, cfg, built, ExactScorer(w, b), check=lambda: calls.append(1))
+    assert calls and (built / "index" / kind / "meta.json").is_file()
+
+    class Stop(Exception):
+        pass
+
+    def stop() -> None:
+        raise Stop
+
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    with pytest.raises(Stop):
+        build_retriever(w, b, cfg, stopped, ExactScorer(w, b), check=stop)
+    assert not (stopped / "index" / kind / "meta.json").exists()
+    # and the abandoned build is no obstacle: the next one builds and serves
+    again = build_retriever(w, b, cfg, stopped, ExactScorer(w, b))
+    h = _queries(w, 3, seed=17)
+    assert again.search(h, 5).ids.shape == (3, 5)
 
 
 def _build_in_child(artifact: str, out: str, start: Any) -> None:
@@ -180,10 +209,10 @@ def _build_in_child(artifact: str, out: str, start: Any) -> None:
     calls: list[int] = []
     real = retrieval.quantize_head
 
-    def slow(*a: Any) -> Any:
+    def slow(*a: Any, **k: Any) -> Any:
         calls.append(1)
         time.sleep(0.5)
-        return real(*a)
+        return real(*a, **k)
 
     retrieval.quantize_head = slow  # type: ignore[assignment]
     start.wait()
