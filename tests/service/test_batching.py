@@ -84,9 +84,33 @@ def test_submit_times_out_instead_of_hanging() -> None:
         mb = MicroBatcher(0.0, 8, None)
         await mb.start()
         try:
-            with pytest.raises(TimeoutError):
-                await mb.submit(slow, _job(), 0.05)
+            with pytest.raises(TimeoutError):  # two inputs: computed on the compute thread
+                await mb.submit(slow, _job(n=2), 0.05)
         finally:
             await mb.stop()
 
     asyncio.run(main())
+
+
+def test_a_lone_request_is_computed_on_the_loop_thread_and_a_batch_on_the_compute_thread() -> None:
+    """Alone (nothing queued behind it) a single-input request skips the two thread hand-offs; requests
+    that queue up together, or that carry several inputs, go to the compute thread, so the loop keeps
+    reading requests while they compute."""
+    a = FakePredictor("a", delay=0.02)
+
+    async def main() -> str:
+        mb = MicroBatcher(0.005, 64)
+        await mb.start()
+        try:
+            await mb.submit(a, _job(), 5)  # alone
+            lone = set(a.threads)
+            a.threads.clear()
+            await asyncio.gather(*[mb.submit(a, _job(), 5) for _ in range(6)])  # queued together
+            await mb.submit(a, _job(n=3), 5)  # alone, but three inputs
+            assert lone == {threading.current_thread().name}, lone
+            return ",".join(sorted(a.threads))
+        finally:
+            await mb.stop()
+
+    batched = asyncio.run(main())
+    assert batched.startswith("ovex-predict") and threading.current_thread().name not in batched.split(",")
