@@ -2,15 +2,15 @@
 
 Requests wait in an asyncio queue; one loop takes the first, gathers more for at most `window` seconds
 (or until `max_rows` input rows; no wait when the previous batch was a lone request), and runs them in
-one predictor call on a single compute thread. While
-that call runs, new requests queue up and form the next batch, so under load batches grow by themselves
-and at concurrency 1 a request waits at most the window. A single-input request that came alone, with
-nothing queued behind it, is computed on the event loop's own thread instead: the hand-off to the compute
-thread and back costs two thread wake-ups, a visible share of such a request's latency, and there is
-nothing for the loop to read meanwhile. One input takes milliseconds even at 10^7 labels, so the loop is
-never held long; that computation cannot time out midway (the request gets its answer when it ends).
-Each queued item carries the predictor it pinned when it arrived, so a hot swap never mixes versions
-within a request.
+one predictor call on a single compute thread. While that call runs, new requests queue up and form the
+next batch, so under load batches grow by themselves and at concurrency 1 a request waits at most the
+window. A single-input request that came alone, with nothing queued behind it, after a batch that was
+alone too, is computed on the event loop's own thread instead: the hand-off to the compute thread and
+back costs two thread wake-ups, a visible share of such a request's latency, and there is nothing for
+the loop to read meanwhile. One input takes milliseconds even at 10^7 labels, so the loop is never held
+long; that computation cannot time out midway (the request gets its answer when it ends). Each queued
+item carries the predictor it pinned when it arrived, so a hot swap never mixes versions within a
+request.
 """
 
 from __future__ import annotations
@@ -111,12 +111,15 @@ class MicroBatcher:
         while True:
             first = await self._queue.get()
             batch = await self._gather(first)
+            # inline only in a lone streak: under load one lone batch is chance, and computing it on the
+            # loop would stop the loop reading the requests that make the next batch big
+            streak = self._last_requests == 1
             self._last_requests = len(batch)
             live = [it for it in batch if not it.future.done()]  # timed-out callers are gone
             if not live:
                 continue
             try:
-                if len(live) == 1 and len(live[0].job.rows) == 1 and self._queue.empty():
+                if streak and len(live) == 1 and len(live[0].job.rows) == 1 and self._queue.empty():
                     results = self._compute(live)
                 else:
                     results = await loop.run_in_executor(self._executor, self._compute, live)

@@ -93,24 +93,35 @@ def test_submit_times_out_instead_of_hanging() -> None:
 
 
 def test_a_lone_request_is_computed_on_the_loop_thread_and_a_batch_on_the_compute_thread() -> None:
-    """Alone (nothing queued behind it) a single-input request skips the two thread hand-offs; requests
-    that queue up together, or that carry several inputs, go to the compute thread, so the loop keeps
-    reading requests while they compute."""
+    """A single-input request alone (nothing queued behind it), after a batch that was alone too, skips
+    the two thread hand-offs. Requests that queue up together, one that carries several inputs, and a
+    lone one right after a batch go to the compute thread, so under load the loop keeps reading requests
+    while a batch computes."""
     a = FakePredictor("a", delay=0.02)
 
-    async def main() -> str:
+    async def main() -> dict[str, set[str]]:
         mb = MicroBatcher(0.005, 64)
         await mb.start()
-        try:
-            await mb.submit(a, _job(), 5)  # alone
-            lone = set(a.threads)
+        seen: dict[str, set[str]] = {}
+
+        async def threads(name: str, *jobs: Job) -> None:
             a.threads.clear()
-            await asyncio.gather(*[mb.submit(a, _job(), 5) for _ in range(6)])  # queued together
-            await mb.submit(a, _job(n=3), 5)  # alone, but three inputs
-            assert lone == {threading.current_thread().name}, lone
-            return ",".join(sorted(a.threads))
+            await asyncio.gather(*[mb.submit(a, j, 5) for j in jobs])
+            seen[name] = set(a.threads)
+
+        try:
+            await threads("first", _job())  # alone, but no lone batch before it
+            await threads("lone", _job())
+            await threads("together", *[_job() for _ in range(6)])
+            await threads("after a batch", _job())
+            await threads("three inputs", _job(n=3))
+            await threads("lone again", _job())
         finally:
             await mb.stop()
+        return seen
 
-    batched = asyncio.run(main())
-    assert batched.startswith("ovex-predict") and threading.current_thread().name not in batched.split(",")
+    seen = asyncio.run(main())
+    loop_thread = {threading.current_thread().name}
+    assert seen["lone"] == seen["lone again"] == loop_thread, seen
+    for name in ("first", "together", "after a batch", "three inputs"):
+        assert len(seen[name]) == 1 and next(iter(seen[name])).startswith("ovex-predict"), (name, seen)
