@@ -17,11 +17,13 @@ import ctypes
 import gc
 import importlib
 import logging
+import mmap
 import os
 import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -110,16 +112,121 @@ class Slot:
     restarts: int = 0
 
 
+NOT_LISTENING = 2**62  # the open-connection count of a worker slot that takes no connections
+DEFER_S = 0.002  # a worker holding more connections than another leaves a new one to it this long...
+MAX_DEFERS = 10  # ...this many times in a row at most (a busy or hung worker never strands a client)
+
+
+class Loads:
+    """Open connections per worker, in an anonymous shared mapping made before the first fork, so each
+    worker sees the others' counts. A slot whose worker takes no connections (not started, loading,
+    stopped, dead) reads NOT_LISTENING."""
+
+    def __init__(self, n: int) -> None:
+        self._mm = mmap.mmap(-1, 8 * max(n, 1))
+        self.counts = (ctypes.c_int64 * max(n, 1)).from_buffer(self._mm)
+        for i in range(n):
+            self.counts[i] = NOT_LISTENING
+
+    def least_other(self, index: int) -> int:
+        return min((c for i, c in enumerate(self.counts) if i != index), default=NOT_LISTENING)
+
+
+class FairAcceptor:
+    """Takes connections from the listening socket the workers share, one per wake-up of this worker's
+    event loop, and only while no other worker holds fewer (`Loads`); hands each to the protocol as
+    asyncio's own server would.
+
+    Why not `loop.create_server`: it accepts every pending connection at each wake-up, so when a client
+    opens its pool of connections at once, the first worker to wake takes all of them and keeps them for
+    their whole life, while the other workers idle. Here a worker with more connections than another
+    leaves a new one to it, for at most DEFER_S × MAX_DEFERS."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        protocol: Callable[[], asyncio.Protocol],
+        open_connections: Callable[[], int],
+        loads: Loads,
+        index: int,
+    ) -> None:
+        self.loop, self.sock, self.protocol = loop, sock, protocol
+        self.open_connections, self.loads, self.index = open_connections, loads, index
+        self.closed = False
+        self._deferred = 0
+        self._handshakes: set[asyncio.Task[object]] = set()
+        sock.setblocking(False)
+        self.publish()
+        loop.add_reader(sock.fileno(), self._accept)
+
+    def publish(self) -> int:
+        """Write this worker's open connections (set up or being set up) where the others read them."""
+        mine = self.open_connections() + len(self._handshakes)
+        self.loads.counts[self.index] = NOT_LISTENING if self.closed else mine
+        return mine
+
+    def _accept(self) -> None:
+        if self.publish() > self.loads.least_other(self.index) and self._deferred < MAX_DEFERS:
+            self._deferred += 1
+            self._pause(DEFER_S)
+            return
+        self._deferred = 0
+        try:
+            conn, _ = self.sock.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return  # another worker took it, or the client gave up
+        except OSError as exc:  # out of file descriptors, say: pause rather than spin on a readable socket
+            log.warning("accept failed; pausing new connections for 0.1 s", extra={"error": str(exc)})
+            self._pause(0.1)
+            return
+        conn.setblocking(False)
+        task = self.loop.create_task(self.loop.connect_accepted_socket(self.protocol, conn))
+        self._handshakes.add(task)
+        task.add_done_callback(self._connected)
+        self.publish()
+
+    def _connected(self, task: asyncio.Task[object]) -> None:
+        self._handshakes.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # reset before it was set up: gone
+            log.debug("connection lost while being set up", extra={"error": str(task.exception())})
+        self.publish()
+
+    def _pause(self, seconds: float) -> None:
+        """Stop watching the socket for a while (it stays readable: watching it would spin)."""
+        self.loop.remove_reader(self.sock.fileno())
+        self.loop.call_later(seconds, self._resume)
+
+    def _resume(self) -> None:
+        if not self.closed:
+            self.loop.add_reader(self.sock.fileno(), self._accept)
+
+    def close(self) -> None:
+        """Stop taking connections (uvicorn's shutdown calls this, as it would on its own servers)."""
+        if not self.closed:
+            self.closed = True
+            self.loop.remove_reader(self.sock.fileno())
+            self.publish()
+
+    async def wait_closed(self) -> None:
+        return None
+
+
 class HeartbeatServer(uvicorn.Server):
-    """uvicorn's server, telling the supervisor once a second that its event loop still runs.
+    """uvicorn's server, telling the supervisor once a second that its event loop still runs, and taking
+    connections from the shared socket so that the workers hold about as many each (`FairAcceptor`).
 
     A replacement worker takes connections only once its models are loaded: until then the workers
     already serving answer everything on the shared socket, where a connection it took would get 503s."""
 
-    def __init__(self, config: uvicorn.Config, beat_fd: int, listen_when_loaded: bool) -> None:
+    def __init__(
+        self, config: uvicorn.Config, beat_fd: int, listen_when_loaded: bool, loads: Loads, index: int
+    ) -> None:
         super().__init__(config)
         self.beat_fd = beat_fd
         self.listen_when_loaded = listen_when_loaded
+        self.loads, self.index = loads, index
+        self.acceptors: list[FairAcceptor] = []
 
     def _beat(self) -> None:
         with contextlib.suppress(BlockingIOError, BrokenPipeError):
@@ -128,19 +235,19 @@ class HeartbeatServer(uvicorn.Server):
     async def on_tick(self, counter: int) -> bool:
         if counter % BEAT_TICKS == 0:
             self._beat()
+        for acceptor in self.acceptors:  # connections closed since the last accept leave the count
+            acceptor.publish()
         return await super().on_tick(counter)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        if not self.listen_when_loaded or sockets is None:
-            await super().startup(sockets=sockets)
-            return
         from service.app import MODELS_LOADED  # imported by the worker: after the metrics mode is set
 
-        await super().startup(sockets=[])  # the lifespan only: models load in its thread, no listener yet
-        loaded = self.lifespan.state.get(MODELS_LOADED)
-        while loaded is not None and not loaded.is_set() and not self.should_exit:
-            self._beat()
-            await asyncio.sleep(TICK_S)
+        await super().startup(sockets=[])  # the lifespan only (models load in its thread), no listener yet
+        if self.listen_when_loaded:
+            loaded = self.lifespan.state.get(MODELS_LOADED)
+            while loaded is not None and not loaded.is_set() and not self.should_exit:
+                self._beat()
+                await asyncio.sleep(TICK_S)
         if self.should_exit:
             return
         config, loop = self.config, asyncio.get_running_loop()
@@ -150,8 +257,13 @@ class HeartbeatServer(uvicorn.Server):
                 config=config, server_state=self.server_state, app_state=self.lifespan.state
             )
 
-        for sock in sockets:
-            self.servers.append(await loop.create_server(protocol, sock=sock, backlog=config.backlog))
+        for sock in sockets or []:
+            sock.listen(config.backlog)
+            acceptor = FairAcceptor(
+                loop, sock, protocol, lambda: len(self.server_state.connections), self.loads, self.index
+            )
+            self.acceptors.append(acceptor)
+            self.servers.append(acceptor)  # type: ignore[arg-type]  # uvicorn's shutdown closes it
 
 
 class Supervisor:
@@ -171,11 +283,12 @@ class Supervisor:
         self.metrics_dir = metrics_dir
         self.sock = sock
         self.slots = [Slot(i) for i in range(workers)]
+        self.loads = Loads(workers)
         self.jobs = jobs
         self.stop_signal: int | None = None
 
     # -- the worker side --------------------------------------------------------------------------
-    def _serve_in_child(self, beat_fd: int, listen_when_loaded: bool) -> NoReturn:
+    def _serve_in_child(self, index: int, beat_fd: int, listen_when_loaded: bool) -> NoReturn:
         code = 1
         try:
             for sig in STOP_SIGNALS:
@@ -187,7 +300,8 @@ class Supervisor:
             for slot in self.slots:  # the other workers' heartbeats are the supervisor's to read
                 if slot.beats is not None:
                     os.close(slot.beats)
-            HeartbeatServer(self.config, beat_fd, listen_when_loaded).run(sockets=[self.sock])
+            server = HeartbeatServer(self.config, beat_fd, listen_when_loaded, self.loads, index)
+            server.run(sockets=[self.sock])
             code = 0
         except BaseException:
             log.exception("worker failed")
@@ -204,9 +318,10 @@ class Supervisor:
         read_end, write_end = os.pipe()
         os.set_blocking(read_end, False)
         os.set_blocking(write_end, False)
+        self.loads.counts[slot.index] = NOT_LISTENING  # until the new worker listens
         pid = os.fork()
         if pid == 0:
-            self._serve_in_child(write_end, listen_when_loaded=slot.restarts > 0)
+            self._serve_in_child(slot.index, write_end, listen_when_loaded=slot.restarts > 0)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         os.close(write_end)
         slot.pid, slot.beats = pid, read_end
@@ -230,6 +345,7 @@ class Supervisor:
                 continue
             lived = now - slot.started
             slot.pid = None
+            self.loads.counts[slot.index] = NOT_LISTENING  # its connections died with it
             if slot.beats is not None:
                 os.close(slot.beats)
                 slot.beats = None

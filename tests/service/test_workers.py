@@ -288,3 +288,37 @@ def test_workers_split_the_threads_between_them() -> None:
     child = worker_settings(Settings(workers=2, threads=4, lone_scan_threads=4))
     assert (child.threads, child.lone_scan_threads, child.embedded_worker) == (2, 2, False)
     assert worker_settings(Settings(workers=4, threads=2, lone_scan_threads=2)).lone_scan_threads == 1
+
+
+def test_a_burst_of_connections_is_shared_between_the_workers(two_workers: tuple[Server, Path]) -> None:
+    """A client that opens its pool of connections at once (8 here, kept alive) gets them spread over both
+    workers, not all taken by whichever woke first: each worker holds at least a quarter, in every burst."""
+    import socket
+
+    srv, _ = two_workers
+    versions_by_worker(srv)
+    port = int(srv.base.rsplit(":", 1)[1])
+    body = (b'{"inputs": [{"features": {"indices": [3, 17], "values": [1.0, 2.0]}}], "top_k": 3}')
+    request = (f"POST /v1/models/m/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    for burst in range(3):
+        conns = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(8)]
+        try:
+            time.sleep(0.3)  # every connection accepted (or waiting) before any request
+            workers = []
+            for c in conns:
+                c.sendall(request)
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = c.recv(65536)
+                    assert chunk, "connection closed before the response"
+                    head += chunk
+                assert head.startswith(b"HTTP/1.1 200"), head[:200]
+                line = next(x for x in head.split(b"\r\n") if x.lower().startswith(b"x-ovex-worker:"))
+                workers.append(line.split(b":", 1)[1].strip())
+            counts = sorted((workers.count(w) for w in set(workers)), reverse=True)
+            assert len(counts) == 2 and counts[1] >= 2, f"burst {burst}: connections per worker {counts}"
+        finally:
+            for c in conns:
+                c.close()
+        time.sleep(0.3)  # both workers see their connections closed
