@@ -143,7 +143,7 @@ def test_readme_opens_with_the_two_setup_commands() -> None:
 # figures: every measured figure names the bench/results file it comes from, and that file holds it
 
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
-CITATION = re.compile(r"bench/results/[\w.*-]+")
+CITATION = re.compile(r"bench/results/[\w.*-]+(?:/[\w.*-]+)*")
 FIGURE = re.compile(r"(?<![\w.=@^-])(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+)(?![\w]|\.\d)")
 MEASURED = re.compile(
     r"P@\d|nDCG|PSP|recall|\bms\b|CPU-second|examples per|ex/s|req/s|\d s\b|slower|faster|\bMB\b|GiB"
