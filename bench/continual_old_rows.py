@@ -47,23 +47,22 @@ RESULTS = ROOT / "bench" / "results"
 DELTAS = (0.0, -0.1, -0.2, -0.3, -0.5, -0.75, -1.0)
 
 
-def first_labels(model_dir: Path, test: Any, rows: np.ndarray, held: np.ndarray,
-                 deltas: tuple[float, ...]) -> dict[str, np.ndarray]:
-    """Original ids of each row's first label: as scored, with new labels masked, and with new labels
-    shifted by each δ (all labels scored exactly: the sets here are small)."""
+def scores(model_dir: Path, test: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Every test row's score for every label (the sets here are small), and the labels' original ids."""
     m = load_artifact(model_dir)
     orig = np.array([int(n) for n in m.label_names], dtype=np.int64)
-    h = m.model.encode(m.featurizer.transform(test)).numpy()[rows]
-    s = h @ m.head_weight.T + m.head_bias
-    new = held[orig]
-    out = {"raw": orig[s.argmax(1)], "masked": orig[np.where(new, -np.inf, s).argmax(1)]}
-    for d in deltas:
-        out[f"delta {d:+.2f}"] = orig[(s + np.where(new, d, 0.0)).argmax(1)]
-    return out
+    h = m.model.encode(m.featurizer.transform(test)).numpy()
+    return h @ m.head_weight.T + m.head_bias, orig
 
 
-def hits(first: np.ndarray, y: sp.csr_matrix, rows: np.ndarray) -> float:
-    return float(np.mean(np.asarray(y[rows, first]).ravel() > 0)) if rows.size else 0.0
+def hit_rate(s: np.ndarray, orig: np.ndarray, y: sp.csr_matrix, rows: np.ndarray, held: np.ndarray,
+             shift: float = 0.0) -> tuple[float, float]:
+    """(P@1 on `rows`, share of them whose first label is a new one) with `shift` added to every new
+    label's score (-inf: the new labels masked out)."""
+    if not rows.size:
+        return 0.0, 0.0
+    first = orig[(s[rows] + np.where(held[orig], shift, 0.0)).argmax(1)]
+    return float(np.mean(np.asarray(y[rows, first]).ravel() > 0)), float(np.mean(held[first]))
 
 
 def run_set(name: str, seeds: list[int], data_dir: Path, tmp: Path) -> list[dict[str, Any]]:
@@ -80,18 +79,17 @@ def run_set(name: str, seeds: list[int], data_dir: Path, tmp: Path) -> list[dict
         train(params, base_ds, None, out_dir=d / "base", hooks=PhaseHooks())
         train(params, train_ds, None, out_dir=d / "continual", hooks=PhaseHooks(), base=d / "base")
         train(params, train_ds, None, out_dir=d / "full", hooks=PhaseHooks())
+        scored = {run: scores(d / run, test_ds) for run in ("base", "continual", "full")}
         r: dict[str, Any] = {"set": name, "seed": seed, "old_rows": int(old_rows.size),
                              "new_rows": int(new_rows.size)}
-        for run in ("base", "continual", "full"):
-            f = first_labels(d / run, test_ds, old_rows, held, ())
-            r[run] = {"old_p@1": hits(f["raw"], y, old_rows),
-                      "old_p@1_masked": hits(f["masked"], y, old_rows),
-                      "new_first": float(np.mean(held[f["raw"]]))}
-        full_new = hits(first_labels(d / "full", test_ds, new_rows, held, ())["raw"], y, new_rows)
-        f_old = first_labels(d / "continual", test_ds, old_rows, held, DELTAS)
-        f_new = first_labels(d / "continual", test_ds, new_rows, held, DELTAS)
-        r["shift"] = {f"{dl:+.2f}": {"new_p@1_ratio": hits(f_new[f"delta {dl:+.2f}"], y, new_rows) / full_new,
-                                     "old_p@1_delta_vs_base": hits(f_old[f"delta {dl:+.2f}"], y, old_rows)
+        for run, (s, orig) in scored.items():
+            p1, new_first = hit_rate(s, orig, y, old_rows, held)
+            r[run] = {"old_p@1": p1, "old_p@1_masked": hit_rate(s, orig, y, old_rows, held, -np.inf)[0],
+                      "new_first": new_first}
+        full_new = hit_rate(*scored["full"], y, new_rows, held)[0]
+        s, orig = scored["continual"]
+        r["shift"] = {f"{dl:+.2f}": {"new_p@1_ratio": hit_rate(s, orig, y, new_rows, held, dl)[0] / full_new,
+                                     "old_p@1_delta_vs_base": hit_rate(s, orig, y, old_rows, held, dl)[0]
                                      - r["base"]["old_p@1"]}
                       for dl in DELTAS}
         shutil.rmtree(d, ignore_errors=True)
