@@ -60,6 +60,7 @@ from service.quantized_scan import (
     rounding_gamma,
     scan_cells,
 )
+from trainer.durable import fsync_tree
 
 log = logging.getLogger("ovex.retrieval")
 
@@ -621,6 +622,7 @@ def _write_index_dir(
         for name, arr in arrays.items():
             np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
         (tmp / "meta.json").write_text(json.dumps({**meta, "format": INDEX_FORMAT, "kind": kind}, indent=1))
+        fsync_tree(tmp)  # a cache that a crash left half written would load as a wrong index
         old: Path | None = None
         if final.exists():
             old = final.parent / f".{kind}.old-{os.getpid()}-{time.time_ns()}"

@@ -34,8 +34,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import save_file
 
+from trainer.durable import fsync_path, fsync_tree, write_safetensors
 from trainer.errors import ArtifactError, OvexError
 from trainer.model import ModelShape, XCModel
 from trainer.params import TrainParams
@@ -58,8 +58,8 @@ def _model_tensors(model: XCModel) -> dict[str, torch.Tensor]:
         out[f"hidden.{name}"] = t.detach()
     for name, t in model.extra.items():
         out[f"extra.{name}"] = t.detach()
-    # contiguous CPU tensors as they are (the writer copies while serialising; a K×d head copied once
-    # more costs as much as the write itself), anything else copied once
+    # contiguous CPU tensors as they are (the writer streams their bytes; a K×d head copied once more
+    # costs as much as the write itself), anything else copied once
     return {k: v.cpu().contiguous() for k, v in out.items()}
 
 
@@ -108,7 +108,8 @@ def save_artifact(
     write_weights: WeightsWriter | None = None,
     row_hashes: np.ndarray | None = None,
 ) -> Path:
-    """Write the model directory atomically; an existing model at `out_dir` is replaced.
+    """Write the model directory atomically and durably (`trainer.durable`); an existing model at
+    `out_dir` is replaced.
 
     `label_counts`/`n_train_rows` (training label frequencies) let evaluation compute PSP@k later.
     `write_weights` replaces the plain safetensors writer (ranks of a sharded head write their rows).
@@ -123,8 +124,7 @@ def save_artifact(
     try:
         tensors = artifact_tensors(model, label_counts, str(out), row_hashes)
         if write_weights is None:
-            save_file(tensors, str(tmp / "weights.safetensors"))
-            shapes = {k: list(v.shape) for k, v in tensors.items()}
+            shapes = write_safetensors(tmp / "weights.safetensors", tensors)
         else:
             shapes = write_weights(tmp / "weights.safetensors", tensors)
         del tensors
@@ -143,11 +143,13 @@ def save_artifact(
         (tmp / "labels.txt").write_text(_labels_text(label_names), encoding="utf-8")
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
         featurizer.save(tmp / "featurizer")
+        fsync_tree(tmp)  # on disk before the rename publishes it (a crash must not leave empty weights)
         old = None
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, old / "model")
         os.replace(tmp, out)
+        fsync_path(out.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:

@@ -8,11 +8,12 @@ Layout of `<checkpoint_dir>`:
                                optimizer state, the kept best epoch's copy) and its RNG streams; rank 0's
                                file also holds what every rank has the same copy of (encoder, dense state)
 
-Each rank writes its file to a temporary name and renames it; rank 0 writes the manifest once every rank
-has written, renames the directory into place and only then moves `latest.json` (os.replace): a rank
-killed at any moment leaves the previous checkpoint complete and current. Loading reads, for this rank's
-label rows, the slices of the saved shards that overlap them (safetensors slices: a rank never reads the
-whole head), so a run resumes on any number of ranks. RNG streams are restored when the world size is
+Each rank writes its file durably (`trainer.durable`) to a temporary name and renames it; rank 0 writes
+the manifest once every rank has written, renames the directory into place and only then moves
+`latest.json` (os.replace), each step flushed to disk first: a rank or the machine stopped at any
+moment leaves the previous checkpoint complete and current. Loading reads, for this rank's label rows,
+the slices of the saved shards that overlap them (safetensors slices: a rank never reads the whole head),
+so a run resumes on any number of ranks. RNG streams are restored when the world size is
 unchanged; with a different one the ranks draw fresh streams (the same law, another sample).
 Safetensors + JSON only, never pickle.
 """
@@ -27,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
+from trainer.durable import fsync_path, write_safetensors
 from trainer.errors import ParamsError
 
 if TYPE_CHECKING:
@@ -94,8 +95,9 @@ def save_checkpoint(
     }
     target = partial / _rank_file(group.rank)
     tmp = target.with_name(target.name + ".tmp")
-    save_file(tensors, str(tmp))
+    write_safetensors(tmp, tensors)
     os.replace(tmp, target)
+    fsync_path(partial)
     bounds = group.gather_rows(torch.tensor([[shard.lo, shard.hi]], dtype=torch.int64, device=group.device))
     group.barrier()
     final = ckpt_dir / name
@@ -110,12 +112,16 @@ def save_checkpoint(
             **stepper.best.meta(), **extra,
         }
         (partial / MANIFEST).write_text(json.dumps(manifest))
+        fsync_path(partial / MANIFEST)
+        fsync_path(partial)
         if final.exists():
             shutil.rmtree(final)
         os.replace(partial, final)
         latest_tmp = ckpt_dir / f".{LATEST}.tmp"
         latest_tmp.write_text(json.dumps({"checkpoint": name, "step": step}))
+        fsync_path(latest_tmp)
         os.replace(latest_tmp, ckpt_dir / LATEST)
+        fsync_path(ckpt_dir)  # the new directory and latest.json's rename, before the old go
         for old in ckpt_dir.glob("step-*"):
             if old.name != name and old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)

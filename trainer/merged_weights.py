@@ -10,21 +10,17 @@ The ranks need the model directory on a file system they all see (one machine, o
 
 from __future__ import annotations
 
-import json
 import math
-import struct
+import os
 from pathlib import Path
 from typing import BinaryIO
 
 import torch
 
 from trainer.collectives import RankGroup
+from trainer.durable import safetensors_layout, tensor_bytes
 from trainer.label_shards import LabelShard
 
-_DTYPES = {
-    torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL",
-}
 CHUNK = 64 << 20  # bytes per write
 
 
@@ -37,29 +33,21 @@ def _layout(
     tensors: dict[str, torch.Tensor], shard: LabelShard
 ) -> tuple[bytes, dict[str, tuple[int, list[int]]]]:
     """(header bytes, name -> (absolute offset, global shape)); identical on every rank."""
-    entries: dict[str, dict[str, object]] = {}
-    where: dict[str, tuple[int, list[int]]] = {}
-    offset = 0
-    for name in sorted(tensors):
-        t = tensors[name]
+    specs: dict[str, tuple[torch.dtype, list[int]]] = {}
+    for name, t in tensors.items():
         shape = list(t.shape)
         if is_label_tensor(name):
             shape[0] = shard.n_labels
-        size = math.prod(shape) * t.element_size()
-        entries[name] = {"dtype": _DTYPES[t.dtype], "shape": shape, "data_offsets": [offset, offset + size]}
-        where[name] = (offset, shape)
-        offset += size
-    header = json.dumps(entries, separators=(",", ":")).encode()
-    header += b" " * (-len(header) % 8)
-    start = 8 + len(header)
-    return struct.pack("<Q", len(header)) + header, {k: (start + o, s) for k, (o, s) in where.items()}
+        specs[name] = (t.dtype, shape)
+    header, where = safetensors_layout(specs)
+    return header, {k: (o, specs[k][1]) for k, o in where.items()}
 
 
 def _write_at(fh: BinaryIO, offset: int, t: torch.Tensor) -> None:
-    data = t.contiguous().view(torch.uint8).reshape(-1).numpy()
-    for i in range(0, data.size, CHUNK):
+    data = tensor_bytes(t)
+    for i in range(0, data.nbytes, CHUNK):
         fh.seek(offset + i)
-        fh.write(data[i : i + CHUNK].data)
+        fh.write(data[i : i + CHUNK])
 
 
 def write_merged_weights(
@@ -83,5 +71,7 @@ def write_merged_weights(
                 _write_at(fh, offset + shard.lo * row_bytes, t)
             elif group.is_main:
                 _write_at(fh, offset, t)
+        fh.flush()
+        os.fsync(fh.fileno())  # each rank flushes its own rows (on a shared volume no other rank can)
     group.barrier()
     return {name: shape for name, (_, shape) in where.items()}

@@ -25,6 +25,7 @@ from service.jobs.config import JobsConfig
 from service.jobs.models import CANCELLED, FAILED, SUCCEEDED, DatasetRow, JobRow
 from service.jobs.store import JobStore
 from service.versions import next_version
+from trainer.durable import fsync_path, fsync_tree
 from trainer.errors import DataFormatError, OvexError, TrainingCancelled
 
 log = logging.getLogger("ovex.jobs")
@@ -50,11 +51,13 @@ def publish(staging: Path, model_dir: Path) -> str:
         target = model_dir / str(next_version(model_dir))
         try:
             os.rename(source, target)
+            fsync_path(model_dir)  # the version's name is on disk before the store records it
             return target.name
         except OSError as e:
             if e.errno == errno.EXDEV:  # data and models on different filesystems: copy next to it first
                 tmp = model_dir / f".incoming-{uuid.uuid4().hex}"
                 shutil.copytree(source, tmp)
+                fsync_tree(tmp)
                 shutil.rmtree(source, ignore_errors=True)
                 source = tmp
                 continue
