@@ -131,7 +131,7 @@ class TrainParams(BaseModel):
         "of `lr` (they start from their initialisation, the others from a trained model)",
     )
     new_label_negatives: float = Field(
-        default=0.5,
+        default=0.2,
         ge=0.0,
         lt=1.0,
         description="with a base model and the uniform sampler: share of each step's sampled negatives drawn "
