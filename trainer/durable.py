@@ -39,8 +39,8 @@ def safetensors_layout(
     specs: dict[str, tuple[torch.dtype, list[int]]],
 ) -> tuple[bytes, dict[str, int]]:
     """(header bytes with its length prefix, name -> absolute byte offset) for tensors of these dtypes and
-    shapes. Widest dtypes first, then by name (as the safetensors writer orders them), so every tensor
-    starts aligned to its element size and can be mapped without a copy."""
+    shapes. Widest dtypes first, then by name, so every tensor starts aligned to its element size and can
+    be mapped without a copy."""
     entries: dict[str, dict[str, object]] = {}
     where: dict[str, int] = {}
     offset = 0
