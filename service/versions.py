@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainer.durable import fsync_path
+from trainer.durable import commit_file
 
 HIGH_WATER = ".highest-version"
 
@@ -34,6 +34,4 @@ def retire(model_dir: Path, version: str) -> None:
         return
     tmp = model_dir / f"{HIGH_WATER}.{os.getpid()}.tmp"
     tmp.write_text(f"{int(version)}\n")
-    fsync_path(tmp)
-    os.replace(tmp, model_dir / HIGH_WATER)
-    fsync_path(model_dir)
+    commit_file(tmp, model_dir / HIGH_WATER)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors import safe_open
 
-from trainer.durable import fsync_path, write_safetensors
+from trainer.durable import commit_file, fsync_path, write_safetensors
 from trainer.errors import ParamsError
 
 if TYPE_CHECKING:
@@ -96,8 +96,7 @@ def save_checkpoint(
     target = partial / _rank_file(group.rank)
     tmp = target.with_name(target.name + ".tmp")
     write_safetensors(tmp, tensors)
-    os.replace(tmp, target)
-    fsync_path(partial)
+    commit_file(tmp, target)
     bounds = group.gather_rows(torch.tensor([[shard.lo, shard.hi]], dtype=torch.int64, device=group.device))
     group.barrier()
     final = ckpt_dir / name
@@ -119,9 +118,7 @@ def save_checkpoint(
         os.replace(partial, final)
         latest_tmp = ckpt_dir / f".{LATEST}.tmp"
         latest_tmp.write_text(json.dumps({"checkpoint": name, "step": step}))
-        fsync_path(latest_tmp)
-        os.replace(latest_tmp, ckpt_dir / LATEST)
-        fsync_path(ckpt_dir)  # the new directory and latest.json's rename, before the old go
+        commit_file(latest_tmp, ckpt_dir / LATEST)  # with the new directory's rename, before the old go
         for old in ckpt_dir.glob("step-*"):
             if old.name != name and old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)

@@ -66,6 +66,7 @@ def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor]) -> dic
     """Write `tensors` as one safetensors file, durably (data on disk when this returns; the caller
     still fsyncs the directory that names it). Returns each tensor's shape."""
     specs = {name: (t.dtype, list(t.shape)) for name, t in tensors.items()}
+    shapes = {name: shape for name, (_, shape) in specs.items()}
     header, where = safetensors_layout(specs)
     pieces = [memoryview(header)] + [tensor_bytes(tensors[n]) for n in sorted(where, key=where.__getitem__)]
     total = sum(p.nbytes for p in pieces)
@@ -80,7 +81,7 @@ def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor]) -> dic
         else:
             try:
                 if _write_direct(fd, pieces, total):
-                    return {k: v[1] for k, v in specs.items()}
+                    return shapes
             finally:
                 os.close(fd)
     fd = os.open(path, flags, 0o644)
@@ -90,7 +91,7 @@ def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor]) -> dic
         os.fsync(fd)
     finally:
         os.close(fd)
-    return {k: v[1] for k, v in specs.items()}
+    return shapes
 
 
 def _write_direct(fd: int, pieces: list[memoryview], total: int) -> bool:
@@ -99,17 +100,17 @@ def _write_direct(fd: int, pieces: list[memoryview], total: int) -> bool:
     buf = mmap.mmap(-1, CHUNK)
     view = memoryview(buf)
     try:
-        written = 0
+        first = True
         for block in _fill(view, pieces):
             padded = block + (-block % _ALIGN)
             view[block:padded] = bytes(padded - block)
             try:
                 _write_all(fd, view[:padded])
             except OSError as exc:
-                if written == 0 and exc.errno == errno.EINVAL:
+                if first and exc.errno == errno.EINVAL:
                     return False
                 raise
-            written += padded
+            first = False
         os.ftruncate(fd, total)
         os.fsync(fd)
         return True
@@ -148,6 +149,13 @@ def fsync_path(path: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def commit_file(src: str | Path, dst: str | Path) -> None:
+    """Rename a written file into place durably: its data, then the rename, flushed to disk."""
+    fsync_path(src)
+    os.replace(src, dst)
+    fsync_path(Path(dst).parent)
 
 
 def fsync_tree(root: str | Path) -> None:

@@ -27,7 +27,7 @@ from service.jobs.config import JobsConfig
 from service.jobs.models import DatasetRow
 from service.jobs.runner import dataset_path
 from service.jobs.store import JobStore
-from trainer.durable import fsync_path
+from trainer.durable import commit_file
 from trainer.errors import DataFormatError
 
 _FIELD_LIMIT = 4096  # bytes of a plain (non-file) form field such as `name`
@@ -231,9 +231,7 @@ def ingest(cfg: JobsConfig, store: JobStore, received: ReceivedFile) -> tuple[Da
         )
         final = dataset_path(cfg, row)
         final.parent.mkdir(parents=True, exist_ok=True)
-        fsync_path(received.path)
-        os.replace(received.path, final)
-        fsync_path(final.parent)  # stored on disk before the store lists it
+        commit_file(received.path, final)  # stored on disk before the store lists it
         try:
             store.add_dataset(row)
         except Exception:
