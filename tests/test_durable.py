@@ -135,11 +135,23 @@ class _Io:
         return [i for i, e in enumerate(self.events) if e[:2] == ("fsync", path)]
 
 
+def test_a_file_smaller_than_one_buffer_goes_through_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    io = _Io(monkeypatch)
+    t = {"head": torch.randn(30, 17)}
+    durable.write_safetensors(tmp_path / "w", t)
+    assert [f & os.O_DIRECT for p, f in io.opened if p.endswith("/w")] == [0]
+    assert io.synced(str(tmp_path / "w"))
+    _check_round_trip(tmp_path / "w", t)
+
+
 def test_direct_io_where_the_file_system_takes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if not _supports_direct(tmp_path):
         pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT: only the buffered path can run here")
     io = _Io(monkeypatch)
     t = {"head": torch.randn(300, 17)}
+    monkeypatch.setattr(durable, "CHUNK", 4096)  # the file spans several buffers
     durable.write_safetensors(tmp_path / "w", t)
     assert [f & os.O_DIRECT for p, f in io.opened if p.endswith("/w")] == [os.O_DIRECT]
     assert io.synced(str(tmp_path / "w"))
@@ -175,6 +187,7 @@ def test_a_refused_direct_write_falls_back_to_the_page_cache(
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
     t = {"head": torch.randn(300, 17), "n": torch.arange(9)}
+    monkeypatch.setattr(durable, "CHUNK", 4096)
     durable.write_safetensors(tmp_path / "w", t)
     assert synced
     monkeypatch.undo()

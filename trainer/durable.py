@@ -6,11 +6,11 @@ registry already serves, a checkpoint that `latest.json` names but cannot load).
 flushes file data and directory entries before the rename that publishes them, and the rename itself
 before the caller records it anywhere else.
 
-Large weights go through `O_DIRECT` where the file system takes it: the bytes reach the disk once, with no
-page-cache copy to fill and flush (on a virtual machine whose fresh memory is slow to first touch, that
-copy costs more than the disk), and a big training write does not evict the pages a server on the same
-machine is answering from. Where `O_DIRECT` is refused (tmpfs, some overlay file systems) the same bytes
-are written through the page cache and fsync'd.
+Weights files of a buffer (8 MB) or more go through `O_DIRECT` where the file system takes it: the bytes
+reach the disk once, with no page-cache copy to fill and flush (on a virtual machine whose fresh memory is
+slow to first touch, that copy costs more than the disk), and a big training write does not evict the
+pages a server on the same machine is answering from. Smaller files, and files where `O_DIRECT` is
+refused (tmpfs, some overlay file systems), are written through the page cache and fsync'd.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor]) -> dic
     total = sum(p.nbytes for p in pieces)
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     direct = getattr(os, "O_DIRECT", 0)
-    if direct:
+    if direct and total >= CHUNK:  # below one buffer, first touching the buffer costs more than it saves
         try:
             fd = os.open(path, flags | direct, 0o644)
         except OSError as exc:
