@@ -122,12 +122,20 @@ async function loadModels() {
                   ? el("span", { class: "badge active" }, "active")
                   : v.error ? el("span", { class: "badge failed", title: v.error }, "refused") : "available"),
                 METRIC_KEYS.map((k) => el("td", { class: "num" }, num(v.metrics[k]))),
-                el("td", {}, v.active ? "" : el("button", {
-                  type: "button",
-                  class: "secondary",
-                  "aria-label": `Activate ${m.name} version ${v.version}`,
-                  onclick: (e) => activate(m.name, v.version, e.currentTarget),
-                }, "Activate")),
+                el("td", { class: "actions" },
+                  v.active ? "" : el("button", {
+                    type: "button",
+                    class: "secondary",
+                    "aria-label": `Activate ${m.name} version ${v.version}`,
+                    onclick: (e) => activate(m.name, v.version, e.currentTarget),
+                  }, "Activate"),
+                  v.error ? "" : el("button", {
+                    type: "button",
+                    class: "secondary",
+                    "aria-label": `Grow ${m.name} version ${v.version} with new data`,
+                    title: "train its next version from this one, with new rows and labels",
+                    onclick: () => growFrom(m.name, v.version).catch(fail),
+                  }, "Grow")),
               ),
             ),
           ),
@@ -188,11 +196,17 @@ async function loadDatasets() {
   fillDatasetSelects();
 }
 
+const DATASET_BLANK = {
+  "#job-train": "choose a dataset",
+  "#job-test": "none",
+  "#job-replay": "default: its training data",
+};
+
 function fillDatasetSelects() {
-  for (const [id, optional] of [["#job-train", false], ["#job-test", true]]) {
+  for (const [id, blank] of Object.entries(DATASET_BLANK)) {
     const select = $(id);
     const keep = select.value;
-    select.replaceChildren(el("option", { value: "" }, optional ? "none" : "choose a dataset"));
+    select.replaceChildren(el("option", { value: "" }, blank));
     for (const d of datasets) {
       select.append(el("option", { value: d.id }, `${d.name} · ${d.rows.toLocaleString()} rows · ${d.labels} labels`));
     }
@@ -246,7 +260,7 @@ async function loadParamsForm() {
 }
 
 async function loadJobs() {
-  await Promise.all([loadParamsForm(), datasets.length ? Promise.resolve() : loadDatasets()]);
+  await Promise.all([loadParamsForm(), loadDatasets()]); // uploads from elsewhere show up too
   const jobs = (await api("/v1/jobs?limit=50")).jobs;
   const box = $("#jobs-list");
   if (jobs.length === 0) {
@@ -268,7 +282,59 @@ async function loadJobs() {
   );
 }
 
+// The versions a job may continue: those of the model named in the form (the active one by default).
+async function loadBaseVersions() {
+  const select = $("#job-base-version");
+  const name = $("#job-model").value.trim();
+  const keep = select.value;
+  let info = null;
+  if (name && $("#job-model").checkValidity()) {
+    try {
+      info = await api(`/v1/models/${encodeURIComponent(name)}`);
+    } catch (err) {
+      if (err.status !== 404) throw err;
+    }
+  }
+  const usable = info ? info.versions.filter((v) => !v.error) : [];
+  if (!usable.length) {
+    select.replaceChildren(el("option", { value: "" }, name ? `${name} has no stored version` : "name the model first"));
+    return;
+  }
+  select.replaceChildren(
+    el("option", { value: "" }, info.active_version ? `the active version (${info.active_version})` : "the active version"),
+    ...usable.map((v) => el("option", { value: v.version },
+      `version ${v.version}${v.metrics["p@1"] === undefined ? "" : ` · P@1 ${num(v.metrics["p@1"])}`}`)));
+  select.value = usable.some((v) => v.version === keep) ? keep : "";
+}
+
+function syncBaseFields() {
+  $("#job-base-fields").hidden = !$("#job-continue").checked;
+  if ($("#job-continue").checked) loadBaseVersions().catch(fail);
+}
+
+// From the models page: the jobs page, set to continue that version.
+async function growFrom(name, version) {
+  $("#job-model").value = name;
+  $("#job-continue").checked = true;
+  $("#job-base-fields").hidden = false;
+  await loadBaseVersions();
+  $("#job-base-version").value = version;
+  location.hash = "jobs";
+  $("#job-train").focus();
+}
+
+function jobBase() {
+  if (!$("#job-continue").checked) return undefined;
+  const base = {};
+  if ($("#job-base-version").value) base.version = $("#job-base-version").value;
+  if ($("#job-replay").value) base.replay_dataset = $("#job-replay").value;
+  return base;
+}
+
 function initJobForm() {
+  $("#job-continue").addEventListener("change", syncBaseFields);
+  $("#job-model").addEventListener("change", () => $("#job-continue").checked && loadBaseVersions().catch(fail));
+  syncBaseFields(); // the browser may restore a checked box on reload
   $("#job-form").addEventListener("submit", async (e) => {
     e.preventDefault();
     let params;
@@ -284,6 +350,8 @@ function initJobForm() {
       activate: $("#job-activate").checked,
     };
     if ($("#job-test").value) body.test_dataset = $("#job-test").value;
+    const base = jobBase();
+    if (base) body.base = base;
     if (!body.train_dataset) return flash("error", "train_dataset: choose a training dataset (upload one on the Datasets page)");
     $("#job-submit").disabled = true;
     try {
@@ -328,6 +396,7 @@ function renderJob() {
   if (p.steps_total) parts.push(`step ${p.step ?? 0}/${p.steps_total}`);
   if (p.loss !== null && p.loss !== undefined) parts.push(`loss ${num(p.loss)}`);
   if (p.examples_per_s) parts.push(`${Math.round(p.examples_per_s).toLocaleString()} rows/s`);
+  if (j.base) parts.push(`continues ${j.base.model} version ${j.base.version}`);
   if (j.model_version) parts.push(`→ version ${j.model_version}`);
   if (j.error) parts.push(`error: ${j.error}`);
   $("#job-summary").textContent = parts.join(" · ");
@@ -339,6 +408,23 @@ function renderJob() {
   const keys = Object.keys(PK_COLORS).filter((k) => j.pkPoints[k] && j.pkPoints[k].length);
   drawChart($("#chart-pk"), keys.map((k) => ({ name: k, color: PK_COLORS[k], points: j.pkPoints[k] })), { yMin: 0 });
   $("#chart-pk-legend").replaceChildren(...keys.map((k) => el("span", { style: `--c:${PK_COLORS[k]}` }, k)));
+  renderJobMetrics(p.metrics, datasets.find((d) => d.id === j.test_dataset));
+}
+
+// The last evaluated epoch's P@k on every test row, and for a continued model on the rows with a new
+// label and on the others (`new.*`, `old.*`): whether it learned the new labels and kept the old ones.
+function renderJobMetrics(metrics, test) {
+  const box = $("#job-metrics");
+  const ks = Object.keys(PK_COLORS);
+  const parts = [["all test rows", ""], ["rows with a new label", "new."], ["rows with old labels only", "old."]]
+    .filter(([, pre]) => metrics && ks.some((k) => metrics[pre + k] !== undefined));
+  box.hidden = parts.length === 0;
+  if (box.hidden) return;
+  box.replaceChildren(table([["test rows"], ["rows", "num"], ...ks.map((k) => [k, "num"])],
+    parts.map(([name, pre]) => el("tr", { "data-part": pre.replace(".", "") || "all" },
+      el("td", {}, name),
+      el("td", { class: "num" }, (pre ? metrics[`${pre}rows`] : test?.rows)?.toLocaleString() ?? "–"),
+      ks.map((k) => el("td", { class: "num" }, num(metrics[pre + k])))))));
 }
 
 async function openJob(id) {

@@ -225,6 +225,98 @@ def test_console_upload_train_predict_activate(browser: Any, server: Any, shots:
     assert errors == [], errors
 
 
+def _upload(server: Any, path: Path, name: str) -> str:
+    with path.open("rb") as fh:
+        r = httpx.post(f"{server.url}/v1/datasets", headers={"X-API-Key": server.api_key},
+                       files={"file": (path.name, fh)}, data={"name": name}, timeout=60)
+    assert r.status_code in (200, 201), r.text
+    return str(r.json()["id"])
+
+
+def _wait_job(server: Any, job_id: str) -> dict[str, Any]:
+    job = wait_for(lambda: (j := httpx.get(f"{server.url}/v1/jobs/{job_id}").json())["state"]
+                   in ("succeeded", "failed", "cancelled") and j, timeout=300, what=f"job {job_id}")
+    assert job["state"] == "succeeded", job
+    return dict(job)
+
+
+def _tree_digest(path: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()}
+
+
+def test_console_grows_a_model_with_new_labels(browser: Any, server: Any, shots: Path) -> None:
+    """From the models page: Grow on a version opens the job form set to continue it; the job trains the
+    next version on data with new labels, its panel shows what it continues and P@k on rows with and
+    without a new label, and the version it grew from is left as it was."""
+    # the base: the synthetic training rows whose labels are all among the first 24 of 30
+    lines = (server.root / "train.txt").read_text().splitlines()
+    n_rows, n_features, _ = lines[0].split()
+    labels_of = [ln.split(" ", 1)[0] for ln in lines[1:]]
+    kept = [ln for ln, ls in zip(lines[1:], labels_of, strict=True)
+            if ls and all(int(v) < 24 for v in ls.split(","))]
+    assert 0 < len(kept) < int(n_rows)
+    (server.root / "base.txt").write_text(f"{len(kept)} {n_features} 24\n" + "\n".join(kept) + "\n")
+    base_ds = _upload(server, server.root / "base.txt", "grow-base.txt")
+    full_ds = _upload(server, server.root / "train.txt", "grow-train.txt")
+    test_ds = _upload(server, server.root / "test.txt", "grow-test.txt")
+    r = httpx.post(f"{server.url}/v1/jobs", headers={"X-API-Key": server.api_key}, timeout=30, json={
+        "model": "console-grow", "train_dataset": base_ds, "activate": True,
+        "params": {"epochs": 3, "dim": 32, "batch_size": 16}})
+    assert r.status_code == 202, r.text
+    _wait_job(server, r.json()["id"])
+    v1 = server.root / "models" / "console-grow" / "1"
+    before = _tree_digest(v1)
+    v1_labels = (v1 / "labels.txt").read_text().splitlines()
+
+    open_page(browser, server.url, "models")
+    browser.refresh()  # a fresh page: not the forms an earlier test filled, nor a list from before the model
+    wait_for(lambda: css(browser, "#page-models").is_displayed(), what="the models page")
+    keep_key(browser, server.api_key)
+    wait_for(lambda: css(browser, "button[aria-label='Grow console-grow version 1 with new data']"),
+             what="the grow button").click()
+    wait_for(lambda: css(browser, "#page-jobs").is_displayed(), what="the jobs page")
+    assert css(browser, "#job-model").get_attribute("value") == "console-grow"
+    assert css(browser, "#job-continue").is_selected() and css(browser, "#job-base-fields").is_displayed()
+    wait_for(lambda: css(browser, "#job-base-version").get_attribute("value") == "1", what="version 1 chosen")
+    wait_for(lambda: len(css_all(browser, "#job-replay option")) >= 4, what="the replay choices")
+    select_value(css(browser, "#job-train"), full_ds)
+    select_value(css(browser, "#job-test"), test_ds)
+    browser.execute_script("document.querySelector('#job-base').scrollIntoView()")
+    browser.save_screenshot(str(shots / "grow-form.png"))
+    css(browser, "#job-submit").click()
+    wait_for(lambda: "console-grow" in css(browser, "#job-detail-title").text, what="the job panel")
+    assert "continues console-grow version 1" in css(browser, "#job-summary").text
+    wait_for(lambda: css(browser, "#job-state").text == "succeeded", timeout=300, what="the job to succeed")
+    wait_for(lambda: "version 2" in css(browser, "#job-summary").text, what="the version it made")
+    parts = wait_for(lambda: [r.get_attribute("data-part") for r in css_all(browser, "#job-metrics tbody tr")]
+                     == ["all", "new", "old"], what="P@k split by new and old labels")
+    assert parts
+    job = httpx.get(f"{server.url}/v1/jobs?limit=1").json()["jobs"][0]
+    assert job["base"]["model"] == "console-grow" and job["base"]["version"] == "1"
+    assert job["model_version"] == "2" and job["params"]["epochs"] == job["params"]["continual_epochs"]
+    metrics = job["progress"]["metrics"]
+    for part in ("new", "old"):
+        row = [c.text for c in css_all(browser, f"#job-metrics tr[data-part='{part}'] td")]
+        assert row[1] == f"{int(metrics[f'{part}.rows'])}" and row[2] == f"{metrics[f'{part}.p@1']:.4f}", row
+    assert css_all(browser, "#job-metrics tr[data-part='all'] td")[1].text == "300"  # the test set's rows
+    browser.execute_script("document.querySelector('#job-detail').scrollIntoView()")
+    browser.save_screenshot(str(shots / "grow-job.png"))
+    # version 1 untouched; version 2 keeps its labels' ids and adds the 6 new ones after them
+    assert _tree_digest(v1) == before
+    info = httpx.get(f"{server.url}/v1/models/console-grow").json()
+    assert [v["version"] for v in info["versions"]] == ["1", "2"]
+    v2_labels = (server.root / "models" / "console-grow" / "2" / "labels.txt").read_text().splitlines()
+    assert v2_labels[:24] == v1_labels and len(v2_labels) == 30
+
+    # continuing a model that has no stored version: the form says so, the server refuses with a reason
+    css(browser, "#job-model").clear()
+    css(browser, "#job-model").send_keys("no-such-model")
+    css(browser, "#job-train").click()  # the name field loses focus: its versions are looked up
+    wait_for(lambda: "no stored version" in css(browser, "#job-base-version").text, what="the empty choice")
+    css(browser, "#job-submit").click()
+    wait_for(lambda: "no-such-model" in flash_text(browser), what="the refusal")
+
+
 def test_console_refuses_mutations_without_the_key(browser: Any, server: Any) -> None:
     open_page(browser, server.url, "models")
     css(browser, "#key-forget").click()
@@ -248,6 +340,8 @@ def test_console_is_labelled_keyboard_usable_and_fits_a_phone(browser: Any, serv
         assert unlabelled == [], f"{page}: controls without a label: {unlabelled}"
     # keyboard: tab from the top reaches the nav links; Enter on one opens its page
     open_page(browser, server.url, "models")
+    browser.refresh()  # focus at the top of a fresh page, not where an earlier test left it
+    wait_for(lambda: css(browser, "#page-models").is_displayed(), what="the models page")
     body = css(browser, "body")
     for _ in range(12):
         body = browser.switch_to.active_element
