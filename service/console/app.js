@@ -282,7 +282,8 @@ async function loadJobs() {
   );
 }
 
-// The versions a job may continue: those of the model named in the form (the active one by default).
+// The versions a job may continue: those of the model named in the form (by default the active one, else
+// the newest, as the API picks).
 async function loadBaseVersions() {
   const select = $("#job-base-version");
   const name = $("#job-model").value.trim();
@@ -301,7 +302,7 @@ async function loadBaseVersions() {
     return;
   }
   select.replaceChildren(
-    el("option", { value: "" }, info.active_version ? `the active version (${info.active_version})` : "the active version"),
+    el("option", { value: "" }, info.active_version ? `the active version (${info.active_version})` : "the newest version"),
     ...usable.map((v) => el("option", { value: v.version },
       `version ${v.version}${v.metrics["p@1"] === undefined ? "" : ` · P@1 ${num(v.metrics["p@1"])}`}`)));
   select.value = usable.some((v) => v.version === keep) ? keep : "";
