@@ -95,6 +95,13 @@ def _expected_shapes(model: XCModel) -> dict[str, list[int]]:
     return out
 
 
+def check_replaceable(out: Path) -> None:
+    """`out` may take a model: it is absent, empty or a model directory (anything else would be lost).
+    Training checks it before its first step too, so a wrong `--out` does not cost a whole run."""
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "config.json").exists())):
+        raise ArtifactError(str(out), "exists and is not an ovex model directory; refusing to replace it")
+
+
 def save_artifact(
     out_dir: str | Path,
     model: XCModel,
@@ -117,8 +124,7 @@ def save_artifact(
     out = Path(out_dir)
     if len(label_names) != model.shape.n_labels:
         raise ArtifactError(str(out), f"{len(label_names)} label names for {model.shape.n_labels} labels")
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "config.json").exists())):
-        raise ArtifactError(str(out), "exists and is not an ovex model directory; refusing to replace it")
+    check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
