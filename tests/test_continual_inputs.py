@@ -13,7 +13,7 @@ import scipy.sparse as sp
 
 from service.cli import main
 from trainer.artifact import load_artifact
-from trainer.continual import continual_params
+from trainer.continual import continual_params, row_fingerprints
 from trainer.data import Dataset, write_xc
 from trainer.errors import ArtifactError
 from trainer.params import TrainParams
@@ -210,9 +210,35 @@ def test_data_without_a_row_the_base_saw_and_no_replay_warns(files: Path, tmp_pa
     y = sp.csr_matrix(ds.Y)
     only_new = ds.take(np.flatnonzero(np.asarray(y[:, 12:].sum(axis=1)).ravel() > 0))
     train(TrainParams(), only_new, None, out_dir=tmp_path / "o", hooks=Hooks(), base=files / "v1")
-    assert any("--replay-data" in m and "forget" in m for m in seen), seen
+    assert any("--replay-data" in m and "forgotten" in m for m in seen), seen
     seen.clear()
     old = read_xc(files / "old.txt")
     train(TrainParams(), only_new, None, out_dir=tmp_path / "o2", hooks=Hooks(), base=files / "v1",
           replay_ds=Dataset(Y=old.Y, n_features=old.n_features, n_labels=old.n_labels, X=old.X))
-    assert not any("forget" in m for m in seen), seen
+    assert not any("forgotten" in m for m in seen), seen
+
+
+def test_replay_rows_the_base_never_saw_are_counted_in_the_stats(files: Path, tmp_path: Path) -> None:
+    """The grown model's stats describe every row it trained on, once: the row fingerprints, the row
+    count and the label counts agree, also when the replay set holds rows the base had not seen."""
+    from trainer.data import read_xc
+
+    old = read_xc(files / "old.txt")
+    half = old.take(np.arange(old.n_rows // 2))
+    train(TrainParams(dim=16, epochs=1), half, None, out_dir=tmp_path / "v1", hooks=QuietHooks())
+    ds = read_xc(files / "all.txt")
+    y = sp.csr_matrix(ds.Y)
+    only_new = ds.take(np.flatnonzero(np.asarray(y[:, 12:].sum(axis=1)).ravel() > 0))
+    train(TrainParams(), only_new, None, out_dir=tmp_path / "v2", hooks=QuietHooks(), base=tmp_path / "v1",
+          replay_ds=old)
+    v2 = load_artifact(tmp_path / "v2")
+    assert v2.row_hashes is not None and v2.label_counts is not None
+    # the base counted every row of `half`; the run adds each row of only_new and of the replay set
+    # (the rest of old.txt) that is not one of those
+    rest = old.take(np.flatnonzero(~np.isin(row_fingerprints(old), row_fingerprints(half))))
+    assert rest.n_rows > 0
+    assert v2.config["n_train_rows"] == half.n_rows + only_new.n_rows + rest.n_rows
+    assert set(v2.row_hashes.tolist()) == set(np.concatenate(
+        [row_fingerprints(half), row_fingerprints(only_new), row_fingerprints(rest)]).tolist())
+    want = sum(np.bincount(d.Y.indices, minlength=15) for d in (half, only_new, rest))
+    np.testing.assert_array_equal(v2.label_counts, want)

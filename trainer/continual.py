@@ -310,8 +310,8 @@ class WarmStart:
         return ds
 
     def forgets(self) -> bool:
-        """No row the base trained on is in the run (and the base can tell: it has fingerprints): the old
-        labels are only ever pushed down as negatives of new rows, and are forgotten."""
+        """No row the base trained on is in the run (and the base can tell: it has fingerprints): old
+        labels the new rows do not carry are only ever pushed down as their negatives, and are forgotten."""
         assert self.seen is not None
         return self.base.row_hashes is not None and not self.seen.any()
 
@@ -364,15 +364,15 @@ class WarmStart:
 
     def artifact_stats(self, y: sp.csr_matrix) -> tuple[np.ndarray, int, np.ndarray]:
         """(label counts, row count, row fingerprints) of everything the grown model has trained on: the
-        base's, plus the rows it had not seen."""
+        base's, plus the rows it had not (replay rows it never saw included, as their fingerprints are)."""
         assert self.seen is not None and self.hashes is not None
-        unseen = np.flatnonzero(~self.seen)
+        base_hashes = self.base.row_hashes
+        unseen = np.flatnonzero(~self.seen if base_hashes is None else ~np.isin(self.hashes, base_hashes))
         counts = label_counts(y[unseen]).astype(np.float64)
         base_counts = self.base.label_counts
         if base_counts is not None:
             counts[: base_counts.size] += base_counts
         n_rows = int(self.base.config.get("n_train_rows", 0)) + unseen.size
-        base_hashes = self.base.row_hashes
         hashes = self.hashes if base_hashes is None else np.union1d(base_hashes, self.hashes)
         return counts, n_rows, hashes
 

@@ -547,9 +547,9 @@ def _fit(
         train_ds = warm.training_rows(train_ds)
         featurizer = warm.featurizer
         if warm.forgets():
-            hooks.on_log(f"warning: no training or replay row is one {warm.name} trained on: nothing "
-                         "rehearses its labels, so the model will forget them (give the base's training "
-                         "rows with --replay-data; over the API, base.replay_dataset)")
+            hooks.on_log(f"warning: no training or replay row is one {warm.name} trained on: none of its "
+                         "rows is replayed, so labels learned from them will be forgotten (give the base's "
+                         "training rows with --replay-data; over the API, base.replay_dataset)")
     else:
         featurizer = fit_featurizer(params, train_ds)
     x = _as_csr32(featurizer.transform(train_ds))
