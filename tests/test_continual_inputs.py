@@ -242,3 +242,15 @@ def test_replay_rows_the_base_never_saw_are_counted_in_the_stats(files: Path, tm
         [row_fingerprints(half), row_fingerprints(only_new), row_fingerprints(rest)]).tolist())
     want = sum(np.bincount(d.Y.indices, minlength=15) for d in (half, only_new, rest))
     np.testing.assert_array_equal(v2.label_counts, want)
+
+
+def test_a_replay_set_without_a_base_is_refused(files: Path, tmp_path: Path) -> None:
+    """`train(replay_ds=...)` without `base` would be ignored in silence (the CLI refuses the same)."""
+    from trainer.data import read_xc
+    from trainer.errors import ParamsError
+
+    old = read_xc(files / "old.txt")
+    with pytest.raises(ParamsError, match="replay_ds needs a base"):
+        train(TrainParams(dim=16, epochs=1), old, None, out_dir=tmp_path / "o", hooks=QuietHooks(),
+              replay_ds=old)
+    assert not (tmp_path / "o").exists()

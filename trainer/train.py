@@ -470,6 +470,8 @@ def train(
     is the one saved: the held-out rows then only choose how long to train, and are not lost.
     """
     hooks = hooks or LoggingHooks()
+    if replay_ds is not None and base is None:
+        raise ParamsError("replay_ds needs a base model (it holds rows the base trained on)")
     if out_dir is not None:  # before any step: a wrong output directory should not cost a run
         if base is not None:
             check_out_dir(out_dir, base)
