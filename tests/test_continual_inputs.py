@@ -254,3 +254,14 @@ def test_a_replay_set_without_a_base_is_refused(files: Path, tmp_path: Path) -> 
         train(TrainParams(dim=16, epochs=1), old, None, out_dir=tmp_path / "o", hooks=QuietHooks(),
               replay_ds=old)
     assert not (tmp_path / "o").exists()
+
+
+def test_label_names_may_keep_the_base_ids_and_name_new_labels(
+    files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names = tmp_path / "names.txt"
+    names.write_text("".join(f"{i}\n" for i in range(12)) + "cat\ndog\nemu\n")
+    code, err = _run(capsys, "--init-from", str(files / "v1"), "--train", str(files / "all.txt"),
+                     "--label-names", str(names), "--out", str(tmp_path / "o"))
+    assert code == 0, err
+    assert load_artifact(tmp_path / "o").label_names == [str(i) for i in range(12)] + ["cat", "dog", "emu"]

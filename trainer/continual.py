@@ -210,9 +210,13 @@ def _are_ids(names: list[str]) -> bool:
 
 
 def _check_naming(base_names: list[str], ds: Dataset, base_name: str) -> None:
-    """XC labels are matched by name: ids against a base with label names (or the reverse) would match
-    none, append every label as new and double the label space, so either is an error."""
-    if ds.is_text or _are_ids(label_names_of(ds)) == _are_ids(base_names):
+    """XC labels are matched by name: ids against a base with label names (or the reverse) match none,
+    append every label as new and double the label space, so either is an error (names that keep some
+    of the base's ids, naming only new labels, match those and are fine)."""
+    if ds.is_text:
+        return
+    names = label_names_of(ds)
+    if _are_ids(names) == _are_ids(base_names) or not set(names).isdisjoint(base_names):
         return
     source = ds.path or "<data>"
     if ds.label_names is None or _are_ids(ds.label_names):
