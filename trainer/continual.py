@@ -186,7 +186,7 @@ def _widen_features(ds: Dataset, n_features: int) -> Dataset:
                    label_names=ds.label_names, path=ds.path, meta=dict(ds.meta))
 
 
-def _check_inputs(base: Any, ds: Dataset, base_name: str) -> Dataset:
+def _check_inputs(base: Any, ds: Dataset, base_name: str, base_ids: bool) -> Dataset:
     """The data must be what the base's featurizer reads: texts for a text model, at most its D features."""
     kind = base.featurizer.kind
     source = ds.path or "<data>"
@@ -196,7 +196,7 @@ def _check_inputs(base: Any, ds: Dataset, base_name: str) -> Dataset:
     if not ds.is_text and kind == "text":
         raise DataFormatError(source, 1, f"holds sparse features (XC) but the base model {base_name} takes "
                               "texts (JSONL)")
-    _check_naming(base.label_names, ds, base_name)
+    _check_naming(base.label_names, base_ids, ds, base_name)
     if not ds.is_text:
         if ds.n_features > base.n_features:
             raise DataFormatError(source, 1, f"declares D={ds.n_features} features but the base model "
@@ -209,17 +209,17 @@ def _are_ids(names: list[str]) -> bool:
     return names == [str(i) for i in range(len(names))]
 
 
-def _check_naming(base_names: list[str], ds: Dataset, base_name: str) -> None:
+def _check_naming(base_names: list[str], base_ids: bool, ds: Dataset, base_name: str) -> None:
     """XC labels are matched by name: ids against a base with label names (or the reverse) match none,
     append every label as new and double the label space, so either is an error (names that keep some
     of the base's ids, naming only new labels, match those and are fine)."""
     if ds.is_text:
         return
-    names = label_names_of(ds)
-    if _are_ids(names) == _are_ids(base_names) or not set(names).isdisjoint(base_names):
+    data_ids = ds.label_names is None or _are_ids(ds.label_names)
+    if data_ids == base_ids or not set(label_names_of(ds)).isdisjoint(base_names):
         return
     source = ds.path or "<data>"
-    if ds.label_names is None or _are_ids(ds.label_names):
+    if data_ids:
         shown = ", ".join(repr(n) for n in base_names[:3])
         raise DataFormatError(source, 1, f"labels are ids but the base model {base_name} names its labels "
                               f"({shown}, ...): name this file's labels as the base does (--label-names)")
@@ -241,6 +241,8 @@ def _check_base(base: Any, name: str) -> None:
     if heads != tuple(shape.extra_heads):
         raise ArtifactError(name, f"config.json: loss {params.loss!r} owns heads {list(heads)} but the "
                             f"weights have {list(shape.extra_heads)}")
+    if len(set(base.label_names)) == len(base.label_names):
+        return
     first: dict[str, int] = {}
     for i, label in enumerate(base.label_names):
         if label in first:
@@ -499,7 +501,8 @@ def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None,
     except ArtifactError as exc:  # named as the caller names the base (the service hides its paths)
         raise ArtifactError(name, exc.message) from None
     _check_base(base, name)
-    train_ds = _check_inputs(base, train_ds, name)
+    base_ids = base.featurizer.kind != "text" and _are_ids(base.label_names)  # XC only: see _check_naming
+    train_ds = _check_inputs(base, train_ds, name, base_ids)
     featurizer = base.featurizer
     if train_ds.is_text and featurizer.vocab is not None:
         assert train_ds.texts is not None
@@ -507,9 +510,9 @@ def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None,
     names = _grow_names(list(base.label_names), train_ds)
     train_ds = _in_space(train_ds, names)
     if test_ds is not None:
-        test_ds = _in_space(_check_inputs(base, test_ds, name), names)
+        test_ds = _in_space(_check_inputs(base, test_ds, name, base_ids), names)
     if replay_ds is not None:
-        replay_ds = _in_space(_check_inputs(base, replay_ds, name), names)
+        replay_ds = _in_space(_check_inputs(base, replay_ds, name, base_ids), names)
     new_labels = np.zeros(len(names), dtype=bool)
     new_labels[base.n_labels:] = True
     if base.label_counts is not None:
