@@ -265,3 +265,24 @@ def test_label_names_may_keep_the_base_ids_and_name_new_labels(
                      "--label-names", str(names), "--out", str(tmp_path / "o"))
     assert code == 0, err
     assert load_artifact(tmp_path / "o").label_names == [str(i) for i in range(12)] + ["cat", "dog", "emu"]
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_an_out_that_cannot_be_created_is_refused_before_training(
+    files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], fresh: bool
+) -> None:
+    (tmp_path / "afile").write_text("x")
+    base = [] if fresh else ["--init-from", str(files / "v1")]
+    code, err = _run(capsys, *base, "--train", str(files / "all.txt"), "--out", str(tmp_path / "afile" / "m"),
+                     *FAST[:-1])
+    assert code == 2 and f"error: {tmp_path / 'afile' / 'm'}: cannot create" in err, err
+
+
+@pytest.mark.parametrize("flag", ["--out", "--init-from"])
+def test_an_empty_path_is_named(files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                monkeypatch: pytest.MonkeyPatch, flag: str) -> None:
+    monkeypatch.chdir(tmp_path)  # a blank path names the working directory
+    args = {"--train": str(files / "all.txt"), "--out": "o", "--init-from": str(files / "v1"), flag: " "}
+    code, err = _run(capsys, *[x for kv in args.items() for x in kv])
+    assert code == 2 and f"{flag} is empty" in err, err
+    assert not any(tmp_path.iterdir())

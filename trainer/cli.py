@@ -93,7 +93,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from trainer.data import read_dataset
     from trainer.train import train
 
-    params = params_from_args(args, base=bool(args.init_from))
+    for flag, value in (("--out", args.out), ("--init-from", args.init_from),
+                        ("--checkpoint-dir", args.checkpoint_dir)):
+        if value is not None and not value.strip():  # a blank path names the working directory
+            raise ParamsError(f"{flag} is empty: give a directory")
+    params = params_from_args(args, base=args.init_from is not None)
     if args.replay_data and not args.init_from:
         raise ParamsError("--replay-data needs --init-from (it holds rows the base model trained on)")
     train_ds = read_dataset(args.train)

@@ -24,7 +24,7 @@ import torch
 
 from trainer import metrics as xc_metrics
 from trainer import row_kernels
-from trainer.artifact import check_replaceable
+from trainer.artifact import prepare_out_dir
 from trainer.checkpoints import load_checkpoint, save_checkpoint
 from trainer.collectives import RankGroup, in_launched_rank, join_group, rank_device
 from trainer.continual import (
@@ -475,7 +475,7 @@ def train(
     if out_dir is not None:  # before any step: a wrong output directory should not cost a run
         if base is not None:
             check_out_dir(out_dir, base)
-        check_replaceable(Path(out_dir))
+        prepare_out_dir(Path(out_dir))
     if base is not None and (params.nproc_per_node > 1 or in_launched_rank()):
         raise ParamsError("continuing a base model runs on one rank: leave out nproc_per_node (and torchrun)")
     if params.nproc_per_node > 1 and not in_launched_rank():
