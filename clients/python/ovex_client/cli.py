@@ -309,10 +309,11 @@ def follow(client: Client, job_id: str) -> Job:
     return job
 
 
-def report_final(job: Job) -> int:
+def report_final(job: Job, out: TextIO | None = None) -> int:
+    """The job's end in one line (success on `out`, default stdout); exit 0 only if it succeeded."""
     if job.state == "succeeded":
         version = f" as version {job.model_version}" if job.model_version is not None else ""
-        print(f"job {job.id} succeeded: model {job.model}{version}")
+        print(f"job {job.id} succeeded: model {job.model}{version}", file=out or sys.stdout)
         return 0
     print(f"job {job.id} {job.state}" + (f": {job.error}" if job.error else ""), file=sys.stderr)
     return 1
@@ -343,8 +344,8 @@ def cmd_train(client: Client, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     if args.json:
-        dump(final, sys.stdout)
-    return report_final(final)
+        dump(final, sys.stdout)  # stdout holds the JSON alone, for a program to read
+    return report_final(final, sys.stderr if args.json else None)
 
 
 def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
