@@ -31,7 +31,8 @@ def _tree_hash(root: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """old.txt (labels 0-11), all.txt (0-14), test.txt, names12.txt / names15.txt; a base v1 on old.txt."""
+    """old.txt (labels 0-11), all.txt (0-14), test.txt, names12.txt / names15.txt; bases v1 and named
+    (labels named by names12.txt) on old.txt."""
     root = tmp_path_factory.mktemp("continual_inputs")
     tr = synth_dataset(15, 60, 400, seed=2)
     te = synth_dataset(15, 60, 100, seed=2, part=1)
@@ -44,6 +45,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "names12.txt").write_text("".join(f"tag{i}\n" for i in range(12)))
     (root / "names15.txt").write_text("".join(f"tag{i}\n" for i in range(15)))
     assert main(["train", "--train", str(root / "old.txt"), "--out", str(root / "v1"), *FAST]) == 0
+    assert main(["train", "--train", str(root / "old.txt"), "--label-names", str(root / "names12.txt"),
+                 "--out", str(root / "named"), *FAST]) == 0  # the same base, its labels named tag0..tag11
     return root
 
 
@@ -121,10 +124,7 @@ def test_base_with_a_label_name_twice_is_refused(
 def test_xc_ids_against_a_base_with_label_names_is_an_error(
     files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    named = tmp_path / "named"
-    assert main(["train", "--train", str(files / "old.txt"), "--label-names", str(files / "names12.txt"),
-                 "--out", str(named), *FAST]) == 0
-    capsys.readouterr()
+    named = files / "named"
     # ids against names: every label would be "new" and the label space doubled
     code, err = _run(capsys, "--init-from", str(named), "--train", str(files / "all.txt"),
                      "--out", str(tmp_path / "o"))
@@ -139,10 +139,7 @@ def test_xc_ids_against_a_base_with_label_names_is_an_error(
 def test_label_names_name_the_test_and_replay_files_too(
     files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    named = tmp_path / "named"
-    assert main(["train", "--train", str(files / "old.txt"), "--label-names", str(files / "names12.txt"),
-                 "--out", str(named), *FAST]) == 0
-    capsys.readouterr()
+    named = files / "named"
     code = main(["train", "--quiet", "--init-from", str(named), "--train", str(files / "all.txt"),
                  "--label-names", str(files / "names15.txt"), "--test", str(files / "test.txt"),
                  "--replay-data", str(files / "old.txt"), "--out", str(tmp_path / "v2")])
