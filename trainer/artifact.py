@@ -95,6 +95,18 @@ def _expected_shapes(model: XCModel) -> dict[str, list[int]]:
     return out
 
 
+def prepare_out_dir(out: Path) -> None:
+    """Check that `out` may take a model (it is absent, empty or a model directory: anything else would
+    be lost) and create its parent directory, as saving needs. Training calls this before its first step
+    too, so a wrong `--out` does not cost a whole run."""
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "config.json").exists())):
+        raise ArtifactError(str(out), "exists and is not an ovex model directory; refusing to replace it")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ArtifactError(str(out), f"cannot create its directory {out.parent}: {exc.strerror}") from None
+
+
 def save_artifact(
     out_dir: str | Path,
     model: XCModel,
@@ -117,9 +129,7 @@ def save_artifact(
     out = Path(out_dir)
     if len(label_names) != model.shape.n_labels:
         raise ArtifactError(str(out), f"{len(label_names)} label names for {model.shape.n_labels} labels")
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "config.json").exists())):
-        raise ArtifactError(str(out), "exists and is not an ovex model directory; refusing to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    prepare_out_dir(out)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         tensors = artifact_tensors(model, label_counts, str(out), row_hashes)

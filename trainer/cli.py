@@ -14,14 +14,16 @@ import sys
 import types
 import typing
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from pydantic import ValidationError
 
 from trainer.errors import DataFormatError, ParamsError
-from trainer.params import TrainParams
+from trainer.params import TrainParams, validation_message
 
 
 def _field_type(annotation: Any) -> Any:
@@ -54,12 +56,17 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, dest=name, type=typ, choices=choices, default=None, help=helptext)
 
 
-def params_from_args(args: argparse.Namespace) -> TrainParams:
+def params_from_args(args: argparse.Namespace, base: bool = False) -> TrainParams:
+    """The flags given, as TrainParams. With a base model (`base`) the checks between fields (sampler and
+    group_size, stop_epoch and epochs) wait for the base's parameters: the other side comes from it, so
+    `trainer.continual.continual_params` checks them on the merged set."""
     given = {n: getattr(args, n) for n in TrainParams.model_fields if getattr(args, n, None) is not None}
     try:
         return TrainParams(**given)
-    except Exception as exc:  # pydantic ValidationError: name the flag
-        raise ParamsError(f"invalid flags: {exc}") from None
+    except ValidationError as exc:  # name the flag
+        if base and all(not err["loc"] for err in exc.errors()):
+            return TrainParams.model_construct(**given)
+        raise ParamsError(f"invalid flags: {validation_message(exc, flags=True)}") from None
 
 
 class _CliHooks:
@@ -86,7 +93,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from trainer.data import read_dataset
     from trainer.train import train
 
-    params = params_from_args(args)
+    for flag, value in (("--out", args.out), ("--init-from", args.init_from),
+                        ("--checkpoint-dir", args.checkpoint_dir)):
+        if value is not None and not value.strip():  # a blank path names the working directory
+            raise ParamsError(f"{flag} is empty: give a directory")
+    params = params_from_args(args, base=args.init_from is not None)
     if args.replay_data and not args.init_from:
         raise ParamsError("--replay-data needs --init-from (it holds rows the base model trained on)")
     train_ds = read_dataset(args.train)
@@ -96,6 +107,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     names = None if args.init_from else train_ds.label_names
     test_ds = read_dataset(args.test, label_names=names) if args.test else None
     replay_ds = read_dataset(args.replay_data) if args.replay_data else None
+    if args.label_names:  # XC test and replay files share the training file's label ids, so its names
+        test_ds = _named_like(test_ds, train_ds, args.label_names)
+        replay_ds = _named_like(replay_ds, train_ds, args.label_names)
     result = train(
         params,
         train_ds,
@@ -115,8 +129,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 def with_label_names(ds: Any, path: str) -> Any:
     """Name the labels of an XC data set from a file with one name per line (line i names label i-1),
     so the model answers names instead of ids."""
-    from dataclasses import replace
-
     if ds.is_text:
         raise ParamsError("--label-names is for XC data; JSONL rows already name their labels")
     try:
@@ -136,6 +148,17 @@ def with_label_names(ds: Any, path: str) -> Any:
             raise DataFormatError(path, i + 1, f"label name {name!r} repeats line {seen[name] + 1}")
         seen[name] = i
     return replace(ds, label_names=names)
+
+
+def _named_like(ds: Any, train_ds: Any, path: str) -> Any:
+    """An XC file named by the training file's `--label-names` (label i of both is the same label)."""
+    if ds is None or ds.is_text:
+        return ds  # JSONL names its own labels (and cannot go with --label-names training data anyway)
+    names = train_ds.label_names
+    if ds.n_labels > len(names):
+        raise DataFormatError(ds.path, 1, f"declares L={ds.n_labels} labels but --label-names {path} names "
+                              f"{len(names)}")
+    return replace(ds, label_names=names[: ds.n_labels])
 
 
 def _features_for(model: Any, path: str) -> tuple[sp.csr_matrix, sp.csr_matrix]:

@@ -24,15 +24,17 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 import torch
+from pydantic import ValidationError
 
 from trainer import metrics as xc_metrics
 from trainer.data import Dataset, label_counts
 from trainer.errors import ArtifactError, DataFormatError, ParamsError
-from trainer.params import TrainParams
+from trainer.params import TrainParams, validation_message
 
 __all__ = [
     "ARCHITECTURE_FIELDS",
     "WarmStart",
+    "check_out_dir",
     "continual_params",
     "row_fingerprints",
     "split_metrics",
@@ -43,9 +45,11 @@ __all__ = [
 ARCHITECTURE_FIELDS = ("loss", "dim", "encoder", "hidden", "pieces", "tfidf", "l2", "hash_size",
                        "max_vocab", "min_df")
 # How a run continues, not what the model is: today's defaults apply unless the caller sets them, never the
-# values a base happened to be trained under
+# values a base happened to be trained under; so do where and how the base ran (its device, its ranks, its
+# model selection on held-out rows), which are no part of the model
 _RESET_FIELDS = ("stop_epoch", "continual_epochs", "continual_schedule", "continual_lr", "replay",
-                 "new_label_lr", "new_label_negatives", "new_label_init")
+                 "new_label_lr", "new_label_negatives", "new_label_init", "device", "nproc_per_node",
+                 "valid_fraction", "refit", "patience")
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -79,11 +83,11 @@ def continual_params(base: TrainParams, given: TrainParams, base_name: str) -> T
         values["epochs"] = values["continual_epochs"]
     if "schedule" not in set_fields:
         values["schedule"] = values["continual_schedule"]
-    values["stop_epoch"] = min(values["stop_epoch"], values["epochs"])
     try:
         return TrainParams(**values)
-    except Exception as exc:  # pydantic ValidationError: keep the message readable
-        raise ParamsError(f"invalid parameters for a continual run: {exc}") from None
+    except ValidationError as exc:  # the given fields together with the base's (e.g. sampler, group_size)
+        raise ParamsError(f"invalid parameters for a continual run from {base_name}: "
+                          f"{validation_message(exc)}") from None
 
 
 # ------------------------------------------------------------------------------------ fingerprints
@@ -165,7 +169,8 @@ def _in_space(ds: Dataset, names: list[str]) -> Dataset:
     if new_ids.size and int(new_ids.min()) < 0:
         pos = int(np.argmax(new_ids < 0))
         row = int(np.searchsorted(y.indptr, pos, side="right")) - 1
-        raise DataFormatError(ds.path or "<data>", row + 1,
+        line = row + (1 if ds.is_text else 2)  # an XC file's rows follow its header line
+        raise DataFormatError(ds.path or "<data>", line,
                               f"label {own[int(y.indices[pos])]!r} is not in the model's label set")
     Y = sp.csr_matrix((np.ones(new_ids.size, np.float32), new_ids, y.indptr), shape=(ds.n_rows, len(names)))
     Y.sort_indices()
@@ -181,7 +186,7 @@ def _widen_features(ds: Dataset, n_features: int) -> Dataset:
                    label_names=ds.label_names, path=ds.path, meta=dict(ds.meta))
 
 
-def _check_inputs(base: Any, ds: Dataset, base_name: str) -> Dataset:
+def _check_inputs(base: Any, ds: Dataset, base_name: str, base_ids: bool) -> Dataset:
     """The data must be what the base's featurizer reads: texts for a text model, at most its D features."""
     kind = base.featurizer.kind
     source = ds.path or "<data>"
@@ -191,12 +196,75 @@ def _check_inputs(base: Any, ds: Dataset, base_name: str) -> Dataset:
     if not ds.is_text and kind == "text":
         raise DataFormatError(source, 1, f"holds sparse features (XC) but the base model {base_name} takes "
                               "texts (JSONL)")
+    _check_naming(base.label_names, base_ids, ds, base_name)
     if not ds.is_text:
         if ds.n_features > base.n_features:
             raise DataFormatError(source, 1, f"declares D={ds.n_features} features but the base model "
                                   f"{base_name} takes {base.n_features}")
         ds = _widen_features(ds, base.n_features)
     return ds
+
+
+def _are_ids(names: list[str]) -> bool:
+    return names == [str(i) for i in range(len(names))]
+
+
+def _check_naming(base_names: list[str], base_ids: bool, ds: Dataset, base_name: str) -> None:
+    """XC labels are matched by name: ids against a base with label names (or the reverse) match none,
+    append every label as new and double the label space, so either is an error (names that keep some
+    of the base's ids, naming only new labels, match those and are fine)."""
+    if ds.is_text:
+        return
+    data_ids = ds.label_names is None or _are_ids(ds.label_names)
+    if data_ids == base_ids or not set(label_names_of(ds)).isdisjoint(base_names):
+        return
+    source = ds.path or "<data>"
+    if data_ids:
+        shown = ", ".join(repr(n) for n in base_names[:3])
+        raise DataFormatError(source, 1, f"labels are ids but the base model {base_name} names its labels "
+                              f"({shown}, ...): name this file's labels as the base does (--label-names)")
+    raise DataFormatError(source, 1, f"labels are named (--label-names) but the base model {base_name} "
+                          "names its labels by their ids ('0', '1', ...): leave out --label-names")
+
+
+def _check_base(base: Any, name: str) -> None:
+    """A base must be consistent in itself: its recorded params build the model its weights fill, and its
+    label names (matched by name) are unique. Only a damaged or hand-edited artifact fails this."""
+    from trainer.losses import get_loss
+
+    shape, params = base.model.shape, base.params
+    for field in ("dim", "encoder", "hidden", "pieces"):
+        if getattr(params, field) != getattr(shape, field):
+            raise ArtifactError(name, f"config.json: params give {field}={getattr(params, field)!r} but the "
+                                f"weights have {field}={getattr(shape, field)!r}")
+    heads = tuple(get_loss(params.loss).extra_heads)
+    if heads != tuple(shape.extra_heads):
+        raise ArtifactError(name, f"config.json: loss {params.loss!r} owns heads {list(heads)} but the "
+                            f"weights have {list(shape.extra_heads)}")
+    if len(set(base.label_names)) == len(base.label_names):
+        return
+    first: dict[str, int] = {}
+    for i, label in enumerate(base.label_names):
+        if label in first:
+            raise ArtifactError(name, f"labels.txt names label {label!r} twice (lines {first[label] + 1} and "
+                                f"{i + 1}); labels are matched by name, so they must be unique")
+        first[label] = i
+
+
+def check_out_dir(out_dir: str | Path, base_dir: str | Path) -> None:
+    """The grown model goes beside its base: never over it, into it, or into a directory holding it (a
+    replaced directory is deleted with all it holds), so the base is only ever read."""
+    out, base = Path(out_dir).resolve(), Path(base_dir).resolve()
+    if out == base:
+        where = "is the base model's directory"
+    elif base in out.parents:
+        where = "is inside the base model's directory"
+    elif out in base.parents:
+        where = "holds the base model"
+    else:
+        return
+    raise ParamsError(f"the output directory {out_dir} {where} ({base_dir}); the base is never written: "
+                      "give another --out")
 
 
 def _concat(a: Dataset, b: Dataset) -> Dataset:
@@ -247,6 +315,12 @@ class WarmStart:
         self.seen, self.hashes = seen, hashes
         return ds
 
+    def forgets(self) -> bool:
+        """No row the base trained on is in the run (and the base can tell: it has fingerprints): old
+        labels the new rows do not carry are only ever pushed down as their negatives, and are forgotten."""
+        assert self.seen is not None
+        return self.base.row_hashes is not None and not self.seen.any()
+
     def epoch_size(self, replay: float) -> int:
         assert self.seen is not None
         n_new = int((~self.seen).sum())
@@ -296,15 +370,15 @@ class WarmStart:
 
     def artifact_stats(self, y: sp.csr_matrix) -> tuple[np.ndarray, int, np.ndarray]:
         """(label counts, row count, row fingerprints) of everything the grown model has trained on: the
-        base's, plus the rows it had not seen."""
+        base's, plus the rows it had not (replay rows it never saw included, as their fingerprints are)."""
         assert self.seen is not None and self.hashes is not None
-        unseen = np.flatnonzero(~self.seen)
+        base_hashes = self.base.row_hashes
+        unseen = np.flatnonzero(~self.seen if base_hashes is None else ~np.isin(self.hashes, base_hashes))
         counts = label_counts(y[unseen]).astype(np.float64)
         base_counts = self.base.label_counts
         if base_counts is not None:
             counts[: base_counts.size] += base_counts
         n_rows = int(self.base.config.get("n_train_rows", 0)) + unseen.size
-        base_hashes = self.base.row_hashes
         hashes = self.hashes if base_hashes is None else np.union1d(base_hashes, self.hashes)
         return counts, n_rows, hashes
 
@@ -426,7 +500,9 @@ def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None,
         base = load_artifact(base_dir)
     except ArtifactError as exc:  # named as the caller names the base (the service hides its paths)
         raise ArtifactError(name, exc.message) from None
-    train_ds = _check_inputs(base, train_ds, name)
+    _check_base(base, name)
+    base_ids = base.featurizer.kind != "text" and _are_ids(base.label_names)  # XC only: see _check_naming
+    train_ds = _check_inputs(base, train_ds, name, base_ids)
     featurizer = base.featurizer
     if train_ds.is_text and featurizer.vocab is not None:
         assert train_ds.texts is not None
@@ -434,9 +510,9 @@ def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None,
     names = _grow_names(list(base.label_names), train_ds)
     train_ds = _in_space(train_ds, names)
     if test_ds is not None:
-        test_ds = _in_space(_check_inputs(base, test_ds, name), names)
+        test_ds = _in_space(_check_inputs(base, test_ds, name, base_ids), names)
     if replay_ds is not None:
-        replay_ds = _in_space(_check_inputs(base, replay_ds, name), names)
+        replay_ds = _in_space(_check_inputs(base, replay_ds, name, base_ids), names)
     new_labels = np.zeros(len(names), dtype=bool)
     new_labels[base.n_labels:] = True
     if base.label_counts is not None:

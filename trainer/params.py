@@ -27,6 +27,19 @@ MAX_NEGATIVES = 262_144
 MAX_SEED = (1 << 32) - 1
 
 
+def validation_message(exc: Any, flags: bool = False) -> str:
+    """A pydantic ValidationError as `field: what is wrong; ...` (`--field-name` with `flags`), without
+    the input dump and documentation link pydantic appends: users read it, not developers."""
+    parts = []
+    for err in exc.errors():
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        loc = ".".join(str(x) for x in err["loc"])
+        if loc and flags:
+            loc = "--" + loc.replace("_", "-")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
+
+
 class TrainParams(BaseModel):
     """Every knob of a training run, with defaults chosen to work on the XC benchmark sets untuned."""
 

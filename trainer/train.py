@@ -24,9 +24,17 @@ import torch
 
 from trainer import metrics as xc_metrics
 from trainer import row_kernels
+from trainer.artifact import prepare_out_dir
 from trainer.checkpoints import load_checkpoint, save_checkpoint
 from trainer.collectives import RankGroup, in_launched_rank, join_group, rank_device
-from trainer.continual import WarmStart, continual_params, row_fingerprints, split_metrics, warm_start
+from trainer.continual import (
+    WarmStart,
+    check_out_dir,
+    continual_params,
+    row_fingerprints,
+    split_metrics,
+    warm_start,
+)
 from trainer.data import Dataset, check_compatible, label_counts
 from trainer.errors import ParamsError, TrainingCancelled
 from trainer.label_shards import (
@@ -462,6 +470,12 @@ def train(
     is the one saved: the held-out rows then only choose how long to train, and are not lost.
     """
     hooks = hooks or LoggingHooks()
+    if replay_ds is not None and base is None:
+        raise ParamsError("replay_ds needs a base model (it holds rows the base trained on)")
+    if out_dir is not None:  # before any step: a wrong output directory should not cost a run
+        if base is not None:
+            check_out_dir(out_dir, base)
+        prepare_out_dir(Path(out_dir))
     if base is not None and (params.nproc_per_node > 1 or in_launched_rank()):
         raise ParamsError("continuing a base model runs on one rank: leave out nproc_per_node (and torchrun)")
     if params.nproc_per_node > 1 and not in_launched_rank():
@@ -534,6 +548,10 @@ def _fit(
     if warm is not None:
         train_ds = warm.training_rows(train_ds)
         featurizer = warm.featurizer
+        if warm.forgets():
+            hooks.on_log(f"warning: no training or replay row is one {warm.name} trained on: none of its "
+                         "rows is replayed, so labels learned from them will be forgotten (give the base's "
+                         "training rows with --replay-data; over the API, base.replay_dataset)")
     else:
         featurizer = fit_featurizer(params, train_ds)
     x = _as_csr32(featurizer.transform(train_ds))

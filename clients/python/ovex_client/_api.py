@@ -219,6 +219,19 @@ def get_dataset(dataset_id: str | int) -> Request:
     return Request("GET", f"/v1/datasets/{seg(dataset_id)}", idempotent=True)
 
 
+def _base_body(base: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` as the server takes it: versions and dataset ids are strings there, numbers here too (as
+    `train_dataset` is)."""
+    if not isinstance(base, Mapping):
+        raise TypeError("base must be a mapping such as {'model': 'm', 'version': '3'} ({} = the model's "
+                        f"active version), not {type(base).__name__}")
+    out = dict(base)
+    for key in ("version", "replay_dataset"):
+        if isinstance(out.get(key), int) and not isinstance(out[key], bool):
+            out[key] = str(out[key])
+    return out
+
+
 def submit_job(
     model: str,
     train_dataset: str | int,
@@ -230,7 +243,7 @@ def submit_job(
 ) -> Request:
     body: dict[str, Any] = {"model": model, "train_dataset": str(train_dataset)}
     if base is not None:
-        body["base"] = dict(base)
+        body["base"] = _base_body(base)
     if test_dataset is not None:
         body["test_dataset"] = str(test_dataset)
     if params:

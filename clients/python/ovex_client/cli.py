@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--params", default=None, help="trainer options as one JSON object")
     tr.add_argument("--activate", action="store_true", help="serve the new version as soon as it is trained")
     tr.add_argument("--follow", action="store_true", help="show a progress bar until the job finishes")
+    tr.add_argument("--base", nargs="?", const="", default=None, metavar="VERSION",
+                    help="continue a stored version (default: the serving one) instead of training from "
+                    "scratch: labels keep their ids, new ones are appended (like `ovex train --init-from`)")
+    tr.add_argument("--base-model", help="with --base: a version of this model (default: --model)")
+    tr.add_argument("--replay-dataset", help="with --base: rows the base trained on, replayed against "
+                    "forgetting (file or uploaded id; default: the dataset that trained the base)")
 
     jobs = add(sub, "jobs", help="list, show, cancel, follow, delete training jobs or read their logs")
     jsub = jobs.add_subparsers(dest="action", required=True)
@@ -269,6 +275,18 @@ def cmd_predict(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _base_arg(args: argparse.Namespace) -> dict[str, str] | None:
+    """The job's `base` from --base [VERSION] and --base-model (None: a fresh model)."""
+    if args.base is None:
+        if args.base_model or args.replay_dataset:
+            raise UsageError("--base-model and --replay-dataset need --base (the version to continue)")
+        return None
+    base = {"version": args.base} if args.base.strip() else {}
+    if args.base_model:
+        base["model"] = args.base_model
+    return base
+
+
 def _dataset_id(client: Client, ref: str) -> str:
     """A path that exists is uploaded; anything else is taken as the id of an uploaded dataset."""
     path = Path(ref)
@@ -291,10 +309,11 @@ def follow(client: Client, job_id: str) -> Job:
     return job
 
 
-def report_final(job: Job) -> int:
+def report_final(job: Job, out: TextIO | None = None) -> int:
+    """The job's end in one line (success on `out`, default stdout); exit 0 only if it succeeded."""
     if job.state == "succeeded":
         version = f" as version {job.model_version}" if job.model_version is not None else ""
-        print(f"job {job.id} succeeded: model {job.model}{version}")
+        print(f"job {job.id} succeeded: model {job.model}{version}", file=out or sys.stdout)
         return 0
     print(f"job {job.id} {job.state}" + (f": {job.error}" if job.error else ""), file=sys.stderr)
     return 1
@@ -302,10 +321,14 @@ def report_final(job: Job) -> int:
 
 def cmd_train(client: Client, args: argparse.Namespace) -> int:
     params = parse_params(args.param, args.params)
+    base = _base_arg(args)
     train_id = _dataset_id(client, args.dataset)
     test_id = _dataset_id(client, args.test_dataset) if args.test_dataset else None
+    if base is not None and args.replay_dataset:
+        base["replay_dataset"] = _dataset_id(client, args.replay_dataset)
     job = client.submit_job(
-        args.model, train_id, test_dataset=test_id, params=params or None, activate=args.activate or None
+        args.model, train_id, test_dataset=test_id, params=params or None, activate=args.activate or None,
+        base=base,
     )
     print(f"submitted job {job.id} ({job.state})", file=sys.stderr)
     if not args.follow:
@@ -321,8 +344,8 @@ def cmd_train(client: Client, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     if args.json:
-        dump(final, sys.stdout)
-    return report_final(final)
+        dump(final, sys.stdout)  # stdout holds the JSON alone, for a program to read
+    return report_final(final, sys.stderr if args.json else None)
 
 
 def cmd_jobs(client: Client, args: argparse.Namespace) -> int:

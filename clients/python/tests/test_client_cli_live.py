@@ -112,3 +112,24 @@ def test_key_and_url_flags_override_the_environment(
     assert code == 0 and json.loads(out)["ready"] is True
     code, _, err = run(["health", "--url", "http://127.0.0.1:9", "--timeout", "1"], capsys)
     assert code == 3
+
+
+def test_train_base_continues_a_stored_version(
+    env: dict[str, str], live: LiveServer, train_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`train --base`: the next version of the model, grown from the serving one, label ids kept."""
+    code, out, err = run(["train", "--dataset", str(train_file), "--model", "cli-grow", "--param", "epochs=1",
+                          "--param", "dim=16", "--activate", "--follow"], capsys)
+    assert code == 0, err
+    v1 = out.strip().rsplit(" ", 1)[-1]
+    code, out, err = run(["train", "--dataset", str(train_file), "--model", "cli-grow", "--base", "--follow",
+                          "--json"], capsys)
+    assert code == 0, err
+    job = json.loads(out)
+    assert job["base"]["model"] == "cli-grow" and job["base"]["version"] == v1
+    client = Client(live.url, live.api_key)
+    versions = [v.version for v in client.get_model("cli-grow").versions]
+    assert job["model_version"] in versions and job["model_version"] != v1
+    code, _, err = run(["train", "--dataset", str(train_file), "--model", "cli-grow", "--base", "nope"],
+                       capsys)
+    assert code == 1 and "404" in err and "nope" in err
