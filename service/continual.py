@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.errors import InputError, NotFound
+from service.errors import InputError, Invalid, Loc, NotFound
 from trainer.continual import continual_params
 from trainer.errors import ArtifactError, OvexError, ParamsError
 from trainer.params import TrainParams
@@ -42,6 +42,7 @@ class Resolved:
     params: TrainParams  # the base's parameters overridden by the ones the request set
     labels: int  # the base's label count (the grown model has at most this plus the data's)
     features: int
+    xc_labels: int | None  # XC data: labels of the grown model (the base's ids, then the data's new ones)
 
 
 def _base_summary(path: Path, label: str) -> tuple[TrainParams, int, int, str]:
@@ -72,9 +73,15 @@ def resolve_base(
     that does not fit the data or the parameters.
     """
     name = base.get("model") or job_model
-    versions = registry.scan().get(name, [])
+    stored = registry.scan()
+    versions = stored.get(name, [])
     if not versions:
         raise NotFound(f"base: model {name!r} has no stored version to continue from")
+    if name != job_model and stored.get(job_model):
+        # its next version would give label ids other meanings than its earlier versions do
+        raise Invalid(f"model {job_model!r} has versions of its own: a job continues a version of its own "
+                      f"model (leave out base.model), or starts a new model from {name!r} (another "
+                      f"model name)", loc=["body", "base", "model"])
     version = base.get("version")
     if version is None:
         served = registry.serving(name)
@@ -97,19 +104,30 @@ def resolve_base(
         merged = continual_params(base_params, params, ref.label)
     except ParamsError as exc:
         raise InputError([(["body", "params"], str(exc))]) from None
-    replay = _replay_dataset(store, base.get("replay_dataset"), name, version, train)
-    return Resolved(BaseRef(name, version, replay), merged, labels, features)
+    # XC labels are named by their ids: the grown model has the base's, then the data's beyond them
+    xc_labels = max(labels, train.labels) if train.format == "xc" else None
+    replay = _replay_dataset(store, base.get("replay_dataset"), ref, train, features, xc_labels)
+    return Resolved(BaseRef(name, version, replay), merged, labels, features, xc_labels)
 
 
-def _replay_dataset(store: Any, given: str | None, model: str, version: str, train: Any) -> str | None:
+def _replay_dataset(store: Any, given: str | None, ref: BaseRef, train: Any, features: int,
+                    xc_labels: int | None) -> str | None:
     if given is not None:
         row = store.get_dataset(given)
         if row is None:
             raise NotFound(f"base.replay_dataset: dataset {given!r} not found")
+        loc: Loc = ["body", "base", "replay_dataset"]
         if row.format != train.format:
-            raise InputError([(["body", "base", "replay_dataset"], f"dataset {given} is {row.format} but the "
-                               f"training dataset is {train.format}")])
+            raise InputError([(loc, f"dataset {given} is {row.format} but the training dataset is "
+                               f"{train.format}")])
+        if row.features is not None and row.features > features:
+            raise InputError([(loc, f"dataset {given} declares {row.features} features but {ref.label} "
+                               f"takes {features}")])
+        if xc_labels is not None and row.labels > xc_labels:
+            raise InputError([(loc, f"dataset {given} declares {row.labels} labels but the continued model "
+                               f"has {xc_labels} ({ref.label}'s and the training dataset's)")])
         return None if given == train.id else given
+    model, version = ref.model, ref.version
     jobs, _ = store.list_jobs(limit=1000, cursor=None, state="succeeded", model=model)
     for job in jobs:
         if job.model_version == version:

@@ -110,6 +110,8 @@ class JobsService:
                 )
         train = self.get_dataset(req.train_dataset, ["body", "train_dataset"])
         params, base, labels, features = req.params, None, train.labels, train.features
+        # what a test set may hold: the training set's labels and features, or with a base the model's
+        space = Space("the training set", train.features, train.labels)
         if req.base is not None:
             if self.registry is None:
                 raise Unavailable("continuing a base model needs the model registry of the API process")
@@ -118,9 +120,10 @@ class JobsService:
             )
             params, base = resolved.params, resolved.base.to_json()
             labels, features = labels + resolved.labels, resolved.features
+            space = Space("the continued model", resolved.features, resolved.xc_labels)
         if req.test_dataset is not None:
             test = self.get_dataset(req.test_dataset, ["body", "test_dataset"])
-            _check_compatible(train, test)
+            _check_compatible(train, test, space)
         _check_ranks(params, labels, continual=base is not None)
         need = budget.estimate(params, labels, features)
         limit = self.cfg.settings.memory_budget_bytes
@@ -305,17 +308,26 @@ def _check_ranks(params: TrainParams, labels: int, *, continual: bool) -> None:
         raise Invalid("continuing a base model runs on one rank: leave out params.nproc_per_node", loc=loc)
 
 
-def _check_compatible(train: DatasetRow, test: DatasetRow) -> None:
+@dataclass(frozen=True)
+class Space:
+    """The features and labels (XC) a test set may use: `name` is how messages call their owner."""
+
+    name: str
+    features: int | None
+    labels: int | None
+
+
+def _check_compatible(train: DatasetRow, test: DatasetRow, space: Space) -> None:
     loc: list[str | int] = ["body", "test_dataset"]
     if test.format != train.format:
         raise Invalid(f"test dataset is {test.format} but the training dataset is {train.format}", loc=loc)
     too_wide = [
-        f"{what} {n} > {m} in the training set"
-        for what, n, m in (("features", test.features, train.features), ("labels", test.labels, train.labels))
+        f"{what} {n} > {m} in {space.name}"
+        for what, n, m in (("features", test.features, space.features), ("labels", test.labels, space.labels))
         if train.format == "xc" and n is not None and m is not None and n > m
     ]
     if too_wide:
-        raise Invalid(f"test dataset does not fit the training set: {', '.join(too_wide)}", loc=loc)
+        raise Invalid(f"test dataset does not fit {space.name}: {', '.join(too_wide)}", loc=loc)
 
 
 def _line(e: JobEventRow) -> str:

@@ -13,6 +13,7 @@ import scipy.sparse as sp
 
 from tests.jobs.conftest import Backend
 from trainer.data import read_xc, write_xc
+from trainer.synth import synth
 
 TINY = {"dim": 16, "batch_size": 32, "negatives": 8, "lr": 0.05}
 
@@ -72,9 +73,19 @@ def test_job_with_a_base_makes_the_next_version_and_leaves_the_base_alone(
     assert srv.job(again)["model_version"] == "3" and srv.job(again)["base"]["version"] == "1"
     assert _tree_digest(v1) == before
 
+    # new data that is narrower than the base (32 labels declared, the base has 40): a test set that fits the
+    # base fits the job, and with no label new to the base its metrics have old rows only
+    narrow = srv.submit({"model": "grow", "train_dataset": old["id"], "test_dataset": test["id"],
+                         "base": {"version": "2"}, "params": {"epochs": 1}})
+    assert srv.final_state(narrow) == "succeeded", srv.log_tail()
+    metrics = srv.job(narrow)["progress"]["metrics"]
+    labelled = int((np.diff(sp.csr_matrix(read_xc(synth_files["test"]).Y).indptr) > 0).sum())
+    assert metrics["new.rows"] == 0 and metrics["old.rows"] == labelled, metrics
+    assert "new.p@1" not in metrics and metrics["old.p@1"] == metrics["p@1"], metrics
+
 
 def test_a_base_that_does_not_fit_is_refused_before_queueing(
-    make_server: Any, synth_files: dict[str, Path]
+    make_server: Any, synth_files: dict[str, Path], tmp_path: Path
 ) -> None:
     srv = make_server(Backend("sqlite"))
     train = srv.upload(synth_files["train"])
@@ -105,7 +116,32 @@ def test_a_base_that_does_not_fit_is_refused_before_queueing(
     assert detail[0]["loc"][:3] == ["body", "base", "version"]
     detail = refused({"base": {"model": "../etc"}}, 422)
     assert detail[0]["loc"][:3] == ["body", "base", "model"]
+    detail = refused({"base": {"replay_dataset": "ds\u0000x"}}, 422)  # never reaches the database
+    assert detail[0]["loc"][:3] == ["body", "base", "replay_dataset"]
+    # a replay set the base cannot read is refused now, not when the job has started
+    detail = refused({"base": {"replay_dataset": wide["id"]}}, 422)
+    assert detail[0]["loc"] == ["body", "base", "replay_dataset"]
+    assert "declares 400 features but model 'm' version 1 takes 300" in detail[0]["msg"]
+    X, Y = synth(60, 300, 50, seed=5)
+    write_xc(tmp_path / "more.txt", X, Y)
+    more = srv.upload(tmp_path / "more.txt")
+    detail = refused({"base": {"replay_dataset": more["id"]}}, 422)
+    assert detail[0]["loc"] == ["body", "base", "replay_dataset"]
+    assert "declares 60 labels but the continued model has 40" in detail[0]["msg"]
+    # another model's version cannot become the next version of a model that has its own: label ids
+    # would no longer mean the same across its versions
+    other = srv.submit({"model": "other", "train_dataset": train["id"], "params": {**TINY, "epochs": 1}})
+    assert srv.final_state(other) == "succeeded", srv.log_tail()
+    n_jobs += 1
+    detail = refused({"base": {"model": "other"}}, 422)
+    assert detail[0]["loc"] == ["body", "base", "model"]
+    assert "model 'm' has versions of its own" in detail[0]["msg"]
     assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs  # nothing was queued
+    # a new model may start as a copy of another one
+    fork = srv.submit({"model": "fork", "train_dataset": train["id"], "base": {"model": "other"},
+                       "params": {"epochs": 1}})
+    assert srv.final_state(fork) == "succeeded", srv.log_tail()
+    assert srv.job(fork)["model_version"] == "1" and srv.job(fork)["base"]["model"] == "other"
 
 
 def test_the_client_sends_the_base() -> None:
