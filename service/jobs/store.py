@@ -85,7 +85,8 @@ class JobStore:
         return self._page(select(DatasetRow), DatasetRow, limit, cursor)
 
     def delete_dataset(self, dataset_id: str) -> DatasetRow:
-        """Remove the record; refused while a job (queued, running or ended) still names the dataset."""
+        """Remove the record; refused while a job (queued, running or ended) still names the dataset (as
+        its training, test or replay set)."""
         with self.session() as s:
             row = s.get(DatasetRow, dataset_id)
             if row is None:
@@ -93,7 +94,8 @@ class JobStore:
             users = list(
                 s.scalars(
                     select(JobRow)
-                    .where(or_(JobRow.train_dataset == dataset_id, JobRow.test_dataset == dataset_id))
+                    .where(or_(JobRow.train_dataset == dataset_id, JobRow.test_dataset == dataset_id,
+                               JobRow.base["replay_dataset"].as_string() == dataset_id))
                     .order_by(JobRow.created_at)
                     .limit(20)
                 )

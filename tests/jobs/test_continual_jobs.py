@@ -138,10 +138,16 @@ def test_a_base_that_does_not_fit_is_refused_before_queueing(
     assert "model 'm' has versions of its own" in detail[0]["msg"]
     assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs  # nothing was queued
     # a new model may start as a copy of another one
-    fork = srv.submit({"model": "fork", "train_dataset": train["id"], "base": {"model": "other"},
-                       "params": {"epochs": 1}})
+    replay = srv.upload(synth_files["test"])
+    fork = srv.submit({"model": "fork", "train_dataset": train["id"], "params": {"epochs": 1},
+                       "base": {"model": "other", "replay_dataset": replay["id"]}})
     assert srv.final_state(fork) == "succeeded", srv.log_tail()
     assert srv.job(fork)["model_version"] == "1" and srv.job(fork)["base"]["model"] == "other"
+    # a job's replay set is one of its inputs: kept while a job record names it, as its other datasets are
+    r = srv.client.delete(f"/v1/datasets/{replay['id']}")
+    assert r.status_code == 409 and fork in r.text, r.text
+    assert srv.client.delete(f"/v1/jobs/{fork}").status_code == 204
+    assert srv.client.delete(f"/v1/datasets/{replay['id']}").status_code == 204
 
 
 def test_the_client_sends_the_base() -> None:

@@ -220,3 +220,21 @@ def test_delete_rules(store: JobStore) -> None:
     assert store.get_dataset("ds_1") is None
     with pytest.raises(NotFound):
         store.delete_dataset("ds_1")
+
+
+def test_a_replay_dataset_is_kept_while_a_job_names_it(store: JobStore) -> None:
+    """A continual job's replay set (in its `base` JSON) counts as one of its datasets, on both databases."""
+    store.add_dataset(DatasetRow(id="ds_2", name="e", checksum="1" * 64, format="xc", filename="e.txt",
+                                 size_bytes=10, rows=3, features=4, labels=5, created_at=time.time()))
+    fresh = store.create_job(model="m", train_dataset="ds_2", test_dataset=None, params={}, activate=False,
+                             base={"model": "n", "version": "3", "replay_dataset": None})
+    job = store.create_job(model="m", train_dataset="ds_2", test_dataset=None, params={}, activate=False,
+                           base={"model": "m", "version": "1", "replay_dataset": "ds_1"})
+    with pytest.raises(Conflict, match=f"queued or running job\\(s\\) \\({job.id}\\)"):
+        store.delete_dataset("ds_1")
+    store.request_cancel(job.id)
+    with pytest.raises(Conflict, match=f"ended job\\(s\\) {job.id}"):
+        store.delete_dataset("ds_1")
+    store.delete_job(job.id)
+    store.delete_dataset("ds_1")  # the job with a null replay set does not hold it
+    assert store.get_dataset("ds_1") is None and store.get_job(fresh.id) is not None
