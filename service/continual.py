@@ -67,10 +67,10 @@ def resolve_base(
 ) -> Resolved:
     """Check a job's `base` against the stored versions, the training dataset and the parameters.
 
-    `base` holds optional `model` (default: the job's), `version` (default: the active one) and
-    `replay_dataset` (default: the training dataset of the job that made the base, when known).
-    Raises `NotFound` (404) for an unknown model, version or dataset and `InputError` (422) for a base
-    that does not fit the data or the parameters.
+    `base` holds optional `model` (default: the job's), `version` (default: the active one, else the
+    newest) and `replay_dataset` (default: the training dataset of the job that made the base, when
+    known). Raises `NotFound` (404) for an unknown model, version or dataset and `Invalid` (422) for a
+    base that does not fit the job's model, the data or the parameters.
     """
     name = base.get("model") or job_model
     stored = registry.scan()
@@ -84,8 +84,7 @@ def resolve_base(
                       f"model name)", loc=["body", "base", "model"])
     version = base.get("version")
     if version is None:
-        served = registry.serving(name)
-        version = served.version if served is not None else versions[-1]
+        version = _active_version(registry, name, versions)
     elif version not in versions:
         raise NotFound(f"base: model {name!r} has no version {version!r} (it has {', '.join(versions)})")
     ref = BaseRef(name, version, None)
@@ -108,6 +107,16 @@ def resolve_base(
     xc_labels = max(labels, train.labels) if train.format == "xc" else None
     replay = _replay_dataset(store, base.get("replay_dataset"), ref, train, features, xc_labels)
     return Resolved(BaseRef(name, version, replay), merged, labels, features, xc_labels)
+
+
+def _active_version(registry: Any, name: str, versions: list[str]) -> str:
+    """The version the database records as active (this process may not have followed it yet, or still be
+    loading), else the one this process serves, else the newest."""
+    recorded = registry.store.get(name)
+    if recorded in versions:
+        return str(recorded)
+    served = registry.serving(name)
+    return served.version if served is not None else versions[-1]
 
 
 def _replay_dataset(store: Any, given: str | None, ref: BaseRef, train: Any, features: int,

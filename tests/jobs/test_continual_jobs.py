@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from service.jobs.active import ActiveVersions
 from tests.jobs.conftest import Backend
 from trainer.data import read_xc, write_xc
 from trainer.synth import synth
@@ -87,7 +88,7 @@ def test_job_with_a_base_makes_the_next_version_and_leaves_the_base_alone(
 def test_a_base_that_does_not_fit_is_refused_before_queueing(
     make_server: Any, synth_files: dict[str, Path], tmp_path: Path
 ) -> None:
-    srv = make_server(Backend("sqlite"))
+    srv = make_server(Backend("sqlite"), OVEX_ACTIVE_POLL_S="60")  # it does not see another's activation
     train = srv.upload(synth_files["train"])
     first = srv.submit({"model": "m", "train_dataset": train["id"], "params": {**TINY, "epochs": 1}})
     assert srv.final_state(first) == "succeeded", srv.log_tail()
@@ -148,6 +149,20 @@ def test_a_base_that_does_not_fit_is_refused_before_queueing(
     assert r.status_code == 409 and fork in r.text, r.text
     assert srv.client.delete(f"/v1/jobs/{fork}").status_code == 204
     assert srv.client.delete(f"/v1/datasets/{replay['id']}").status_code == 204
+
+    # the default base is the version the database records as active, though this server still serves
+    # another (it has not yet followed an activation made by another replica, or is still loading)
+    second = srv.submit({"model": "m", "train_dataset": train["id"], "params": {**TINY, "epochs": 1}})
+    assert srv.final_state(second) == "succeeded", srv.log_tail()
+    active = ActiveVersions.for_url(f"sqlite:///{srv.data_dir / 'ovex.db'}")
+    try:
+        active.set("m", "2")
+    finally:
+        active.close()
+    assert srv.client.get("/v1/models/m").json()["active_version"] == "1"
+    grow = srv.submit({"model": "m", "train_dataset": train["id"], "base": {}, "params": {"epochs": 1}})
+    assert srv.job(grow)["base"]["version"] == "2"
+    assert srv.final_state(grow) == "succeeded", srv.log_tail()
 
 
 def test_the_client_sends_the_base() -> None:
