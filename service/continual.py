@@ -42,7 +42,7 @@ class Resolved:
     params: TrainParams  # the base's parameters overridden by the ones the request set
     labels: int  # the base's label count (the grown model has at most this plus the data's)
     features: int
-    xc_labels: int | None  # XC data: labels of the grown model (the base's ids, then the data's new ones)
+    xc_labels: int | None  # XC data: at most this many labels in the grown model
 
 
 def _base_summary(path: Path, label: str) -> tuple[TrainParams, int, int, str]:
@@ -103,10 +103,22 @@ def resolve_base(
         merged = continual_params(base_params, params, ref.label)
     except ParamsError as exc:
         raise InputError([(["body", "params"], str(exc))]) from None
-    # XC labels are named by their ids: the grown model has the base's, then the data's beyond them
-    xc_labels = max(labels, train.labels) if train.format == "xc" else None
+    xc_labels = None
+    if train.format == "xc":  # XC data names labels by id: a base named so shares the ids it has
+        shared = _named_by_ids(registry.models_dir / name / version, labels)
+        xc_labels = max(labels, train.labels) if shared else labels + train.labels
     replay = _replay_dataset(store, base.get("replay_dataset"), ref, train, features, xc_labels)
     return Resolved(BaseRef(name, version, replay), merged, labels, features, xc_labels)
+
+
+def _named_by_ids(path: Path, n_labels: int) -> bool:
+    """Whether the base's labels are named "0", "1", ... in id order (a model trained on XC data without
+    label names), by comparing labels.txt with that listing."""
+    ids = json.dumps([str(i) for i in range(n_labels)], separators=("\n", ":"))[1:-1] + "\n"
+    try:
+        return (path / "labels.txt").read_bytes() == ids.encode()
+    except OSError:
+        return False
 
 
 def _active_version(registry: Any, name: str, versions: list[str]) -> str:
@@ -134,7 +146,7 @@ def _replay_dataset(store: Any, given: str | None, ref: BaseRef, train: Any, fea
                                f"takes {features}")])
         if xc_labels is not None and row.labels > xc_labels:
             raise InputError([(loc, f"dataset {given} declares {row.labels} labels but the continued model "
-                               f"has {xc_labels} ({ref.label}'s and the training dataset's)")])
+                               f"has at most {xc_labels} ({ref.label}'s and the training dataset's)")])
         return None if given == train.id else given
     model, version = ref.model, ref.version
     jobs, _ = store.list_jobs(limit=1000, cursor=None, state="succeeded", model=model)

@@ -119,7 +119,8 @@ class JobsService:
                 self.registry, self.store, job_model=req.model, base=req.base, params=params, train=train
             )
             params, base = resolved.params, resolved.base.to_json()
-            labels, features = labels + resolved.labels, resolved.features
+            labels = resolved.xc_labels if resolved.xc_labels is not None else labels + resolved.labels
+            features = resolved.features
             space = Space("the continued model", resolved.features, resolved.xc_labels)
         if req.test_dataset is not None:
             test = self.get_dataset(req.test_dataset, ["body", "test_dataset"])

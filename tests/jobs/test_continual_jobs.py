@@ -128,7 +128,7 @@ def test_a_base_that_does_not_fit_is_refused_before_queueing(
     more = srv.upload(tmp_path / "more.txt")
     detail = refused({"base": {"replay_dataset": more["id"]}}, 422)
     assert detail[0]["loc"] == ["body", "base", "replay_dataset"]
-    assert "declares 60 labels but the continued model has 40" in detail[0]["msg"]
+    assert "declares 60 labels but the continued model has at most 40" in detail[0]["msg"]
     # another model's version cannot become the next version of a model that has its own: label ids
     # would no longer mean the same across its versions
     other = srv.submit({"model": "other", "train_dataset": train["id"], "params": {**TINY, "epochs": 1}})
@@ -172,3 +172,35 @@ def test_the_client_sends_the_base() -> None:
     assert req.json == {"model": "m", "train_dataset": "ds_1", "base": {"version": "2"}}
     fresh = _api.submit_job("m", "ds_1", test_dataset=None, params=None, activate=None)
     assert "base" not in fresh.json
+
+
+def test_the_memory_budget_counts_a_label_the_base_and_the_data_share_once(
+    make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    """XC labels are named by their ids: continuing a 40-label model on 40-label data makes 40 labels, not
+    80, so a continual run on the data the base was trained on fits the budget its base fitted."""
+    from service.jobs.budget import estimate
+    from trainer.params import TrainParams
+
+    params = {**TINY, "dim": 1024, "epochs": 1}
+    fits, doubled = (estimate(TrainParams(**params), k, 300).bytes for k in (40, 80))
+    srv = make_server(Backend("sqlite"), OVEX_MEMORY_BUDGET_BYTES=str((fits + doubled) // 2))
+    train = srv.upload(synth_files["train"])
+    first = srv.submit({"model": "m", "train_dataset": train["id"], "params": params})
+    assert srv.final_state(first) == "succeeded", srv.log_tail()
+    again = srv.submit({"model": "m", "train_dataset": train["id"], "base": {}, "params": {"epochs": 1}})
+    assert srv.final_state(again) == "succeeded", srv.log_tail()
+
+
+def test_a_base_named_by_ids_shares_them_with_xc_data(tmp_path: Path) -> None:
+    """Only a base whose labels are named "0", "1", ... shares its ids with XC data; one with its own names
+    gets every label of the data appended, which the budget and the test-set checks must allow for."""
+    from service.continual import _named_by_ids
+    from trainer.artifact import _labels_text
+
+    (tmp_path / "labels.txt").write_text(_labels_text([str(i) for i in range(12)]), encoding="utf-8")
+    assert _named_by_ids(tmp_path, 12)
+    assert not _named_by_ids(tmp_path, 11) and not _named_by_ids(tmp_path, 13)
+    (tmp_path / "labels.txt").write_text(_labels_text([*map(str, range(11)), "cat"]), encoding="utf-8")
+    assert not _named_by_ids(tmp_path, 12)
+    assert not _named_by_ids(tmp_path / "gone", 12)
