@@ -120,7 +120,8 @@ class JobsService:
             )
             params, base = resolved.params, resolved.base.to_json()
             labels = resolved.xc_labels if resolved.xc_labels is not None else labels + resolved.labels
-            features = resolved.features
+            # a text model's vocabulary grows with the new data's words, up to max_vocab (None counts that)
+            features = resolved.features if train.format == "xc" else None
             space = Space("the continued model", resolved.features, resolved.xc_labels)
         if req.test_dataset is not None:
             test = self.get_dataset(req.test_dataset, ["body", "test_dataset"])

@@ -204,3 +204,23 @@ def test_a_base_named_by_ids_shares_them_with_xc_data(tmp_path: Path) -> None:
     (tmp_path / "labels.txt").write_text(_labels_text([*map(str, range(11)), "cat"]), encoding="utf-8")
     assert not _named_by_ids(tmp_path, 12)
     assert not _named_by_ids(tmp_path / "gone", 12)
+
+
+def test_a_text_base_is_budgeted_for_the_vocabulary_it_may_grow_to(
+    make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    """A continual run extends a text model's vocabulary with the new data's words, up to max_vocab: its
+    budget counts max_vocab input columns, as a fresh job's does, not the base's present vocabulary."""
+    srv = make_server(Backend("sqlite"))
+    text = srv.upload(synth_files["train_jsonl"])
+    first = srv.submit({"model": "t", "train_dataset": text["id"], "params": {**TINY, "epochs": 1}})
+    assert srv.final_state(first) == "succeeded", srv.log_tail()
+    assert srv.proc is not None
+    srv.proc.terminate()
+    srv.proc.wait(60)
+    srv.env["OVEX_MEMORY_BUDGET_BYTES"] = str(16 << 20)  # the base's 300 words fit; 200,000 do not
+    srv.start()
+    for body in ({"params": TINY}, {"base": {}}):  # a fresh job, then one continuing the base
+        r = srv.client.post("/v1/jobs", json={"model": "t", "train_dataset": text["id"], **body})
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["type"] == "memory_budget" and "max_vocab" in r.text, r.text
