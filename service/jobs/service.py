@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from service.continual import resolve_base
-from service.errors import Invalid, NotFound, Unavailable
+from service.errors import Conflict, Invalid, NotFound, Unavailable
 from service.jobs import budget
 from service.jobs.config import JobsConfig
 from service.jobs.datasets import ingest, receive_file
@@ -150,6 +150,16 @@ class JobsService:
             activate=req.activate,
             base=base,
         )
+
+    def keep_bases(self, model: str, version: str) -> None:
+        """Refuse to delete a version that a queued or running job continues (the job would fail, or fail
+        to resume); the registry calls this before it deletes a version."""
+        jobs = self.store.continuing(model, version)
+        if jobs:
+            raise Conflict(
+                f"version {version!r} of model {model!r} is the base of {len(jobs)} queued or running job(s) "
+                f"({', '.join(jobs)}); cancel them or wait until they end"
+            )
 
     def get(self, job_id: str) -> JobRow:
         job = self.store.get_job(job_id)

@@ -195,6 +195,16 @@ class JobStore:
             q = select(JobRow).where(JobRow.state == SUCCEEDED, JobRow.finished_at > ts)
             return list(s.scalars(q.order_by(JobRow.finished_at).limit(100)))
 
+    def continuing(self, model: str, version: str, limit: int = 20) -> list[str]:
+        """Ids of the queued and running jobs that continue `model` version `version`, oldest first."""
+        with self.session() as s:
+            q = select(JobRow.id).where(
+                JobRow.state.in_(ACTIVE_STATES),
+                JobRow.base["model"].as_string() == model,
+                JobRow.base["version"].as_string() == version,
+            )
+            return list(s.scalars(q.order_by(JobRow.created_at).limit(limit)))
+
     def delete_job(self, job_id: str) -> JobRow:
         """Remove an ended job and its events; a queued or running one must be cancelled first."""
         with self.session() as s:

@@ -84,6 +84,18 @@ def test_job_with_a_base_makes_the_next_version_and_leaves_the_base_alone(
     assert metrics["new.rows"] == 0 and metrics["old.rows"] == labelled, metrics
     assert "new.p@1" not in metrics and metrics["old.p@1"] == metrics["p@1"], metrics
 
+    # the base of a job that has not ended is kept until it ends (it would fail the job, or its resumption)
+    long = srv.submit({"model": "grow", "train_dataset": new["id"], "base": {"version": "3"},
+                       "params": {"epochs": 3000}})
+    srv.wait(long, lambda j: j["state"] == "running", 60, "the continual job to start")
+    r = srv.client.delete("/v1/models/grow/versions/3")
+    assert r.status_code == 409 and long in r.text and "cancel" in r.text, r.text
+    assert srv.client.post(f"/v1/jobs/{long}/cancel").status_code == 202
+    srv.wait(long, lambda j: j["state"] == "cancelled", 120, "the cancel")
+    assert srv.client.delete("/v1/models/grow/versions/3").status_code == 204
+    assert _tree_digest(v1) == before and sorted(p.name for p in v1.parent.iterdir() if p.is_dir()) == \
+        ["1", "2", "4"]  # the cancelled job published nothing
+
 
 def test_a_base_that_does_not_fit_is_refused_before_queueing(
     make_server: Any, synth_files: dict[str, Path], tmp_path: Path

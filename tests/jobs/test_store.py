@@ -223,7 +223,8 @@ def test_delete_rules(store: JobStore) -> None:
 
 
 def test_a_replay_dataset_is_kept_while_a_job_names_it(store: JobStore) -> None:
-    """A continual job's replay set (in its `base` JSON) counts as one of its datasets, on both databases."""
+    """A continual job's replay set (in its `base` JSON) counts as one of its datasets, and its base version
+    is found by the same JSON fields, on both databases."""
     store.add_dataset(DatasetRow(id="ds_2", name="e", checksum="1" * 64, format="xc", filename="e.txt",
                                  size_bytes=10, rows=3, features=4, labels=5, created_at=time.time()))
     fresh = store.create_job(model="m", train_dataset="ds_2", test_dataset=None, params={}, activate=False,
@@ -232,7 +233,10 @@ def test_a_replay_dataset_is_kept_while_a_job_names_it(store: JobStore) -> None:
                            base={"model": "m", "version": "1", "replay_dataset": "ds_1"})
     with pytest.raises(Conflict, match=f"queued or running job\\(s\\) \\({job.id}\\)"):
         store.delete_dataset("ds_1")
+    assert store.continuing("m", "1") == [job.id]  # the jobs whose base version must stay
+    assert store.continuing("m", "3") == [] and store.continuing("n", "1") == []
     store.request_cancel(job.id)
+    assert store.continuing("m", "1") == []
     with pytest.raises(Conflict, match=f"ended job\\(s\\) {job.id}"):
         store.delete_dataset("ds_1")
     store.delete_job(job.id)
