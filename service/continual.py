@@ -148,14 +148,10 @@ def _replay_dataset(store: Any, given: str | None, ref: BaseRef, train: Any, fea
             raise InputError([(loc, f"dataset {given} declares {row.labels} labels but the continued model "
                                f"has at most {xc_labels} ({ref.label}'s and the training dataset's)")])
         return None if given == train.id else given
-    model, version = ref.model, ref.version
-    jobs, _ = store.list_jobs(limit=1000, cursor=None, state="succeeded", model=model)
-    for job in jobs:
-        if job.model_version == version:
-            found = job.train_dataset
-            ok = found != train.id and store.get_dataset(found) is not None
-            return found if ok else None
-    return None
+    job = store.made(ref.model, ref.version)
+    if job is None or job.train_dataset == train.id or store.get_dataset(job.train_dataset) is None:
+        return None
+    return str(job.train_dataset)
 
 
 def trainer_inputs(models_dir: Path, base: dict[str, Any], read_replay: Any) -> dict[str, Any]:

@@ -195,6 +195,14 @@ class JobStore:
             q = select(JobRow).where(JobRow.state == SUCCEEDED, JobRow.finished_at > ts)
             return list(s.scalars(q.order_by(JobRow.finished_at).limit(100)))
 
+    def made(self, model: str, version: str) -> JobRow | None:
+        """The job that published `model` version `version`, if its record is kept."""
+        with self.session() as s:
+            q = select(JobRow).where(
+                JobRow.model == model, JobRow.model_version == version, JobRow.state == SUCCEEDED
+            )
+            return s.scalars(q.limit(1)).first()
+
     def continuing(self, model: str, version: str, limit: int = 20) -> list[str]:
         """Ids of the queued and running jobs that continue `model` version `version`, oldest first."""
         with self.session() as s:
