@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +238,31 @@ def test_a_text_base_is_budgeted_for_the_vocabulary_it_may_grow_to(
         r = srv.client.post("/v1/jobs", json={"model": "t", "train_dataset": text["id"], **body})
         assert r.status_code == 422, r.text
         assert r.json()["detail"][0]["type"] == "memory_budget" and "max_vocab" in r.text, r.text
+
+
+def test_a_continual_job_survives_a_killed_server_and_resumes_from_its_checkpoint(
+    make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    """SIGKILL `ovex serve` (and so its worker) while a continual job runs: after a restart the job resumes
+    from its checkpoint and publishes version 2; version 1 is as it was, and nothing half-written is left."""
+    srv = make_server(Backend("sqlite"))
+    train = srv.upload(synth_files["train"])
+    first = srv.submit({"model": "k", "train_dataset": train["id"], "params": {**TINY, "epochs": 1},
+                        "activate": True})
+    assert srv.final_state(first) == "succeeded", srv.log_tail()
+    v1 = srv.models_dir / "k" / "1"
+    before = _tree_digest(v1)
+    job_id = srv.submit({"model": "k", "train_dataset": train["id"], "base": {}, "params": {"epochs": 300}})
+    srv.wait(job_id, lambda j: (j["progress"]["step"] or 0) >= 60, 60, "the job to pass a checkpoint")
+    assert srv.proc is not None
+    os.kill(srv.proc.pid, signal.SIGKILL)
+    srv.proc.wait(10)
+    srv.start()
+    job = srv.wait(job_id, lambda j: j["state"] == "succeeded", 240, "the resumed job to succeed")
+    assert job["attempts"] == 2 and (job["resumed_from_step"] or 0) >= 20, job
+    assert job["model_version"] == "2" and job["base"]["version"] == "1"
+    assert _tree_digest(v1) == before
+    assert sorted(p.name for p in v1.parent.iterdir()) == ["1", "2"]
+    assert not (srv.data_dir / "jobs" / job_id).exists()
+    r = srv.client.post("/v1/models/k/versions/2/activate")
+    assert r.status_code == 200, r.text
