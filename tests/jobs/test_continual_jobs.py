@@ -266,3 +266,22 @@ def test_a_continual_job_survives_a_killed_server_and_resumes_from_its_checkpoin
     assert not (srv.data_dir / "jobs" / job_id).exists()
     r = srv.client.post("/v1/models/k/versions/2/activate")
     assert r.status_code == 200, r.text
+
+
+def test_a_version_is_kept_when_the_job_database_cannot_tell(tmp_path: Path) -> None:
+    """Whether a job still needs a version is unknown while the database is down: keep it, answer 503."""
+    import pytest
+    from sqlalchemy.exc import OperationalError
+
+    from service.errors import Unavailable
+    from service.jobs.config import JobsConfig
+    from service.jobs.service import JobsService
+    from service.settings import Settings
+
+    class Down:
+        def continuing(self, model: str, version: str) -> list[str]:
+            raise OperationalError("SELECT", {}, Exception("connection refused"))
+
+    jobs = JobsService(JobsConfig(Settings(data_dir=str(tmp_path))), Down())  # type: ignore[arg-type]
+    with pytest.raises(Unavailable, match="version '1' of model 'm' was not deleted, retry later"):
+        jobs.keep_bases("m", "1")
