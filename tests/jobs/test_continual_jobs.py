@@ -26,6 +26,15 @@ def _tree_digest(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def _first_version(srv: Any, model: str, dataset: str, epochs: int) -> tuple[Path, dict[str, str]]:
+    """Train and activate version 1 of `model`: its directory and the digest of its files."""
+    first = srv.submit({"model": model, "train_dataset": dataset, "params": {**TINY, "epochs": epochs},
+                        "activate": True})
+    assert srv.final_state(first) == "succeeded", srv.log_tail()
+    v1 = srv.models_dir / model / "1"
+    return v1, _tree_digest(v1)
+
+
 def _labels(path: Path) -> list[str]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -43,11 +52,7 @@ def test_job_with_a_base_makes_the_next_version_and_leaves_the_base_alone(
     old = srv.upload(tmp_path / "old.txt")
     new = srv.upload(synth_files["train"])
     test = srv.upload(synth_files["test"])
-    first = srv.submit({"model": "grow", "train_dataset": old["id"], "params": {**TINY, "epochs": 6},
-                        "activate": True})
-    assert srv.final_state(first) == "succeeded", srv.log_tail()
-    v1 = srv.models_dir / "grow" / "1"
-    before = _tree_digest(v1)
+    v1, before = _first_version(srv, "grow", old["id"], epochs=6)
 
     job_id = srv.submit({"model": "grow", "train_dataset": new["id"], "test_dataset": test["id"],
                          "base": {}, "params": {"epochs": 4}, "activate": True})
@@ -247,11 +252,7 @@ def test_a_continual_job_survives_a_killed_server_and_resumes_from_its_checkpoin
     from its checkpoint and publishes version 2; version 1 is as it was, and nothing half-written is left."""
     srv = make_server(Backend("sqlite"))
     train = srv.upload(synth_files["train"])
-    first = srv.submit({"model": "k", "train_dataset": train["id"], "params": {**TINY, "epochs": 1},
-                        "activate": True})
-    assert srv.final_state(first) == "succeeded", srv.log_tail()
-    v1 = srv.models_dir / "k" / "1"
-    before = _tree_digest(v1)
+    v1, before = _first_version(srv, "k", train["id"], epochs=1)
     job_id = srv.submit({"model": "k", "train_dataset": train["id"], "base": {}, "params": {"epochs": 300}})
     srv.wait(job_id, lambda j: (j["progress"]["step"] or 0) >= 60, 60, "the job to pass a checkpoint")
     assert srv.proc is not None
