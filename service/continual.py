@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.errors import InputError, NotFound
+from service.errors import InputError, Invalid, Loc, NotFound
 from trainer.continual import continual_params
 from trainer.errors import ArtifactError, OvexError, ParamsError
 from trainer.params import TrainParams
@@ -42,6 +42,7 @@ class Resolved:
     params: TrainParams  # the base's parameters overridden by the ones the request set
     labels: int  # the base's label count (the grown model has at most this plus the data's)
     features: int
+    xc_labels: int | None  # XC data: at most this many labels in the grown model
 
 
 def _base_summary(path: Path, label: str) -> tuple[TrainParams, int, int, str]:
@@ -66,19 +67,24 @@ def resolve_base(
 ) -> Resolved:
     """Check a job's `base` against the stored versions, the training dataset and the parameters.
 
-    `base` holds optional `model` (default: the job's), `version` (default: the active one) and
-    `replay_dataset` (default: the training dataset of the job that made the base, when known).
-    Raises `NotFound` (404) for an unknown model, version or dataset and `InputError` (422) for a base
-    that does not fit the data or the parameters.
+    `base` holds optional `model` (default: the job's), `version` (default: the active one, else the
+    newest) and `replay_dataset` (default: the training dataset of the job that made the base, when
+    known). Raises `NotFound` (404) for an unknown model, version or dataset and `Invalid` (422) for a
+    base that does not fit the job's model, the data or the parameters.
     """
     name = base.get("model") or job_model
-    versions = registry.scan().get(name, [])
+    stored = registry.scan()
+    versions = stored.get(name, [])
     if not versions:
         raise NotFound(f"base: model {name!r} has no stored version to continue from")
+    if name != job_model and stored.get(job_model):
+        # its next version would give label ids other meanings than its earlier versions do
+        raise Invalid(f"model {job_model!r} has versions of its own: a job continues a version of its own "
+                      f"model (leave out base.model), or starts a new model from {name!r} (another "
+                      f"model name)", loc=["body", "base", "model"])
     version = base.get("version")
     if version is None:
-        served = registry.serving(name)
-        version = served.version if served is not None else versions[-1]
+        version = _active_version(registry, name, versions)
     elif version not in versions:
         raise NotFound(f"base: model {name!r} has no version {version!r} (it has {', '.join(versions)})")
     ref = BaseRef(name, version, None)
@@ -97,26 +103,55 @@ def resolve_base(
         merged = continual_params(base_params, params, ref.label)
     except ParamsError as exc:
         raise InputError([(["body", "params"], str(exc))]) from None
-    replay = _replay_dataset(store, base.get("replay_dataset"), name, version, train)
-    return Resolved(BaseRef(name, version, replay), merged, labels, features)
+    xc_labels = None
+    if train.format == "xc":  # XC data names labels by id: a base named so shares the ids it has
+        shared = _named_by_ids(registry.models_dir / name / version, labels)
+        xc_labels = max(labels, train.labels) if shared else labels + train.labels
+    replay = _replay_dataset(store, base.get("replay_dataset"), ref, train, features, xc_labels)
+    return Resolved(BaseRef(name, version, replay), merged, labels, features, xc_labels)
 
 
-def _replay_dataset(store: Any, given: str | None, model: str, version: str, train: Any) -> str | None:
+def _named_by_ids(path: Path, n_labels: int) -> bool:
+    """Whether the base's labels are named "0", "1", ... in id order (a model trained on XC data without
+    label names), by comparing labels.txt with that listing."""
+    ids = json.dumps([str(i) for i in range(n_labels)], separators=("\n", ":"))[1:-1] + "\n"
+    try:
+        return (path / "labels.txt").read_bytes() == ids.encode()
+    except OSError:
+        return False
+
+
+def _active_version(registry: Any, name: str, versions: list[str]) -> str:
+    """The version the database records as active (this process may not have followed it yet, or still be
+    loading), else the one this process serves, else the newest."""
+    recorded = registry.store.get(name)
+    if recorded in versions:
+        return str(recorded)
+    served = registry.serving(name)
+    return served.version if served is not None else versions[-1]
+
+
+def _replay_dataset(store: Any, given: str | None, ref: BaseRef, train: Any, features: int,
+                    xc_labels: int | None) -> str | None:
     if given is not None:
         row = store.get_dataset(given)
         if row is None:
             raise NotFound(f"base.replay_dataset: dataset {given!r} not found")
+        loc: Loc = ["body", "base", "replay_dataset"]
         if row.format != train.format:
-            raise InputError([(["body", "base", "replay_dataset"], f"dataset {given} is {row.format} but the "
-                               f"training dataset is {train.format}")])
+            raise InputError([(loc, f"dataset {given} is {row.format} but the training dataset is "
+                               f"{train.format}")])
+        if row.features is not None and row.features > features:
+            raise InputError([(loc, f"dataset {given} declares {row.features} features but {ref.label} "
+                               f"takes {features}")])
+        if xc_labels is not None and row.labels > xc_labels:
+            raise InputError([(loc, f"dataset {given} declares {row.labels} labels but the continued model "
+                               f"has at most {xc_labels} ({ref.label}'s and the training dataset's)")])
         return None if given == train.id else given
-    jobs, _ = store.list_jobs(limit=1000, cursor=None, state="succeeded", model=model)
-    for job in jobs:
-        if job.model_version == version:
-            found = job.train_dataset
-            ok = found != train.id and store.get_dataset(found) is not None
-            return found if ok else None
-    return None
+    job = store.made(ref.model, ref.version)
+    if job is None or job.train_dataset == train.id or store.get_dataset(job.train_dataset) is None:
+        return None
+    return str(job.train_dataset)
 
 
 def trainer_inputs(models_dir: Path, base: dict[str, Any], read_replay: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,8 @@ class ModelRegistry:
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
         self.started = threading.Event()  # the start-up scan finished (loaded or not)
+        # called before a version is deleted; raises to keep it (the job system keeps the bases of its jobs)
+        self.before_delete: Callable[[str, str], None] | None = None
 
     # -- discovery -------------------------------------------------------------------------------
     def scan(self) -> dict[str, list[str]]:
@@ -348,6 +351,8 @@ class ModelRegistry:
                 raise Conflict(
                     f"version {version!r} of model {name!r} is the active one: activate another version first"
                 )
+            if self.before_delete is not None:
+                self.before_delete(name, version)
             retire(self.models_dir / name, version)
             shutil.rmtree(self.models_dir / name / version)
             self._refused.pop((name, version), None)

@@ -56,8 +56,7 @@ class JobBase(BaseModel):
     )
     replay_dataset: StrictStr | None = Field(
         None,
-        min_length=1,
-        max_length=40,
+        pattern=DATASET_ID,
         description="rows replayed against forgetting; default: the training dataset of the job that "
         "made the base version, when it is known",
     )

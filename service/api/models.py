@@ -90,9 +90,13 @@ async def activate(
     "/v1/models/{name}/versions/{version}",
     status_code=204,
     response_class=Response,
-    responses={**VERSION_ERRORS, 409: {"model": ErrorBody, "description": "the version is the active one"}},
+    responses={
+        **VERSION_ERRORS,
+        409: {"model": ErrorBody, "description": "the version is the active one, or a job continues it"},
+    },
 )
 async def delete_version(name: ModelName, version: VersionName, registry: RegistryDep, _: ApiKey) -> Response:
-    """Remove a version's files; the active version cannot be deleted (activate another one first)."""
+    """Remove a version's files; the active version cannot be deleted (activate another one first), nor the
+    base of a queued or running job (cancel it, or wait until it ends)."""
     await run_in_threadpool(registry.delete_version, name, version)
     return Response(status_code=204)

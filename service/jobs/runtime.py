@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,6 +34,8 @@ class Registry(Protocol):
 
     def load_version(self, name: str, version: str, activate: bool = False) -> Any: ...
 
+    before_delete: Callable[[str, str], None] | None
+
 
 class JobsRuntime:
     """Everything the jobs/datasets routers need, created once per app."""
@@ -47,6 +49,8 @@ class JobsRuntime:
         self.store = JobStore(self.engine)
         self.service = JobsService(self.cfg, self.store, registry)
         self.registry = registry
+        if registry is not None:
+            registry.before_delete = self.service.keep_bases
         self._since = time.time()  # versions finished earlier are found by the registry's start-up scan
         self._given_up: set[str] = set()
         self._stop = threading.Event()

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from service.continual import resolve_base
-from service.errors import Invalid, NotFound, Unavailable
+from service.errors import Conflict, Invalid, NotFound, Unavailable
 from service.jobs import budget
 from service.jobs.config import JobsConfig
 from service.jobs.datasets import ingest, receive_file
@@ -110,6 +112,8 @@ class JobsService:
                 )
         train = self.get_dataset(req.train_dataset, ["body", "train_dataset"])
         params, base, labels, features = req.params, None, train.labels, train.features
+        # what a test set may hold: the training set's labels and features, or with a base the model's
+        space = Space("the training set", train.features, train.labels)
         if req.base is not None:
             if self.registry is None:
                 raise Unavailable("continuing a base model needs the model registry of the API process")
@@ -117,10 +121,13 @@ class JobsService:
                 self.registry, self.store, job_model=req.model, base=req.base, params=params, train=train
             )
             params, base = resolved.params, resolved.base.to_json()
-            labels, features = labels + resolved.labels, resolved.features
+            labels = resolved.xc_labels if resolved.xc_labels is not None else labels + resolved.labels
+            # a text model's vocabulary grows with the new data's words, up to max_vocab (None counts that)
+            features = resolved.features if train.format == "xc" else None
+            space = Space("the continued model", resolved.features, resolved.xc_labels)
         if req.test_dataset is not None:
             test = self.get_dataset(req.test_dataset, ["body", "test_dataset"])
-            _check_compatible(train, test)
+            _check_compatible(train, test, space)
         _check_ranks(params, labels, continual=base is not None)
         need = budget.estimate(params, labels, features)
         limit = self.cfg.settings.memory_budget_bytes
@@ -145,6 +152,23 @@ class JobsService:
             activate=req.activate,
             base=base,
         )
+
+    def keep_bases(self, model: str, version: str) -> None:
+        """Refuse to delete a version that a queued or running job continues (the job would fail, or fail
+        to resume); the registry calls this before it deletes a version."""
+        try:
+            jobs = self.store.continuing(model, version)
+        except SQLAlchemyError as exc:  # unknown whether a job needs it: keep it for now
+            raise Unavailable(
+                f"the job database is unreachable ({type(exc).__name__}); version {version!r} of model "
+                f"{model!r} was not deleted, retry later",
+                headers={"Retry-After": "2"},
+            ) from exc
+        if jobs:
+            raise Conflict(
+                f"version {version!r} of model {model!r} is the base of {len(jobs)} queued or running job(s) "
+                f"({', '.join(jobs)}); cancel them or wait until they end"
+            )
 
     def get(self, job_id: str) -> JobRow:
         job = self.store.get_job(job_id)
@@ -305,17 +329,26 @@ def _check_ranks(params: TrainParams, labels: int, *, continual: bool) -> None:
         raise Invalid("continuing a base model runs on one rank: leave out params.nproc_per_node", loc=loc)
 
 
-def _check_compatible(train: DatasetRow, test: DatasetRow) -> None:
+@dataclass(frozen=True)
+class Space:
+    """The features and labels (XC) a test set may use: `name` is how messages call their owner."""
+
+    name: str
+    features: int | None
+    labels: int | None
+
+
+def _check_compatible(train: DatasetRow, test: DatasetRow, space: Space) -> None:
     loc: list[str | int] = ["body", "test_dataset"]
     if test.format != train.format:
         raise Invalid(f"test dataset is {test.format} but the training dataset is {train.format}", loc=loc)
     too_wide = [
-        f"{what} {n} > {m} in the training set"
-        for what, n, m in (("features", test.features, train.features), ("labels", test.labels, train.labels))
+        f"{what} {n} > {m} in {space.name}"
+        for what, n, m in (("features", test.features, space.features), ("labels", test.labels, space.labels))
         if train.format == "xc" and n is not None and m is not None and n > m
     ]
     if too_wide:
-        raise Invalid(f"test dataset does not fit the training set: {', '.join(too_wide)}", loc=loc)
+        raise Invalid(f"test dataset does not fit {space.name}: {', '.join(too_wide)}", loc=loc)
 
 
 def _line(e: JobEventRow) -> str:

@@ -85,7 +85,8 @@ class JobStore:
         return self._page(select(DatasetRow), DatasetRow, limit, cursor)
 
     def delete_dataset(self, dataset_id: str) -> DatasetRow:
-        """Remove the record; refused while a job (queued, running or ended) still names the dataset."""
+        """Remove the record; refused while a job (queued, running or ended) still names the dataset (as
+        its training, test or replay set)."""
         with self.session() as s:
             row = s.get(DatasetRow, dataset_id)
             if row is None:
@@ -93,7 +94,8 @@ class JobStore:
             users = list(
                 s.scalars(
                     select(JobRow)
-                    .where(or_(JobRow.train_dataset == dataset_id, JobRow.test_dataset == dataset_id))
+                    .where(or_(JobRow.train_dataset == dataset_id, JobRow.test_dataset == dataset_id,
+                               JobRow.base["replay_dataset"].as_string() == dataset_id))
                     .order_by(JobRow.created_at)
                     .limit(20)
                 )
@@ -192,6 +194,24 @@ class JobStore:
         with self.session() as s:
             q = select(JobRow).where(JobRow.state == SUCCEEDED, JobRow.finished_at > ts)
             return list(s.scalars(q.order_by(JobRow.finished_at).limit(100)))
+
+    def made(self, model: str, version: str) -> JobRow | None:
+        """The job that published `model` version `version`, if its record is kept."""
+        with self.session() as s:
+            q = select(JobRow).where(
+                JobRow.model == model, JobRow.model_version == version, JobRow.state == SUCCEEDED
+            )
+            return s.scalars(q.limit(1)).first()
+
+    def continuing(self, model: str, version: str, limit: int = 20) -> list[str]:
+        """Ids of the queued and running jobs that continue `model` version `version`, oldest first."""
+        with self.session() as s:
+            q = select(JobRow.id).where(
+                JobRow.state.in_(ACTIVE_STATES),
+                JobRow.base["model"].as_string() == model,
+                JobRow.base["version"].as_string() == version,
+            )
+            return list(s.scalars(q.order_by(JobRow.created_at).limit(limit)))
 
     def delete_job(self, job_id: str) -> JobRow:
         """Remove an ended job and its events; a queued or running one must be cancelled first."""

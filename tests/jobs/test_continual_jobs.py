@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
+from service.jobs.active import ActiveVersions
 from tests.jobs.conftest import Backend
 from trainer.data import read_xc, write_xc
+from trainer.synth import synth
 
 TINY = {"dim": 16, "batch_size": 32, "negatives": 8, "lr": 0.05}
 
@@ -20,6 +24,15 @@ TINY = {"dim": 16, "batch_size": 32, "negatives": 8, "lr": 0.05}
 def _tree_digest(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _first_version(srv: Any, model: str, dataset: str, epochs: int) -> tuple[Path, dict[str, str]]:
+    """Train and activate version 1 of `model`: its directory and the digest of its files."""
+    first = srv.submit({"model": model, "train_dataset": dataset, "params": {**TINY, "epochs": epochs},
+                        "activate": True})
+    assert srv.final_state(first) == "succeeded", srv.log_tail()
+    v1 = srv.models_dir / model / "1"
+    return v1, _tree_digest(v1)
 
 
 def _labels(path: Path) -> list[str]:
@@ -39,11 +52,7 @@ def test_job_with_a_base_makes_the_next_version_and_leaves_the_base_alone(
     old = srv.upload(tmp_path / "old.txt")
     new = srv.upload(synth_files["train"])
     test = srv.upload(synth_files["test"])
-    first = srv.submit({"model": "grow", "train_dataset": old["id"], "params": {**TINY, "epochs": 6},
-                        "activate": True})
-    assert srv.final_state(first) == "succeeded", srv.log_tail()
-    v1 = srv.models_dir / "grow" / "1"
-    before = _tree_digest(v1)
+    v1, before = _first_version(srv, "grow", old["id"], epochs=6)
 
     job_id = srv.submit({"model": "grow", "train_dataset": new["id"], "test_dataset": test["id"],
                          "base": {}, "params": {"epochs": 4}, "activate": True})
@@ -72,11 +81,33 @@ def test_job_with_a_base_makes_the_next_version_and_leaves_the_base_alone(
     assert srv.job(again)["model_version"] == "3" and srv.job(again)["base"]["version"] == "1"
     assert _tree_digest(v1) == before
 
+    # new data that is narrower than the base (32 labels declared, the base has 40): a test set that fits the
+    # base fits the job, and with no label new to the base its metrics have old rows only
+    narrow = srv.submit({"model": "grow", "train_dataset": old["id"], "test_dataset": test["id"],
+                         "base": {"version": "2"}, "params": {"epochs": 1}})
+    assert srv.final_state(narrow) == "succeeded", srv.log_tail()
+    metrics = srv.job(narrow)["progress"]["metrics"]
+    labelled = int((np.diff(sp.csr_matrix(read_xc(synth_files["test"]).Y).indptr) > 0).sum())
+    assert metrics["new.rows"] == 0 and metrics["old.rows"] == labelled, metrics
+    assert "new.p@1" not in metrics and metrics["old.p@1"] == metrics["p@1"], metrics
+
+    # the base of a job that has not ended is kept until it ends (it would fail the job, or its resumption)
+    long = srv.submit({"model": "grow", "train_dataset": new["id"], "base": {"version": "3"},
+                       "params": {"epochs": 3000}})
+    srv.wait(long, lambda j: j["state"] == "running", 60, "the continual job to start")
+    r = srv.client.delete("/v1/models/grow/versions/3")
+    assert r.status_code == 409 and long in r.text and "cancel" in r.text, r.text
+    assert srv.client.post(f"/v1/jobs/{long}/cancel").status_code == 202
+    srv.wait(long, lambda j: j["state"] == "cancelled", 120, "the cancel")
+    assert srv.client.delete("/v1/models/grow/versions/3").status_code == 204
+    assert _tree_digest(v1) == before and sorted(p.name for p in v1.parent.iterdir() if p.is_dir()) == \
+        ["1", "2", "4"]  # the cancelled job published nothing
+
 
 def test_a_base_that_does_not_fit_is_refused_before_queueing(
-    make_server: Any, synth_files: dict[str, Path]
+    make_server: Any, synth_files: dict[str, Path], tmp_path: Path
 ) -> None:
-    srv = make_server(Backend("sqlite"))
+    srv = make_server(Backend("sqlite"), OVEX_ACTIVE_POLL_S="60")  # it does not see another's activation
     train = srv.upload(synth_files["train"])
     first = srv.submit({"model": "m", "train_dataset": train["id"], "params": {**TINY, "epochs": 1}})
     assert srv.final_state(first) == "succeeded", srv.log_tail()
@@ -105,7 +136,52 @@ def test_a_base_that_does_not_fit_is_refused_before_queueing(
     assert detail[0]["loc"][:3] == ["body", "base", "version"]
     detail = refused({"base": {"model": "../etc"}}, 422)
     assert detail[0]["loc"][:3] == ["body", "base", "model"]
+    detail = refused({"base": {"replay_dataset": "ds\u0000x"}}, 422)  # never reaches the database
+    assert detail[0]["loc"][:3] == ["body", "base", "replay_dataset"]
+    # a replay set the base cannot read is refused now, not when the job has started
+    detail = refused({"base": {"replay_dataset": wide["id"]}}, 422)
+    assert detail[0]["loc"] == ["body", "base", "replay_dataset"]
+    assert "declares 400 features but model 'm' version 1 takes 300" in detail[0]["msg"]
+    X, Y = synth(60, 300, 50, seed=5)
+    write_xc(tmp_path / "more.txt", X, Y)
+    more = srv.upload(tmp_path / "more.txt")
+    detail = refused({"base": {"replay_dataset": more["id"]}}, 422)
+    assert detail[0]["loc"] == ["body", "base", "replay_dataset"]
+    assert "declares 60 labels but the continued model has at most 40" in detail[0]["msg"]
+    # another model's version cannot become the next version of a model that has its own: label ids
+    # would no longer mean the same across its versions
+    other = srv.submit({"model": "other", "train_dataset": train["id"], "params": {**TINY, "epochs": 1}})
+    assert srv.final_state(other) == "succeeded", srv.log_tail()
+    n_jobs += 1
+    detail = refused({"base": {"model": "other"}}, 422)
+    assert detail[0]["loc"] == ["body", "base", "model"]
+    assert "model 'm' has versions of its own" in detail[0]["msg"]
     assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs  # nothing was queued
+    # a new model may start as a copy of another one
+    replay = srv.upload(synth_files["test"])
+    fork = srv.submit({"model": "fork", "train_dataset": train["id"], "params": {"epochs": 1},
+                       "base": {"model": "other", "replay_dataset": replay["id"]}})
+    assert srv.final_state(fork) == "succeeded", srv.log_tail()
+    assert srv.job(fork)["model_version"] == "1" and srv.job(fork)["base"]["model"] == "other"
+    # a job's replay set is one of its inputs: kept while a job record names it, as its other datasets are
+    r = srv.client.delete(f"/v1/datasets/{replay['id']}")
+    assert r.status_code == 409 and fork in r.text, r.text
+    assert srv.client.delete(f"/v1/jobs/{fork}").status_code == 204
+    assert srv.client.delete(f"/v1/datasets/{replay['id']}").status_code == 204
+
+    # the default base is the version the database records as active, though this server still serves
+    # another (it has not yet followed an activation made by another replica, or is still loading)
+    second = srv.submit({"model": "m", "train_dataset": train["id"], "params": {**TINY, "epochs": 1}})
+    assert srv.final_state(second) == "succeeded", srv.log_tail()
+    active = ActiveVersions.for_url(f"sqlite:///{srv.data_dir / 'ovex.db'}")
+    try:
+        active.set("m", "2")
+    finally:
+        active.close()
+    assert srv.client.get("/v1/models/m").json()["active_version"] == "1"
+    grow = srv.submit({"model": "m", "train_dataset": train["id"], "base": {}, "params": {"epochs": 1}})
+    assert srv.job(grow)["base"]["version"] == "2"
+    assert srv.final_state(grow) == "succeeded", srv.log_tail()
 
 
 def test_the_client_sends_the_base() -> None:
@@ -115,3 +191,98 @@ def test_the_client_sends_the_base() -> None:
     assert req.json == {"model": "m", "train_dataset": "ds_1", "base": {"version": "2"}}
     fresh = _api.submit_job("m", "ds_1", test_dataset=None, params=None, activate=None)
     assert "base" not in fresh.json
+
+
+def test_the_memory_budget_counts_a_label_the_base_and_the_data_share_once(
+    make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    """XC labels are named by their ids: continuing a 40-label model on 40-label data makes 40 labels, not
+    80, so a continual run on the data the base was trained on fits the budget its base fitted."""
+    from service.jobs.budget import estimate
+    from trainer.params import TrainParams
+
+    params = {**TINY, "dim": 1024, "epochs": 1}
+    fits, doubled = (estimate(TrainParams(**params), k, 300).bytes for k in (40, 80))
+    srv = make_server(Backend("sqlite"), OVEX_MEMORY_BUDGET_BYTES=str((fits + doubled) // 2))
+    train = srv.upload(synth_files["train"])
+    first = srv.submit({"model": "m", "train_dataset": train["id"], "params": params})
+    assert srv.final_state(first) == "succeeded", srv.log_tail()
+    again = srv.submit({"model": "m", "train_dataset": train["id"], "base": {}, "params": {"epochs": 1}})
+    assert srv.final_state(again) == "succeeded", srv.log_tail()
+
+
+def test_a_base_named_by_ids_shares_them_with_xc_data(tmp_path: Path) -> None:
+    """Only a base whose labels are named "0", "1", ... shares its ids with XC data; one with its own names
+    gets every label of the data appended, which the budget and the test-set checks must allow for."""
+    from service.continual import _named_by_ids
+    from trainer.artifact import _labels_text
+
+    (tmp_path / "labels.txt").write_text(_labels_text([str(i) for i in range(12)]), encoding="utf-8")
+    assert _named_by_ids(tmp_path, 12)
+    assert not _named_by_ids(tmp_path, 11) and not _named_by_ids(tmp_path, 13)
+    (tmp_path / "labels.txt").write_text(_labels_text([*map(str, range(11)), "cat"]), encoding="utf-8")
+    assert not _named_by_ids(tmp_path, 12)
+    assert not _named_by_ids(tmp_path / "gone", 12)
+
+
+def test_a_text_base_is_budgeted_for_the_vocabulary_it_may_grow_to(
+    make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    """A continual run extends a text model's vocabulary with the new data's words, up to max_vocab: its
+    budget counts max_vocab input columns, as a fresh job's does, not the base's present vocabulary."""
+    srv = make_server(Backend("sqlite"))
+    text = srv.upload(synth_files["train_jsonl"])
+    first = srv.submit({"model": "t", "train_dataset": text["id"], "params": {**TINY, "epochs": 1}})
+    assert srv.final_state(first) == "succeeded", srv.log_tail()
+    assert srv.proc is not None
+    srv.proc.terminate()
+    srv.proc.wait(60)
+    srv.env["OVEX_MEMORY_BUDGET_BYTES"] = str(16 << 20)  # the base's 300 words fit; 200,000 do not
+    srv.start()
+    for body in ({"params": TINY}, {"base": {}}):  # a fresh job, then one continuing the base
+        r = srv.client.post("/v1/jobs", json={"model": "t", "train_dataset": text["id"], **body})
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["type"] == "memory_budget" and "max_vocab" in r.text, r.text
+
+
+def test_a_continual_job_survives_a_killed_server_and_resumes_from_its_checkpoint(
+    make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    """SIGKILL `ovex serve` (and so its worker) while a continual job runs: after a restart the job resumes
+    from its checkpoint and publishes version 2; version 1 is as it was, and nothing half-written is left."""
+    srv = make_server(Backend("sqlite"))
+    train = srv.upload(synth_files["train"])
+    v1, before = _first_version(srv, "k", train["id"], epochs=1)
+    job_id = srv.submit({"model": "k", "train_dataset": train["id"], "base": {}, "params": {"epochs": 300}})
+    srv.wait(job_id, lambda j: (j["progress"]["step"] or 0) >= 60, 60, "the job to pass a checkpoint")
+    assert srv.proc is not None
+    os.kill(srv.proc.pid, signal.SIGKILL)
+    srv.proc.wait(10)
+    srv.start()
+    job = srv.wait(job_id, lambda j: j["state"] == "succeeded", 240, "the resumed job to succeed")
+    assert job["attempts"] == 2 and (job["resumed_from_step"] or 0) >= 20, job
+    assert job["model_version"] == "2" and job["base"]["version"] == "1"
+    assert _tree_digest(v1) == before
+    assert sorted(p.name for p in v1.parent.iterdir()) == ["1", "2"]
+    assert not (srv.data_dir / "jobs" / job_id).exists()
+    r = srv.client.post("/v1/models/k/versions/2/activate")
+    assert r.status_code == 200, r.text
+
+
+def test_a_version_is_kept_when_the_job_database_cannot_tell(tmp_path: Path) -> None:
+    """Whether a job still needs a version is unknown while the database is down: keep it, answer 503."""
+    import pytest
+    from sqlalchemy.exc import OperationalError
+
+    from service.errors import Unavailable
+    from service.jobs.config import JobsConfig
+    from service.jobs.service import JobsService
+    from service.settings import Settings
+
+    class Down:
+        def continuing(self, model: str, version: str) -> list[str]:
+            raise OperationalError("SELECT", {}, Exception("connection refused"))
+
+    jobs = JobsService(JobsConfig(Settings(data_dir=str(tmp_path))), Down())  # type: ignore[arg-type]
+    with pytest.raises(Unavailable, match="version '1' of model 'm' was not deleted, retry later"):
+        jobs.keep_bases("m", "1")

@@ -220,3 +220,31 @@ def test_delete_rules(store: JobStore) -> None:
     assert store.get_dataset("ds_1") is None
     with pytest.raises(NotFound):
         store.delete_dataset("ds_1")
+
+
+def test_what_a_continual_job_uses_is_found_and_kept(store: JobStore) -> None:
+    """A continual job's replay set (in its `base` JSON) counts as one of its datasets; the jobs continuing
+    a version are found by the same JSON fields, the job that made a version by its columns; on both
+    databases."""
+    store.add_dataset(DatasetRow(id="ds_2", name="e", checksum="1" * 64, format="xc", filename="e.txt",
+                                 size_bytes=10, rows=3, features=4, labels=5, created_at=time.time()))
+    fresh = store.create_job(model="m", train_dataset="ds_2", test_dataset=None, params={}, activate=False,
+                             base={"model": "n", "version": "3", "replay_dataset": None})
+    job = store.create_job(model="m", train_dataset="ds_2", test_dataset=None, params={}, activate=False,
+                           base={"model": "m", "version": "1", "replay_dataset": "ds_1"})
+    with pytest.raises(Conflict, match=f"queued or running job\\(s\\) \\({job.id}\\)"):
+        store.delete_dataset("ds_1")
+    assert store.continuing("m", "1") == [job.id]  # the jobs whose base version must stay
+    assert store.continuing("m", "3") == [] and store.continuing("n", "3") == [fresh.id]
+    store.request_cancel(job.id)
+    assert store.continuing("m", "1") == []
+    store.claim_next("w")
+    store.finish(fresh.id, "w", "succeeded", model_version="7")
+    made = store.made("m", "7")  # the job that published a version: its training set is the default replay
+    assert made is not None and made.id == fresh.id and store.made("m", "6") is None
+    assert store.made("n", "7") is None
+    with pytest.raises(Conflict, match=f"ended job\\(s\\) {job.id}"):
+        store.delete_dataset("ds_1")
+    store.delete_job(job.id)
+    store.delete_dataset("ds_1")  # the job with a null replay set does not hold it
+    assert store.get_dataset("ds_1") is None
