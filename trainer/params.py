@@ -198,21 +198,21 @@ class TrainParams(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _stop_within_epochs(self) -> TrainParams:
-        if self.stop_epoch > self.epochs:
-            raise ValueError(f"stop_epoch {self.stop_epoch} is after the last epoch ({self.epochs})")
+    def _fields_agree(self) -> TrainParams:
+        self.check_between_fields()
         return self
 
-    @model_validator(mode="after")
-    def _groups_need_uniform_negatives(self) -> TrainParams:
+    def check_between_fields(self) -> None:
+        """The checks that involve two fields (ValueError when they disagree)."""
         from trainer.losses import get_loss
 
+        if self.stop_epoch > self.epochs:
+            raise ValueError(f"stop_epoch {self.stop_epoch} is after the last epoch ({self.epochs})")
         if self.group_size > 1 and self.sampler != "uniform" and get_loss(self.loss).grouped:
             raise ValueError(
                 f"group_size {self.group_size} needs sampler 'uniform' (grouped negatives are only unbiased "
                 f"with equal inclusion probabilities); set group_size 1 to use sampler {self.sampler!r}"
             )
-        return self
 
     @field_validator("loss")
     @classmethod

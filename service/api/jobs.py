@@ -10,14 +10,15 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from service.api.auth import ApiKey, ReadKey
 from service.api.datasets import KEYED, Cursor, Jobs, Limit
+from service.errors import InputError
 from service.jobs.models import JobRow
 from service.jobs.service import Event, JobRequest
 from trainer.losses import LOSSES, load_plugins
-from trainer.params import TrainParams
+from trainer.params import TrainParams, validation_message
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -34,7 +35,9 @@ def _list_losses(schema: dict[str, Any]) -> None:
 
 
 class JobParams(TrainParams):
-    """`TrainParams` as a request takes them: strict JSON types (`"3"` and `true` are not integers)."""
+    """`TrainParams` as a request takes them: strict JSON types (`"3"` and `true` are not integers). The
+    checks between fields wait for `job_params`: a job that continues a base takes one field of a pair
+    (sampler and group_size, stop_epoch and epochs) from the base when the request leaves it out."""
 
     model_config = ConfigDict(
         strict=True,
@@ -43,6 +46,9 @@ class JobParams(TrainParams):
         title="TrainParams",
         json_schema_extra=_list_losses,
     )
+
+    def check_between_fields(self) -> None:  # checked by `job_params`
+        pass
 
 
 class JobBase(BaseModel):
@@ -195,11 +201,22 @@ UNKNOWN: dict[int | str, dict[str, Any]] = {404: {"description": "unknown job"}}
 def submit_job(body: JobCreate, jobs: Jobs, _: ApiKey) -> JobAccepted:
     """Validate params (types, ranges), datasets, the base version and the memory budget; only then queue
     the job."""
-    # only the fields the request set count as set: a continual run takes the others from its base
-    params = TrainParams.model_validate(body.params.model_dump(exclude_unset=True))
     base = None if body.base is None else body.base.model_dump()
-    req = JobRequest(body.model, body.train_dataset, body.test_dataset, params, body.activate, base)
+    req = JobRequest(body.model, body.train_dataset, body.test_dataset, job_params(body), body.activate, base)
     return JobAccepted(id=jobs.submit(req).id, state="queued")
+
+
+def job_params(body: JobCreate) -> TrainParams:
+    """The params the request set (only those count as set: a continual run takes the others from its
+    base). A fresh job's are checked together here; a continual job's once merged with its base's
+    (`service.continual.resolve_base`), since a pair may hold one field from each."""
+    given = body.params.model_dump(exclude_unset=True)
+    if body.base is not None:
+        return TrainParams.model_construct(_fields_set=set(given), **given)
+    try:
+        return TrainParams.model_validate(given)
+    except ValidationError as exc:
+        raise InputError([(["body", "params"], validation_message(exc))]) from None
 
 
 @router.get("", response_model=JobList)

@@ -184,6 +184,36 @@ def test_a_base_that_does_not_fit_is_refused_before_queueing(
     assert srv.final_state(grow) == "succeeded", srv.log_tail()
 
 
+def test_params_of_a_continual_job_are_checked_together_with_its_base(
+    make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    """A pair of fields (sampler and group_size) may take one side from the request, the other from the
+    base: checked once merged, not against the defaults the request left out."""
+    srv = make_server(Backend("sqlite"))
+    train = srv.upload(synth_files["train"])
+    for model, extra in (("single", {"group_size": 1}), ("grouped", {})):
+        params = {**TINY, **extra, "epochs": 1}
+        job = srv.submit({"model": model, "train_dataset": train["id"], "params": params})
+        assert srv.final_state(job) == "succeeded", srv.log_tail()
+
+    grow = srv.submit({"model": "single", "train_dataset": train["id"], "base": {},
+                       "params": {"sampler": "unigram", "epochs": 1}})
+    assert srv.job(grow)["params"]["sampler"] == "unigram" and srv.job(grow)["params"]["group_size"] == 1
+    assert srv.final_state(grow) == "succeeded", srv.log_tail()
+
+    for body in ({"model": "fresh"}, {"model": "grouped", "base": {}}):
+        r = srv.client.post("/v1/jobs", json={"train_dataset": train["id"], "params": {"sampler": "unigram"},
+                                              **body})
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"][0]
+        assert detail["loc"] == ["body", "params"], detail
+        assert "group_size 128 needs sampler 'uniform'" in detail["msg"]
+        assert "pydantic" not in detail["msg"]
+    r = srv.client.post("/v1/jobs", json={"model": "fresh", "train_dataset": train["id"],
+                                          "params": {"stop_epoch": 9}})
+    assert r.status_code == 422 and "stop_epoch 9 is after the last epoch (7)" in r.text, r.text
+
+
 def test_the_client_sends_the_base() -> None:
     from ovex_client import _api
 
