@@ -23,7 +23,7 @@ import scipy.sparse as sp
 from pydantic import ValidationError
 
 from trainer.errors import DataFormatError, ParamsError
-from trainer.params import TrainParams, validation_message
+from trainer.params import TrainParams, given_params, validation_message
 
 
 def _field_type(annotation: Any) -> Any:
@@ -62,10 +62,8 @@ def params_from_args(args: argparse.Namespace, base: bool = False) -> TrainParam
     `trainer.continual.continual_params` checks them on the merged set."""
     given = {n: getattr(args, n) for n in TrainParams.model_fields if getattr(args, n, None) is not None}
     try:
-        return TrainParams(**given)
+        return given_params(given, continuing=base)
     except ValidationError as exc:  # name the flag
-        if base and all(not err["loc"] for err in exc.errors()):
-            return TrainParams.model_construct(**given)
         raise ParamsError(f"invalid flags: {validation_message(exc, flags=True)}") from None
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainer.errors import ParamsError
 
@@ -38,6 +38,18 @@ def validation_message(exc: Any, flags: bool = False) -> str:
             loc = "--" + loc.replace("_", "-")
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
+
+
+def given_params(values: dict[str, Any], continuing: bool) -> TrainParams:
+    """The params a caller set, each field checked (pydantic's ValidationError otherwise). The checks
+    between fields too, unless the run continues a base: a pair may then take its other side from the
+    base's params, and `trainer.continual.continual_params` checks the merged set."""
+    try:
+        return TrainParams.model_validate(values)
+    except ValidationError as exc:
+        if continuing and all(not err["loc"] for err in exc.errors()):  # only checks between fields
+            return TrainParams.model_construct(**values)
+        raise
 
 
 class TrainParams(BaseModel):

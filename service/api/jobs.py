@@ -18,7 +18,7 @@ from service.errors import InputError
 from service.jobs.models import JobRow
 from service.jobs.service import Event, JobRequest
 from trainer.losses import LOSSES, load_plugins
-from trainer.params import TrainParams, validation_message
+from trainer.params import TrainParams, given_params, validation_message
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -208,13 +208,10 @@ def submit_job(body: JobCreate, jobs: Jobs, _: ApiKey) -> JobAccepted:
 
 def job_params(body: JobCreate) -> TrainParams:
     """The params the request set (only those count as set: a continual run takes the others from its
-    base). A fresh job's are checked together here; a continual job's once merged with its base's
-    (`service.continual.resolve_base`), since a pair may hold one field from each."""
-    given = body.params.model_dump(exclude_unset=True)
-    if body.base is not None:
-        return TrainParams.model_construct(_fields_set=set(given), **given)
+    base), checked between fields here for a fresh job, once merged with the base's for a continual one
+    (`trainer.params.given_params`)."""
     try:
-        return TrainParams.model_validate(given)
+        return given_params(body.params.model_dump(exclude_unset=True), continuing=body.base is not None)
     except ValidationError as exc:
         raise InputError([(["body", "params"], validation_message(exc))]) from None
 
