@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from service.errors import InputError, Invalid, Loc, NotFound
+from trainer.artifact import labels_text
 from trainer.continual import continual_params
 from trainer.errors import ArtifactError, OvexError, ParamsError
 from trainer.params import TrainParams
@@ -113,11 +114,11 @@ def resolve_base(
 
 def _named_by_ids(path: Path, n_labels: int) -> bool:
     """Whether the base's labels are named "0", "1", ... in id order (a model trained on XC data without
-    label names), by comparing labels.txt with that listing."""
-    ids = json.dumps([str(i) for i in range(n_labels)], separators=("\n", ":"))[1:-1] + "\n"
+    label names), by comparing labels.txt with that listing as the artifact writer writes it."""
+    ids = labels_text([str(i) for i in range(n_labels)])
     try:
-        return (path / "labels.txt").read_bytes() == ids.encode()
-    except OSError:
+        return (path / "labels.txt").read_text(encoding="utf-8") == ids
+    except (OSError, UnicodeDecodeError):
         return False
 
 

@@ -219,8 +219,8 @@ def test_huge_finite_weights_whose_sum_overflows_still_load(tmp_path: Path) -> N
 @given(st.lists(st.text(), max_size=8))
 def test_labels_file_round_trips_any_names(names: list[str]) -> None:
     """labels.txt holds any names, one JSON string a line: quotes, backslashes, newlines, separators."""
-    from trainer.artifact import _labels_text
+    from trainer.artifact import labels_text
 
-    text = _labels_text(names)
+    text = labels_text(names)
     assert text == "".join(json.dumps(n, ensure_ascii=False) + "\n" for n in names)  # one name a line
     assert [json.loads(line) for line in text.split("\n")[:-1]] == names

@@ -150,7 +150,7 @@ def save_artifact(
             "tensors": shapes,
         }
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        (tmp / "labels.txt").write_text(_labels_text(label_names), encoding="utf-8")
+        (tmp / "labels.txt").write_text(labels_text(label_names), encoding="utf-8")
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
         featurizer.save(tmp / "featurizer")
         fsync_tree(tmp)  # on disk before the rename publishes it (a crash must not leave empty weights)
@@ -402,7 +402,7 @@ def _load_weights(model: XCModel, tensors: dict[str, torch.Tensor]) -> None:
             model.extra[name] = torch.nn.Parameter(tensors.pop(f"extra.{name}"), requires_grad=False)
 
 
-def _labels_text(label_names: list[str]) -> str:
+def labels_text(label_names: list[str]) -> str:
     """labels.txt: one JSON string a line, by one C-encoded dump of the list with a newline between
     items (a JSON string never holds a raw newline), not a Python call per name."""
     if not label_names:

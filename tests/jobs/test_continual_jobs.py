@@ -245,12 +245,12 @@ def test_a_base_named_by_ids_shares_them_with_xc_data(tmp_path: Path) -> None:
     """Only a base whose labels are named "0", "1", ... shares its ids with XC data; one with its own names
     gets every label of the data appended, which the budget and the test-set checks must allow for."""
     from service.continual import _named_by_ids
-    from trainer.artifact import _labels_text
+    from trainer.artifact import labels_text
 
-    (tmp_path / "labels.txt").write_text(_labels_text([str(i) for i in range(12)]), encoding="utf-8")
+    (tmp_path / "labels.txt").write_text(labels_text([str(i) for i in range(12)]), encoding="utf-8")
     assert _named_by_ids(tmp_path, 12)
     assert not _named_by_ids(tmp_path, 11) and not _named_by_ids(tmp_path, 13)
-    (tmp_path / "labels.txt").write_text(_labels_text([*map(str, range(11)), "cat"]), encoding="utf-8")
+    (tmp_path / "labels.txt").write_text(labels_text([*map(str, range(11)), "cat"]), encoding="utf-8")
     assert not _named_by_ids(tmp_path, 12)
     assert not _named_by_ids(tmp_path / "gone", 12)
 

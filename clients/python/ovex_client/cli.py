@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--activate", action="store_true", help="serve the new version as soon as it is trained")
     tr.add_argument("--follow", action="store_true", help="show a progress bar until the job finishes")
     tr.add_argument("--base", nargs="?", const="", default=None, metavar="VERSION",
-                    help="continue a stored version (default: the serving one) instead of training from "
+                    help="continue a stored version (default: the active one) instead of training from "
                     "scratch: labels keep their ids, new ones are appended (like `ovex train --init-from`)")
     tr.add_argument("--base-model", help="with --base: a version of this model (default: --model)")
     tr.add_argument("--replay-dataset", help="with --base: rows the base trained on, replayed against "

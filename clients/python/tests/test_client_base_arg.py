@@ -42,7 +42,7 @@ def test_cli_train_base_flags_make_the_job_base(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(cli, "Client", lambda url, key, **kw: _client(sent))
     run = ["--url", "http://x", "train", "--dataset", "7", "--model", "m"]
     assert cli.main([*run]) == 0 and "base" not in sent[-1]
-    assert cli.main([*run, "--base"]) == 0 and sent[-1]["base"] == {}  # the serving version
+    assert cli.main([*run, "--base"]) == 0 and sent[-1]["base"] == {}  # the active version
     assert cli.main([*run, "--base", "3", "--base-model", "old", "--replay-dataset", "5"]) == 0
     assert sent[-1]["base"] == {"version": "3", "model": "old", "replay_dataset": "5"}
     n = len(sent)
