@@ -15,8 +15,10 @@ the run trains on all of them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,11 +119,6 @@ def _row_sums(values: np.ndarray, indptr: np.ndarray) -> np.ndarray:
         return cs[indptr[1:]] - cs[indptr[:-1]]
 
 
-def label_names_of(ds: Dataset) -> list[str]:
-    """A data set's label names: XC files name a label by its id as a string."""
-    return list(ds.label_names) if ds.label_names is not None else [str(i) for i in range(ds.n_labels)]
-
-
 def row_fingerprints(ds: Dataset) -> np.ndarray:
     """A 64-bit hash of each row (its features or text, and its label names), as int64.
 
@@ -151,31 +148,61 @@ def row_fingerprints(ds: Dataset) -> np.ndarray:
 # ------------------------------------------------------------------------------------ label space
 
 
-def _grow_names(base_names: list[str], ds: Dataset) -> list[str]:
-    """Base names, then the data's names the base lacks (id order for XC, first appearance for JSONL)."""
-    known = set(base_names)
-    return base_names + [n for n in label_names_of(ds) if n not in known]
+class _LabelSpace:
+    """The grown label space: the base's names, then the names the training data adds, with the index
+    of every name. Built once per warm start and shared by every data set moved into it: with millions of
+    labels a pass over the names in Python is slow, so the checks pass over them at most once, and data
+    sets are mapped through the labels their rows use, not every label they declare."""
+
+    def __init__(self, base_names: list[str]) -> None:
+        self.names = list(base_names)
+        self.n_base = len(self.names)
+        self.index = {n: i for i, n in enumerate(self.names)}
+
+    @functools.cached_property
+    def base_ids(self) -> bool:
+        """The base names its labels by their ids ('0', '1', ...), as a model trained on XC files does."""
+        return _are_ids(self.names[: self.n_base])
+
+    def in_base(self, name: str) -> bool:
+        return self.index.get(name, self.n_base) < self.n_base
+
+    def grow(self, ds: Dataset) -> None:
+        """Append the data's names the base lacks (id order for XC, first appearance for JSONL)."""
+        for n in _names(ds):
+            if n not in self.index:
+                self.index[n] = len(self.names)
+                self.names.append(n)
 
 
-def _in_space(ds: Dataset, names: list[str]) -> Dataset:
-    """`ds` with its labels moved to the id space `names` (by name); an unknown used label is an error."""
-    own = label_names_of(ds)
-    if own == names:
-        return ds
-    index = {n: i for i, n in enumerate(names)}
-    mapping = np.array([index.get(n, -1) for n in own], dtype=np.int64)
+def _names(ds: Dataset) -> Iterator[str]:
+    """A data set's label names, one by one (XC files name a label by its id as a string)."""
+    return iter(ds.label_names) if ds.label_names is not None else map(str, range(ds.n_labels))
+
+
+def _in_space(ds: Dataset, space: _LabelSpace) -> Dataset:
+    """`ds` with its labels moved to the id space of `space` (by name); an unknown used label is an error."""
     y = sp.csr_matrix(ds.Y)
-    new_ids = mapping[y.indices] if y.nnz else np.zeros(0, np.int64)
+    used = np.unique(y.indices)
+    own = ds.label_names
+    ids = np.fromiter((space.index.get(own[j] if own is not None else str(j), -1) for j in used.tolist()),
+                      dtype=np.int64, count=used.size)
+    if ds.n_labels == len(space.names) and np.array_equal(ids, used) and (
+            own is None or own == space.names):
+        return ds
+    new_ids = ids[np.searchsorted(used, y.indices)] if y.nnz else np.zeros(0, np.int64)
     if new_ids.size and int(new_ids.min()) < 0:
         pos = int(np.argmax(new_ids < 0))
         row = int(np.searchsorted(y.indptr, pos, side="right")) - 1
         line = row + (1 if ds.is_text else 2)  # an XC file's rows follow its header line
-        raise DataFormatError(ds.path or "<data>", line,
-                              f"label {own[int(y.indices[pos])]!r} is not in the model's label set")
-    Y = sp.csr_matrix((np.ones(new_ids.size, np.float32), new_ids, y.indptr), shape=(ds.n_rows, len(names)))
+        j = int(y.indices[pos])
+        label = own[j] if own is not None else str(j)
+        raise DataFormatError(ds.path or "<data>", line, f"label {label!r} is not in the model's label set")
+    n = len(space.names)
+    Y = sp.csr_matrix((np.ones(new_ids.size, np.float32), new_ids, y.indptr), shape=(ds.n_rows, n))
     Y.sort_indices()
-    return Dataset(Y=Y, n_features=ds.n_features, n_labels=len(names), X=ds.X, texts=ds.texts,
-                   label_names=list(names), path=ds.path, meta=dict(ds.meta))
+    return Dataset(Y=Y, n_features=ds.n_features, n_labels=n, X=ds.X, texts=ds.texts,
+                   label_names=space.names, path=ds.path, meta=dict(ds.meta))
 
 
 def _widen_features(ds: Dataset, n_features: int) -> Dataset:
@@ -186,7 +213,7 @@ def _widen_features(ds: Dataset, n_features: int) -> Dataset:
                    label_names=ds.label_names, path=ds.path, meta=dict(ds.meta))
 
 
-def _check_inputs(base: Any, ds: Dataset, base_name: str, base_ids: bool) -> Dataset:
+def _check_inputs(base: Any, ds: Dataset, base_name: str, space: _LabelSpace) -> Dataset:
     """The data must be what the base's featurizer reads: texts for a text model, at most its D features."""
     kind = base.featurizer.kind
     source = ds.path or "<data>"
@@ -196,7 +223,7 @@ def _check_inputs(base: Any, ds: Dataset, base_name: str, base_ids: bool) -> Dat
     if not ds.is_text and kind == "text":
         raise DataFormatError(source, 1, f"holds sparse features (XC) but the base model {base_name} takes "
                               "texts (JSONL)")
-    _check_naming(base.label_names, base_ids, ds, base_name)
+    _check_naming(space, ds, base_name)
     if not ds.is_text:
         if ds.n_features > base.n_features:
             raise DataFormatError(source, 1, f"declares D={ds.n_features} features but the base model "
@@ -209,18 +236,18 @@ def _are_ids(names: list[str]) -> bool:
     return names == [str(i) for i in range(len(names))]
 
 
-def _check_naming(base_names: list[str], base_ids: bool, ds: Dataset, base_name: str) -> None:
+def _check_naming(space: _LabelSpace, ds: Dataset, base_name: str) -> None:
     """XC labels are matched by name: ids against a base with label names (or the reverse) match none,
     append every label as new and double the label space, so either is an error (names that keep some
     of the base's ids, naming only new labels, match those and are fine)."""
-    if ds.is_text:
+    if ds.is_text or any(space.in_base(n) for n in _names(ds)):  # stops at the first shared name
         return
     data_ids = ds.label_names is None or _are_ids(ds.label_names)
-    if data_ids == base_ids or not set(label_names_of(ds)).isdisjoint(base_names):
+    if data_ids == space.base_ids:
         return
     source = ds.path or "<data>"
     if data_ids:
-        shown = ", ".join(repr(n) for n in base_names[:3])
+        shown = ", ".join(repr(n) for n in space.names[:3])
         raise DataFormatError(source, 1, f"labels are ids but the base model {base_name} names its labels "
                               f"({shown}, ...): name this file's labels as the base does (--label-names)")
     raise DataFormatError(source, 1, f"labels are named (--label-names) but the base model {base_name} "
@@ -228,8 +255,8 @@ def _check_naming(base_names: list[str], base_ids: bool, ds: Dataset, base_name:
 
 
 def _check_base(base: Any, name: str) -> None:
-    """A base must be consistent in itself: its recorded params build the model its weights fill, and its
-    label names (matched by name) are unique. Only a damaged or hand-edited artifact fails this."""
+    """A base must be consistent in itself: its recorded params build the model its weights fill. Only a
+    damaged or hand-edited artifact fails this."""
     from trainer.losses import get_loss
 
     shape, params = base.model.shape, base.params
@@ -241,10 +268,14 @@ def _check_base(base: Any, name: str) -> None:
     if heads != tuple(shape.extra_heads):
         raise ArtifactError(name, f"config.json: loss {params.loss!r} owns heads {list(heads)} but the "
                             f"weights have {list(shape.extra_heads)}")
-    if len(set(base.label_names)) == len(base.label_names):
+
+
+def _check_unique(space: _LabelSpace, name: str) -> None:
+    """Labels are matched by name, so a base's names must be unique (a hand-edited labels.txt may not be)."""
+    if len(space.index) == space.n_base:
         return
     first: dict[str, int] = {}
-    for i, label in enumerate(base.label_names):
+    for i, label in enumerate(space.names):
         if label in first:
             raise ArtifactError(name, f"labels.txt names label {label!r} twice (lines {first[label] + 1} and "
                                 f"{i + 1}); labels are matched by name, so they must be unique")
@@ -398,13 +429,12 @@ class WarmStart:
             model.input_bias.copy_(src.input_bias)
             model.hidden.load_state_dict(src.hidden.state_dict())
             model.head[:k0].copy_(src.head)
-            gen = torch.Generator().manual_seed(seed)
-            fresh = torch.randn(model.shape.n_labels - k0, d + 1, generator=gen) * (0.01 / math.sqrt(d))
-            fresh[:, d] = 0.0
-            model.head[k0:].copy_(fresh)
             for name, table in model.extra.items():
                 table[:k0].copy_(src.extra[name])
                 table[k0:].zero_()
+            fresh = model.head[k0:]  # drawn in place: no second buffer of the new rows to fill and copy
+            fresh.normal_(generator=torch.Generator().manual_seed(seed)).mul_(0.01 / math.sqrt(d))
+            fresh[:, d] = 0.0
             if how == "mean" and self.new_labels is not None:
                 _mean_init(model, x, y, self.new_labels)
 
@@ -501,18 +531,20 @@ def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None,
     except ArtifactError as exc:  # named as the caller names the base (the service hides its paths)
         raise ArtifactError(name, exc.message) from None
     _check_base(base, name)
-    base_ids = base.featurizer.kind != "text" and _are_ids(base.label_names)  # XC only: see _check_naming
-    train_ds = _check_inputs(base, train_ds, name, base_ids)
+    space = _LabelSpace(list(base.label_names))
+    _check_unique(space, name)
+    train_ds = _check_inputs(base, train_ds, name, space)
     featurizer = base.featurizer
     if train_ds.is_text and featurizer.vocab is not None:
         assert train_ds.texts is not None
         featurizer = featurizer.extended(train_ds.texts)
-    names = _grow_names(list(base.label_names), train_ds)
-    train_ds = _in_space(train_ds, names)
+    space.grow(train_ds)
+    train_ds = _in_space(train_ds, space)
     if test_ds is not None:
-        test_ds = _in_space(_check_inputs(base, test_ds, name, base_ids), names)
+        test_ds = _in_space(_check_inputs(base, test_ds, name, space), space)
     if replay_ds is not None:
-        replay_ds = _in_space(_check_inputs(base, replay_ds, name, base_ids), names)
+        replay_ds = _in_space(_check_inputs(base, replay_ds, name, space), space)
+    names = space.names
     new_labels = np.zeros(len(names), dtype=bool)
     new_labels[base.n_labels:] = True
     if base.label_counts is not None:
