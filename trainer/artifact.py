@@ -237,9 +237,17 @@ def _read_json(path: Path, root: Path) -> Any:
         raise ArtifactError(str(root), f"{path.name} is not valid JSON: {exc}") from None
 
 
-def load_artifact(path: str | Path) -> LoadedModel:
-    """Load and validate a model directory; every problem is an `ArtifactError` naming what is wrong."""
-    root = Path(path)
+def read_params(path: str | Path, name: str | None = None) -> TrainParams:
+    """The training parameters a model directory records, without reading its weights; errors name the
+    model as `name` (default: its path)."""
+    try:
+        return _read_config(Path(path))[1]
+    except ArtifactError as exc:
+        raise ArtifactError(name or str(path), exc.message) from None
+
+
+def _read_config(root: Path) -> tuple[dict[str, Any], TrainParams, ModelShape]:
+    """config.json of a model directory, checked against itself: (config, its params, its model shape)."""
     if not root.is_dir():
         raise ArtifactError(str(root), "not a model directory (does not exist or is not a directory)")
     for name in REQUIRED_FILES:
@@ -268,7 +276,14 @@ def load_artifact(path: str | Path) -> LoadedModel:
     dims = (config["n_features"], config["n_labels"], config["dim"])
     if (shape.n_features, shape.n_labels, shape.dim) != dims:
         raise ArtifactError(str(root), "config.json: shape disagrees with n_features/n_labels/dim")
+    return config, params, shape
 
+
+def load_artifact(path: str | Path) -> LoadedModel:
+    """Load and validate a model directory; every problem is an `ArtifactError` naming what is wrong."""
+    root = Path(path)
+    config, params, shape = _read_config(root)
+    version = config["schema_version"]
     try:
         tensors = map_safetensors(root / "weights.safetensors")
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from pydantic import ValidationError
 from trainer import metrics as xc_metrics
 from trainer.data import Dataset, label_counts
 from trainer.errors import ArtifactError, DataFormatError, ParamsError
+from trainer.model import init_head_rows
 from trainer.params import TrainParams, validation_message
 
 __all__ = [
@@ -381,14 +381,15 @@ class WarmStart:
             return None
         return np.where(self.seen[rows], n_seen / m, 1.0).astype(np.float32)
 
-    def learning(self, counts: np.ndarray) -> np.ndarray:
-        """bool [K]: the new labels with a positive row among the training rows (`counts` per label).
+    def learning(self, counts: np.ndarray, lo: int = 0) -> np.ndarray:
+        """bool per label of [lo, lo + counts.size) (one rank's shard; all K on one rank): the new labels
+        with a positive row among the training rows (`counts` per label).
 
         Only these have something to learn from a short run; a new label without a row only ever
         scores low, as any label without rows does."""
         if self.new_labels is None:
             return np.zeros(counts.size, dtype=bool)
-        return self.new_labels[: counts.size] & (np.asarray(counts) > 0)
+        return self.new_labels[lo : lo + counts.size] & (np.asarray(counts) > 0)
 
     @staticmethod
     def label_lr(learning: np.ndarray, new_label_lr: float, device: torch.device) -> torch.Tensor | None:
@@ -415,44 +416,53 @@ class WarmStart:
 
     # -- model
 
-    def init_model(self, model: Any, x: sp.csr_matrix, y: sp.csr_matrix, how: str, seed: int) -> None:
+    def init_model(self, model: Any, x: sp.csr_matrix, y: sp.csr_matrix, how: str, seed: int,
+                   lo: int = 0) -> None:
         """Copy the base's weights into `model` (built with `init=False`; it may have more input rows and
         more labels) and give new label rows their start: `mean` = the mean encoding of their positive
         rows, scaled to score them as trained labels score theirs (`_mean_init`); `random` (and labels
-        without a positive row) = a fresh model's small random rows."""
+        without a positive row) = the small random rows a fresh model draws for those labels.
+
+        `model` holds the label rows [lo, lo + its rows) of the grown model (one rank's shard; all of them
+        on one rank): every rank starts its rows exactly as one process would."""
         src = self.base.model
         k0, d0 = src.shape.n_labels, src.shape.n_features
         d = model.shape.dim
+        hi = lo + model.head.shape[0]
+        kept = max(0, min(hi, k0) - lo)  # this shard's rows the base has
         with torch.no_grad():
             model.input_weight[:d0].copy_(src.input_weight)
             model.input_weight[d0:].zero_()  # new words start silent: old rows encode exactly as before
             model.input_bias.copy_(src.input_bias)
             model.hidden.load_state_dict(src.hidden.state_dict())
-            model.head[:k0].copy_(src.head)
+            model.head[:kept].copy_(src.head[lo : lo + kept])
             for name, table in model.extra.items():
-                table[:k0].copy_(src.extra[name])
-                table[k0:].zero_()
-            fresh = model.head[k0:]  # drawn in place: no second buffer of the new rows to fill and copy
-            fresh.normal_(generator=torch.Generator().manual_seed(seed)).mul_(0.01 / math.sqrt(d))
-            fresh[:, d] = 0.0
+                table[:kept].copy_(src.extra[name][lo : lo + kept])
+                table[kept:].zero_()
+            if hi > lo + kept:
+                fresh = init_head_rows(lo + kept, hi, d, seed)
+                model.head[kept:].copy_(fresh.to(model.head.device))
             if how == "mean" and self.new_labels is not None:
-                _mean_init(model, x, y, self.new_labels)
+                _mean_init(model, src, x, y, self.new_labels, lo)
 
 
-def _mean_init(model: Any, x: sp.csr_matrix, y: sp.csr_matrix, new_labels: np.ndarray) -> None:
+def _mean_init(model: Any, src: Any, x: sp.csr_matrix, y: sp.csr_matrix, new_labels: np.ndarray,
+               lo: int = 0) -> None:
     """Head rows of new labels := the direction of their positive rows' mean encoding, long enough that
     their positives score what a trained label's positives score (median over a sample), never longer
     than the median trained row, with the median trained bias (labels without a positive row keep their
-    init).
+    init). Trained rows are the base's (`src`), so each rank of a sharded model, which holds the label
+    rows [lo, ...) only, starts its new rows as one process would.
 
     Why calibrated: a row scaled to the median norm alone scores its own examples too low where encodings
     are short and too high where they are long; why capped: a row longer than the trained ones also
     scores high on unrelated rows, and new labels then crowd old ones out of the top ranks.
     """
-    new = np.flatnonzero(new_labels)
+    hi = lo + model.head.shape[0]
+    new = lo + np.flatnonzero(new_labels[lo:hi])
     yn = sp.csr_matrix(y[:, new])
     rows = np.flatnonzero(np.diff(yn.indptr))
-    old = np.flatnonzero(~new_labels[: model.shape.n_labels])
+    old = np.flatnonzero(~new_labels[: src.shape.n_labels])
     if rows.size == 0 or old.size == 0:
         return
     yr = sp.csr_matrix(yn[rows])
@@ -462,16 +472,16 @@ def _mean_init(model: Any, x: sp.csr_matrix, y: sp.csr_matrix, new_labels: np.nd
     h = model.encode(x[rows]).cpu().numpy()
     mean = torch.from_numpy(np.asarray(yr.T @ h, dtype=np.float32) / counts[has, None].astype(np.float32))
     d = model.shape.dim
-    old_ids = torch.from_numpy(old).to(model.head.device)
+    old_ids = torch.from_numpy(old)
     # norms over the whole head, then picked: no [K_old, d] copy of a large head
-    scale = float(torch.linalg.vector_norm(model.head[:, :d], dim=1).index_select(0, old_ids).median())
-    bias = float(model.head[:, d].index_select(0, old_ids).median())
+    scale = float(torch.linalg.vector_norm(src.head[:, :d], dim=1).index_select(0, old_ids).median())
+    bias = float(src.head[:, d].index_select(0, old_ids).median())
     length = mean.norm(dim=1, keepdim=True).clamp_min(1e-12)
     norm: torch.Tensor | float = scale
-    target = _positive_score(model, x, y, old)
+    target = _positive_score(model, src, x, y, old)
     if target is not None and target > bias:  # mean · direction = length: positives score ≈ target
         norm = ((target - bias) / length).clamp_max(scale)
-    ids = torch.from_numpy(new[has]).to(model.head.device)
+    ids = torch.from_numpy(new[has] - lo).to(model.head.device)
     model.head[ids, :d] = (mean / length * norm).to(model.head.dtype).to(model.head.device)
     model.head[ids, d] = bias
 
@@ -479,8 +489,10 @@ def _mean_init(model: Any, x: sp.csr_matrix, y: sp.csr_matrix, new_labels: np.nd
 _CALIBRATION_ROWS = 4096  # rows scored to find a trained label's typical positive score
 
 
-def _positive_score(model: Any, x: sp.csr_matrix, y: sp.csr_matrix, old: np.ndarray) -> float | None:
-    """The median score trained labels give their own positive rows (a seeded sample of rows), or None."""
+def _positive_score(model: Any, src: Any, x: sp.csr_matrix, y: sp.csr_matrix,
+                    old: np.ndarray) -> float | None:
+    """The median score trained labels (`old`, rows of the base `src`) give their own positive rows (a
+    seeded sample of rows) under `model`'s encoder, or None."""
     yo = sp.csr_matrix(y[:, old])
     rows = np.flatnonzero(np.diff(yo.indptr))
     if rows.size == 0:
@@ -490,7 +502,7 @@ def _positive_score(model: Any, x: sp.csr_matrix, y: sp.csr_matrix, old: np.ndar
     ys = sp.csr_matrix(yo[rows])
     h = model.encode(x[rows])
     pair_rows = torch.from_numpy(np.repeat(np.arange(rows.size), np.diff(ys.indptr))).to(h.device)
-    w = model.head.index_select(0, torch.from_numpy(old[ys.indices]).to(model.head.device))
+    w = src.head.index_select(0, torch.from_numpy(old[ys.indices])).to(h.device)
     d = model.shape.dim
     scores = (h.index_select(0, pair_rows) * w[:, :d]).sum(1) + w[:, d]
     return float(scores.median())

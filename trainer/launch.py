@@ -75,6 +75,18 @@ def _check_gpus(params: TrainParams) -> None:
         )
 
 
+def _run_params(params: TrainParams, base: str | Path | None, base_name: str | None) -> TrainParams:
+    """The parameters the ranks will train with: a continual run's are merged with its base's (its loss
+    is the base's), and a conflict is an error here, before any rank starts."""
+    if base is None:
+        return params
+    from trainer.artifact import read_params
+    from trainer.continual import continual_params
+
+    name = base_name or str(base)
+    return continual_params(read_params(base, name), params, name)
+
+
 def train_on_ranks(
     params: TrainParams,
     train_ds: Dataset,
@@ -84,15 +96,22 @@ def train_on_ranks(
     hooks: Any,
     checkpoint_dir: str | Path | None,
     checkpoint_every: int,
+    base: str | Path | None = None,
+    base_name: str | None = None,
+    replay_ds: Dataset | None = None,
 ) -> Any:
-    """Run `train` on `params.nproc_per_node` ranks of this machine; returns rank 0's `TrainResult`."""
+    """Run `train` on `params.nproc_per_node` ranks of this machine; returns rank 0's `TrainResult`.
+    With `base`, every rank continues that model (`trainer.continual`) and holds its shard of the grown
+    label space."""
     from trainer.train import Progress
 
-    check_shardable(params.loss, params.nproc_per_node)
-    _check_gpus(params)
+    merged = _run_params(params, base, base_name)
+    check_shardable(merged.loss, params.nproc_per_node)
+    _check_gpus(merged)
     ctx = mp.get_context("spawn")
     events, stop = ctx.Queue(), ctx.Event()
-    options = {"out_dir": out_dir, "checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every}
+    options = {"out_dir": out_dir, "checkpoint_dir": checkpoint_dir, "checkpoint_every": checkpoint_every,
+               "base": base, "base_name": base_name, "replay_ds": replay_ds}
     outcome: dict[str, Any] = {}
 
     def run() -> None:

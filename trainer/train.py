@@ -476,13 +476,12 @@ def train(
         if base is not None:
             check_out_dir(out_dir, base)
         prepare_out_dir(Path(out_dir))
-    if base is not None and (params.nproc_per_node > 1 or in_launched_rank()):
-        raise ParamsError("continuing a base model runs on one rank: leave out nproc_per_node (and torchrun)")
     if params.nproc_per_node > 1 and not in_launched_rank():
         from trainer.launch import train_on_ranks
 
         return train_on_ranks(params, train_ds, test_ds, out_dir=out_dir, hooks=hooks,
-                              checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
+                              checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                              base=base, base_name=base_name, replay_ds=replay_ds)
     warm: WarmStart | None = None
     if base is not None:
         warm, train_ds, test_ds = warm_start(base, train_ds, test_ds, base_name=base_name,
@@ -591,18 +590,22 @@ def _fit(
     model = model.to(device)
     new_labels = None
     if warm is not None:
-        warm.init_model(model, x, y, params.new_label_init, params.seed)
+        warm.init_model(model, x, y, params.new_label_init, params.seed, lo=shard.lo)
         new_labels = warm.new_labels
     model.train()
     if group.world > 1:
         torch.manual_seed(params.seed + group.rank)  # dropout: each rank masks its own rows
-    counts = label_counts(y)[shard.lo : shard.hi]
+    all_counts = label_counts(y)
+    counts = all_counts[shard.lo : shard.hi]
     # rank 0 keeps the stream of a one-process run; other ranks draw their own
     seed = params.seed + 1 + 7919 * group.rank
-    # a continual run (one rank) oversamples its new labels with rows as negatives
-    focus = None if warm is None else warm.learning(counts)
+    # a continual run oversamples its new labels with rows as negatives
+    focus = None if warm is None else warm.learning(counts, shard.lo)
+    share = 0.0 if warm is None else params.new_label_negatives
+    if warm is not None and focus is not None and group.world > 1:
+        share = _shard_focus_share(share, focus, int(warm.learning(all_counts).sum()), shard)
     sampler = NegativeSampler(shard.size, params.sampler, params.alpha, counts, seed=seed, focus=focus,
-                              focus_share=0.0 if warm is None else params.new_label_negatives)
+                              focus_share=share)
     stepper = Stepper(model, spec, params, sampler, group, shard)
     if focus is not None:
         stepper.head_lr = WarmStart.label_lr(focus, params.new_label_lr, device)
@@ -748,6 +751,15 @@ def _fit(
         best_epoch=best_epoch,
         metrics_valid_p1=float(best.score) if best_epoch is not None else None,
     )
+
+
+def _shard_focus_share(share: float, focus: np.ndarray, n_focus: int, shard: LabelShard) -> float:
+    """The focus share of one shard's negatives that gives its focus labels the draws one process would:
+    `share` of all M draws go to the `n_focus` focus labels, this shard's `focus.sum()` of them get their
+    part, and the shard draws about M·size/K negatives in all."""
+    if n_focus == 0:
+        return 0.0
+    return min(1.0, share * int(focus.sum()) / n_focus * shard.n_labels / shard.size)
 
 
 def _save_model(

@@ -128,7 +128,7 @@ class JobsService:
         if req.test_dataset is not None:
             test = self.get_dataset(req.test_dataset, ["body", "test_dataset"])
             _check_compatible(train, test, space)
-        _check_ranks(params, labels, continual=base is not None)
+        _check_ranks(params, labels)
         need = budget.estimate(params, labels, features)
         limit = self.cfg.settings.memory_budget_bytes
         if need.bytes > limit:
@@ -312,7 +312,7 @@ def parse_last_event_id(value: str | None) -> int:
     )
 
 
-def _check_ranks(params: TrainParams, labels: int, *, continual: bool) -> None:
+def _check_ranks(params: TrainParams, labels: int) -> None:
     """What the ranks of a sharded run would refuse once started, refused at submission instead."""
     ranks = params.nproc_per_node
     if ranks == 1:
@@ -325,8 +325,6 @@ def _check_ranks(params: TrainParams, labels: int, *, continual: bool) -> None:
     if labels < ranks:
         raise Invalid(f"{labels} labels cannot be sharded across {ranks} ranks (need labels >= ranks)",
                       loc=loc)
-    if continual:
-        raise Invalid("continuing a base model runs on one rank: leave out params.nproc_per_node", loc=loc)
 
 
 @dataclass(frozen=True)
