@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from service.api.metrics import Metrics
 from service.errors import Conflict, NotFound, Unavailable
 from service.jobs.active import ActiveVersions
+from service.jobs.db import reachable
 from service.predictor import Predictor
 from service.quantized_scan import Check, no_check
 from service.retrieval import ExactScorer, RetrievalConfig, Retriever, build_retriever, configure_threads
@@ -322,14 +321,8 @@ class ModelRegistry:
             return served
 
     def _record(self, name: str, version: str) -> None:
-        try:
+        with reachable(f"version {version!r} of model {name!r} was not activated"):
             self.store.set(name, version)
-        except SQLAlchemyError as exc:
-            raise Unavailable(
-                f"the database that records active versions is unreachable ({type(exc).__name__}); "
-                f"version {version!r} of model {name!r} was not activated, retry later",
-                headers={"Retry-After": "2"},
-            ) from exc
 
     def activate(self, name: str, version: str) -> tuple[ServedModel, str | None]:
         """Hot swap: load + warm the version here, make it active, then record the choice for every

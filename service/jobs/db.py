@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,12 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from service.errors import Unavailable
+
+log = logging.getLogger("ovex.db")
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x6F766578  # "ovex"
@@ -26,6 +33,33 @@ def _sqlite_path(url: str) -> Path | None:
     if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
         return None
     return Path(parsed.database)
+
+
+def unavailable(exc: Exception, outcome: str = "") -> Unavailable:
+    """A lost job database as clients are told: 503 with Retry-After; no SQL, host or path in it."""
+    then = f": {outcome}" if outcome else ""
+    return Unavailable(f"the job database is unavailable ({type(exc).__name__}){then}; retry later",
+                       headers={"Retry-After": "2"})
+
+
+def lost(exc: BaseException) -> bool:
+    """Whether a database error means the database cannot be reached or used now (down, restarting,
+    locked, out of connections) rather than a statement at fault."""
+    return isinstance(exc, OperationalError | InterfaceError | PoolTimeout) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    )
+
+
+@contextlib.contextmanager
+def reachable(outcome: str = "") -> Iterator[None]:
+    """Run database calls; a lost database becomes `Unavailable` (`outcome` says what did not happen)."""
+    try:
+        yield
+    except Exception as exc:
+        if not lost(exc):
+            raise
+        log.warning("job database unavailable", extra={"error": f"{type(exc).__name__}: {exc}"[:500]})
+        raise unavailable(exc, outcome) from exc
 
 
 def make_engine(url: str) -> Engine:

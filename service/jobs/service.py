@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from service.continual import resolve_base
 from service.errors import Conflict, Invalid, NotFound, Unavailable
 from service.jobs import budget
@@ -156,14 +154,7 @@ class JobsService:
     def keep_bases(self, model: str, version: str) -> None:
         """Refuse to delete a version that a queued or running job continues (the job would fail, or fail
         to resume); the registry calls this before it deletes a version."""
-        try:
-            jobs = self.store.continuing(model, version)
-        except SQLAlchemyError as exc:  # unknown whether a job needs it: keep it for now
-            raise Unavailable(
-                f"the job database is unreachable ({type(exc).__name__}); version {version!r} of model "
-                f"{model!r} was not deleted, retry later",
-                headers={"Retry-After": "2"},
-            ) from exc
+        jobs = self.store.continuing(model, version)  # the database down: unknown, so it is kept (503)
         if jobs:
             raise Conflict(
                 f"version {version!r} of model {model!r} is the base of {len(jobs)} queued or running job(s) "

@@ -24,6 +24,7 @@ from sqlalchemy import CursorResult, Engine, Select, delete, func, or_, select, 
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.errors import Conflict, Invalid, NotFound
+from service.jobs.db import reachable
 from service.jobs.models import (
     ACTIVE_STATES,
     CANCELLED,
@@ -63,7 +64,8 @@ class JobStore:
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
-        with self._sessions() as s, s.begin():
+        """One transaction; a lost database is `Unavailable` (a 503 to clients, a retry to workers)."""
+        with reachable(), self._sessions() as s, s.begin():
             yield s
 
     # -- datasets -------------------------------------------------------------------------------

@@ -302,17 +302,18 @@ def test_a_continual_job_survives_a_killed_server_and_resumes_from_its_checkpoin
 def test_a_version_is_kept_when_the_job_database_cannot_tell(tmp_path: Path) -> None:
     """Whether a job still needs a version is unknown while the database is down: keep it, answer 503."""
     import pytest
-    from sqlalchemy.exc import OperationalError
 
     from service.errors import Unavailable
     from service.jobs.config import JobsConfig
+    from service.jobs.db import make_engine
     from service.jobs.service import JobsService
+    from service.jobs.store import JobStore
     from service.settings import Settings
 
-    class Down:
-        def continuing(self, model: str, version: str) -> list[str]:
-            raise OperationalError("SELECT", {}, Exception("connection refused"))
-
-    jobs = JobsService(JobsConfig(Settings(data_dir=str(tmp_path))), Down())  # type: ignore[arg-type]
-    with pytest.raises(Unavailable, match="version '1' of model 'm' was not deleted, retry later"):
+    (tmp_path / "ovex.db").mkdir()  # SQLite cannot open its file: a real driver error
+    store = JobStore(make_engine(f"sqlite:///{tmp_path / 'ovex.db'}"))
+    jobs = JobsService(JobsConfig(Settings(data_dir=str(tmp_path))), store)
+    down = r"the job database is unavailable \(OperationalError\); retry"
+    with pytest.raises(Unavailable, match=down) as e:
         jobs.keep_bases("m", "1")
+    assert str(tmp_path) not in e.value.message and e.value.headers == {"Retry-After": "2"}
