@@ -195,6 +195,7 @@ UNKNOWN: dict[int | str, dict[str, Any]] = {404: {"description": "unknown job"}}
     responses={
         **KEYED,
         404: {"description": "unknown dataset, or base model/version"},
+        409: {"description": "the base version is stored but cannot be read (as when activating it)"},
         422: {"description": "invalid params, a base that does not fit the data, or over the memory budget"},
     },
 )

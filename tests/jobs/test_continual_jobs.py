@@ -317,3 +317,40 @@ def test_a_version_is_kept_when_the_job_database_cannot_tell(tmp_path: Path) -> 
     with pytest.raises(Unavailable, match=down) as e:
         jobs.keep_bases("m", "1")
     assert str(tmp_path) not in e.value.message and e.value.headers == {"Retry-After": "2"}
+
+
+def test_a_stored_base_that_cannot_be_read_is_a_409_as_everywhere_else(
+    make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    """The request is fine, the stored version is broken: the same 409 as activating it, with what is wrong
+    and never the server's path; a version whose weights were cut short is refused now, not by a job that
+    fails once started. Nothing is queued."""
+    srv = make_server(Backend("sqlite"))
+    train = srv.upload(synth_files["train"])
+    v1, _ = _first_version(srv, "b", train["id"], epochs=1)
+    job = srv.submit({"model": "b", "train_dataset": train["id"], "params": {**TINY, "epochs": 1}})
+    assert srv.final_state(job) == "succeeded", srv.log_tail()
+    n_jobs = len(srv.client.get("/v1/jobs").json()["jobs"])
+
+    def replace(path: Path, data: bytes) -> None:  # a new file: the server's memory map keeps the old one
+        path.with_suffix(".tmp").write_bytes(data)
+        os.replace(path.with_suffix(".tmp"), path)
+
+    weights = srv.models_dir / "b" / "2" / "weights.safetensors"
+    replace(weights, weights.read_bytes()[: weights.stat().st_size // 2])
+    config = v1 / "config.json"
+    replace(config, config.read_bytes()[:40])
+    for version, what in (("2", "weights.safetensors"), ("1", "config.json")):
+        r = srv.client.post("/v1/jobs", json={"model": "b", "train_dataset": train["id"],
+                                              "base": {"version": version}})
+        assert r.status_code == 409, r.text
+        detail = r.json()["detail"][0]
+        assert detail["loc"] == ["body", "base"] and detail["type"] == "conflict", detail
+        assert f"model 'b' version {version}" in detail["msg"] and what in detail["msg"], detail
+        assert str(srv.models_dir) not in r.text and str(srv.root) not in r.text
+    activate = srv.client.post("/v1/models/b/versions/2/activate")
+    assert activate.status_code == 409, activate.text  # the same status for the same broken version
+    r = srv.client.post("/v1/jobs", json={"model": "b", "train_dataset": train["id"],
+                                          "base": {"version": "2"}})
+    assert r.status_code == 409 and "failed to load and was refused" in r.text, r.text  # as it was refused
+    assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs
