@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from service.errors import Conflict, InputError, Invalid, Loc, NotFound
+from service.versions import some_versions
 from trainer.artifact import labels_text, map_safetensors
 from trainer.continual import continual_params
 from trainer.errors import ArtifactError, OvexError, ParamsError
@@ -94,7 +95,7 @@ def resolve_base(
     if version is None:
         version = _active_version(registry, name, versions)
     elif version not in versions:
-        raise NotFound(f"base: model {name!r} has no version {version!r} (it has {', '.join(versions)})")
+        raise NotFound(f"base: model {name!r} has no version {version!r} (it has {some_versions(versions)})")
     ref = BaseRef(name, version, None)
     refused = registry.refused(name, version)
     try:

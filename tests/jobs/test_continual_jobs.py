@@ -354,3 +354,24 @@ def test_a_stored_base_that_cannot_be_read_is_a_409_as_everywhere_else(
                                           "base": {"version": "2"}})
     assert r.status_code == 409 and "failed to load and was refused" in r.text, r.text  # as it was refused
     assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs
+
+
+def test_an_unknown_base_version_names_a_few_versions_however_many_there_are(
+    make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    """The 404 of a version a model lacks says how many it has and names the newest few: with thousands of
+    versions the message stays short (the V2 route answers the same way)."""
+    srv = make_server(Backend("sqlite"))
+    train = srv.upload(synth_files["train"])
+    _first_version(srv, "many", train["id"], epochs=1)
+    for v in range(2, 3001):
+        (srv.models_dir / "many" / str(v)).mkdir()
+    r = srv.client.post("/v1/jobs", json={"model": "many", "train_dataset": train["id"],
+                                          "base": {"version": "99999"}})
+    assert r.status_code == 404, r.text
+    assert "has no version '99999'" in r.text and "3000 versions" in r.text, r.text
+    assert "3000, 2999, 2998" in r.text and "2990" not in r.text and len(r.text) < 400, r.text
+    r = srv.client.get("/v2/models/many/versions/99999")
+    assert r.status_code == 404 and "3000 versions" in r.text and len(r.text) < 400, r.text
+    few = srv.client.get("/v2/models/many/versions/0").text
+    assert "3000 versions" in few
