@@ -21,7 +21,9 @@ import re
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,8 +156,8 @@ class ModelRegistry:
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
         self.started = threading.Event()  # the start-up scan finished (loaded or not)
-        # called before a version is deleted; raises to keep it (the job system keeps the bases of its jobs)
-        self.before_delete: Callable[[str, str], None] | None = None
+        # held while a version is deleted; raises to keep it (the job system keeps the bases of its jobs)
+        self.before_delete: Callable[[str, str], AbstractContextManager[object]] | None = None
 
     # -- discovery -------------------------------------------------------------------------------
     def scan(self) -> dict[str, list[str]]:
@@ -335,7 +337,9 @@ class ModelRegistry:
             return served, (prev.version if prev else None)
 
     def delete_version(self, name: str, version: str) -> None:
-        """Remove a version's directory; refused for the version that serves (activate another first)."""
+        """Remove a version's directory; refused for the version that serves (activate another first), and
+        while `before_delete` refuses. That guard is held until the directory is renamed out of sight (a
+        hidden name the scan skips), so nothing it keeps out can start on the version meanwhile."""
         with self._lock:
             if version not in self.scan().get(name, []):
                 raise NotFound(f"model {name!r} has no version {version!r}")
@@ -344,11 +348,17 @@ class ModelRegistry:
                 raise Conflict(
                     f"version {version!r} of model {name!r} is the active one: activate another version first"
                 )
-            if self.before_delete is not None:
-                self.before_delete(name, version)
-            retire(self.models_dir / name, version)
-            shutil.rmtree(self.models_dir / name / version)
+            keep = self.before_delete
+            with contextlib.nullcontext() if keep is None else keep(name, version):
+                retire(self.models_dir / name, version)
+                gone = self.models_dir / name / f".deleting-{version}-{uuid.uuid4().hex[:8]}"
+                (self.models_dir / name / version).rename(gone)
             self._refused.pop((name, version), None)
+            try:
+                shutil.rmtree(gone)
+            except OSError as exc:  # deleted as far as anyone can see; the files are left to remove by hand
+                log.warning("files of a deleted version remain", extra={"model": name, "version": version,
+                                                                        "error": str(exc)})
 
     # -- reads -------------------------------------------------------------------------------------
     def serving(self, name: str) -> ServedModel | None:

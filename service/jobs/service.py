@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -149,17 +149,30 @@ class JobsService:
             params=params.to_json_dict(),
             activate=req.activate,
             base=base,
+            base_exists=None if base is None else lambda: self._base_exists(base),
         )
 
-    def keep_bases(self, model: str, version: str) -> None:
-        """Refuse to delete a version that a queued or running job continues (the job would fail, or fail
-        to resume); the registry calls this before it deletes a version."""
-        jobs = self.store.continuing(model, version)  # the database down: unknown, so it is kept (503)
-        if jobs:
-            raise Conflict(
-                f"version {version!r} of model {model!r} is the base of {len(jobs)} queued or running job(s) "
-                f"({', '.join(jobs)}); cancel them or wait until they end"
-            )
+    def _base_exists(self, base: dict[str, Any]) -> None:
+        """Checked again under the version's lock: it may have been deleted since it was resolved."""
+        model, version = str(base["model"]), str(base["version"])
+        assert self.registry is not None  # a job with a base was resolved against it
+        if not (self.registry.models_dir / model / version).is_dir():
+            raise NotFound(f"base: version {version!r} of model {model!r} was deleted while the job was "
+                           "submitted; continue another version")
+
+    @contextlib.contextmanager
+    def keep_bases(self, model: str, version: str) -> Iterator[None]:
+        """Held by the registry while it deletes a version: refuses one that a queued or running job
+        continues (the job would fail, or fail to resume), and keeps any job from being recorded on it
+        until it is gone (`JobStore.version_lock`). The database down: unknown, so it is kept (503)."""
+        with self.store.version_lock(model, version) as s:
+            jobs = self.store.continuing(s, model, version)
+            if jobs:
+                raise Conflict(
+                    f"version {version!r} of model {model!r} is the base of {len(jobs)} queued or running "
+                    f"job(s) ({', '.join(jobs)}); cancel them or wait until they end"
+                )
+            yield
 
     def get(self, job_id: str) -> JobRow:
         job = self.store.get_job(job_id)

@@ -13,14 +13,15 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import hashlib
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import CursorResult, Engine, Select, delete, func, or_, select, update
+from sqlalchemy import CursorResult, Engine, Select, delete, false, func, or_, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.errors import Conflict, Invalid, NotFound
@@ -66,6 +67,21 @@ class JobStore:
     def session(self) -> Iterator[Session]:
         """One transaction; a lost database is `Unavailable` (a 503 to clients, a retry to workers)."""
         with reachable(), self._sessions() as s, s.begin():
+            yield s
+
+    @contextlib.contextmanager
+    def version_lock(self, model: str, version: str) -> Iterator[Session]:
+        """A transaction holding the lock that deleting `model` version `version` and recording a job that
+        continues it both take, in every process and replica: neither acts on what the other is half-way
+        through. PostgreSQL: an advisory lock on the pair; SQLite: the database's write lock, taken by a
+        write that changes nothing."""
+        with self.session() as s:
+            if s.get_bind().dialect.name == "postgresql":
+                key = int.from_bytes(hashlib.blake2b(f"{model}/{version}".encode(), digest_size=8).digest(),
+                                     "big", signed=True)
+                s.execute(text("SELECT pg_advisory_xact_lock(CAST(:k AS BIGINT))"), {"k": key})
+            else:
+                s.execute(update(JobRow).where(false()).values(id=JobRow.id))
             yield s
 
     # -- datasets -------------------------------------------------------------------------------
@@ -143,7 +159,10 @@ class JobStore:
         params: dict[str, Any],
         activate: bool,
         base: dict[str, Any] | None = None,
+        base_exists: Callable[[], None] | None = None,
     ) -> JobRow:
+        """Record a queued job. One that continues `base` is recorded under the base's `version_lock`,
+        after `base_exists` (which raises when the version is gone) has passed under it."""
         now = time.time()
         row = JobRow(
             id=new_id("job"),
@@ -160,7 +179,10 @@ class JobStore:
             updated_at=now,
             activated=False,
         )
-        with self.session() as s:
+        lock = self.version_lock(str(base["model"]), str(base["version"])) if base else self.session()
+        with lock as s:
+            if base_exists is not None:
+                base_exists()
             s.add(row)
             s.flush()
             s.add(JobEventRow(job_id=row.id, ts=now, kind="state", data={"state": QUEUED}))
@@ -205,15 +227,15 @@ class JobStore:
             )
             return s.scalars(q.limit(1)).first()
 
-    def continuing(self, model: str, version: str, limit: int = 20) -> list[str]:
-        """Ids of the queued and running jobs that continue `model` version `version`, oldest first."""
-        with self.session() as s:
-            q = select(JobRow.id).where(
-                JobRow.state.in_(ACTIVE_STATES),
-                JobRow.base["model"].as_string() == model,
-                JobRow.base["version"].as_string() == version,
-            )
-            return list(s.scalars(q.order_by(JobRow.created_at).limit(limit)))
+    def continuing(self, s: Session, model: str, version: str, limit: int = 20) -> list[str]:
+        """Ids of the queued and running jobs that continue `model` version `version`, oldest first (in
+        the transaction `s`, e.g. one holding its `version_lock`)."""
+        q = select(JobRow.id).where(
+            JobRow.state.in_(ACTIVE_STATES),
+            JobRow.base["model"].as_string() == model,
+            JobRow.base["version"].as_string() == version,
+        )
+        return list(s.scalars(q.order_by(JobRow.created_at).limit(limit)))
 
     def delete_job(self, job_id: str) -> JobRow:
         """Remove an ended job and its events; a queued or running one must be cancelled first."""
