@@ -81,7 +81,7 @@ class JobStore:
                                      "big", signed=True)
                 s.execute(text("SELECT pg_advisory_xact_lock(CAST(:k AS BIGINT))"), {"k": key})
             else:
-                s.execute(update(JobRow).where(false()).values(id=JobRow.id))
+                _lock_writes(s)
             yield s
 
     # -- datasets -------------------------------------------------------------------------------
@@ -106,7 +106,8 @@ class JobStore:
         """Remove the record; refused while a job (queued, running or ended) still names the dataset (as
         its training, test or replay set)."""
         with self.session() as s:
-            row = s.get(DatasetRow, dataset_id)
+            _lock_writes(s)  # PostgreSQL: the row lock below waits for a job being recorded on it
+            row = s.get(DatasetRow, dataset_id, with_for_update=True)
             if row is None:
                 raise NotFound(f"dataset {dataset_id!r} not found", loc=["path", "dataset_id"])
             users = list(
@@ -161,8 +162,15 @@ class JobStore:
         base: dict[str, Any] | None = None,
         base_exists: Callable[[], None] | None = None,
     ) -> JobRow:
-        """Record a queued job. One that continues `base` is recorded under the base's `version_lock`,
-        after `base_exists` (which raises when the version is gone) has passed under it."""
+        """Record a queued job, once its datasets are seen to exist under a lock that deleting them waits
+        for (`NotFound` naming the field when one was deleted since the caller checked it). One that
+        continues `base` is recorded under the base's `version_lock`, after `base_exists` (which raises
+        when the version is gone) has passed under it."""
+        uses: dict[str, list[str | int]] = {train_dataset: ["body", "train_dataset"]}
+        if test_dataset is not None:
+            uses.setdefault(test_dataset, ["body", "test_dataset"])
+        if base is not None and base.get("replay_dataset"):
+            uses.setdefault(str(base["replay_dataset"]), ["body", "base", "replay_dataset"])
         now = time.time()
         row = JobRow(
             id=new_id("job"),
@@ -183,6 +191,12 @@ class JobStore:
         with lock as s:
             if base_exists is not None:
                 base_exists()
+            _lock_writes(s)
+            q = select(DatasetRow.id).where(DatasetRow.id.in_(list(uses))).with_for_update(read=True)
+            found = set(s.scalars(q))
+            for dataset_id, loc in uses.items():
+                if dataset_id not in found:
+                    raise NotFound(f"dataset {dataset_id!r} was deleted while the job was submitted", loc=loc)
             s.add(row)
             s.flush()
             s.add(JobEventRow(job_id=row.id, ts=now, kind="state", data={"state": QUEUED}))
@@ -465,6 +479,13 @@ class JobStore:
             )
             if _rowcount(res) == 1:
                 self._event(s, job_id, "activated", {"model_version": version})
+
+
+def _lock_writes(s: Session) -> None:
+    """SQLite: take the database's write lock now (a write that changes nothing), so what the transaction
+    reads next cannot change before it commits. PostgreSQL locks rows instead: nothing to do."""
+    if s.get_bind().dialect.name == "sqlite":
+        s.execute(update(JobRow).where(false()).values(id=JobRow.id))
 
 
 def _rowcount(res: Any) -> int:

@@ -103,3 +103,40 @@ def test_a_job_is_never_queued_on_a_version_being_deleted(
     finally:
         runtime.stop()
         registry.store.close()
+
+
+@pytest.mark.parametrize("field", ["train_dataset", "replay_dataset"])
+def test_a_job_is_never_recorded_on_a_dataset_deleted_meanwhile(
+    tmp_path: Path, backend: Backend, trained: Path, monkeypatch: pytest.MonkeyPatch, field: str
+) -> None:
+    """A dataset deleted between a submission's checks and its record: the submission is a 404 naming the
+    field, not a 500 (the foreign key of a training set) nor a job whose replay set is gone."""
+    runtime, registry = _setup(tmp_path, backend, trained)
+    try:
+        runtime.store.add_dataset(DatasetRow(id="ds_other", name="o", checksum="d" * 64, format="xc",
+                                             filename="o", size_bytes=1, rows=10, features=300, labels=40,
+                                             created_at=time.time()))
+        reached, go = threading.Event(), threading.Event()
+        real_create = runtime.store.create_job
+
+        def paused_create(**kw: Any) -> Any:  # the submission has checked its datasets
+            reached.set()
+            assert go.wait(60)
+            return real_create(**kw)
+
+        monkeypatch.setattr(runtime.store, "create_job", paused_create)
+        train = "ds_other" if field == "train_dataset" else "ds_train"
+        req = JobRequest("m", train, None, TrainParams(epochs=1), False,
+                         {"model": "m", "version": "1", "replay_dataset": "ds_other"})
+        submitter, submitted = _in_thread(lambda: runtime.service.submit(req))
+        assert reached.wait(60)
+        runtime.service.delete_dataset("ds_other")  # no job names it yet
+        go.set()
+        submitter.join(60)
+        error = submitted.get("error")
+        assert isinstance(error, NotFound), submitted
+        assert error.loc is not None and error.loc[-1] == field and "ds_other" in error.message
+        assert runtime.store.list_jobs(limit=10)[0] == []
+    finally:
+        runtime.stop()
+        registry.store.close()
