@@ -33,6 +33,8 @@ from trainer.params import TrainParams
 KEEPALIVE_S = 10.0
 # how long the stream of a succeeded job that asked to be activated waits for the version to serve
 ACTIVATION_WAIT_S = 300.0
+# the events a job's stream follows until its terminal state
+FOLLOWED = ("state", "progress")
 # the events that end the wait for an activation
 ACTIVATION_KINDS = ("activated", "activation_failed")
 
@@ -220,30 +222,33 @@ class JobsService:
         poll = self.cfg.settings.job_poll_s
         last_sent = time.monotonic()
         while True:
-            events = await asyncio.to_thread(self.store.events_since, job_id, after, ("state", "progress"))
-            for e in events:
-                after = e.id
-                yield Event(e.id, e.kind, dict(e.data))
-                last_sent = time.monotonic()
-                if e.kind == "state" and e.data.get("state") in TERMINAL_STATES:
-                    if e.data.get("state") == SUCCEEDED:
-                        async for a in self._activation(job_id, after, gone):
-                            yield a
-                    return
-            if events:
-                continue
-            job = await asyncio.to_thread(self.store.get_job, job_id)
-            if job is None:  # deleted while followed
-                return
-            if job.state in TERMINAL_STATES:
-                # the job may have ended between the two reads: its final event (written with the state,
-                # in one transaction) is then there to read, and the activation after it
-                if await asyncio.to_thread(self.store.events_since, job_id, after, ("state",), 1):
+            try:
+                events = await asyncio.to_thread(self.store.events_since, job_id, after, FOLLOWED)
+                for e in events:
+                    after = e.id
+                    yield Event(e.id, e.kind, dict(e.data))
+                    last_sent = time.monotonic()
+                    if e.kind == "state" and e.data.get("state") in TERMINAL_STATES:
+                        if e.data.get("state") == SUCCEEDED:
+                            async for a in self._activation(job_id, after, gone):
+                                yield a
+                        return
+                if events:
                     continue
-                # the client resumed past the final event
-                data = {"state": job.state, "model_version": job.model_version, "error": job.error}
-                yield Event(after, "state", data)
-                return
+                job = await asyncio.to_thread(self.store.get_job, job_id)
+                if job is None:  # deleted while followed
+                    return
+                if job.state in TERMINAL_STATES:
+                    # the job may have ended between the two reads: its final event (written with the state,
+                    # in one transaction) is then there to read, and the activation after it
+                    if await asyncio.to_thread(self.store.events_since, job_id, after, ("state",), 1):
+                        continue
+                    # the client resumed past the final event
+                    data = {"state": job.state, "model_version": job.model_version, "error": job.error}
+                    yield Event(after, "state", data)
+                    return
+            except Unavailable:  # the job database is down: the stream waits for it instead of breaking off
+                pass
             if await gone():
                 return
             if time.monotonic() - last_sent > KEEPALIVE_S:
@@ -256,16 +261,21 @@ class JobsService:
     ) -> AsyncIterator[Event]:
         """For a job that asked to be activated: its `activated` (or `activation_failed`) event, so a client
         that follows the stream to its end can use the new version at once."""
-        job = await asyncio.to_thread(self.store.get_job, job_id)
-        if job is None or not job.activate:
-            return
         poll, deadline = self.cfg.settings.job_poll_s, time.monotonic() + ACTIVATION_WAIT_S
-        last_sent = time.monotonic()
+        last_sent, asked = time.monotonic(), False
         while time.monotonic() < deadline and not await gone():
-            events = await asyncio.to_thread(self.store.events_since, job_id, after, ACTIVATION_KINDS)
-            if events:
-                yield Event(events[0].id, events[0].kind, dict(events[0].data))
-                return
+            try:
+                if not asked:
+                    job = await asyncio.to_thread(self.store.get_job, job_id)
+                    if job is None or not job.activate:
+                        return
+                    asked = True
+                events = await asyncio.to_thread(self.store.events_since, job_id, after, ACTIVATION_KINDS)
+                if events:
+                    yield Event(events[0].id, events[0].kind, dict(events[0].data))
+                    return
+            except Unavailable:  # as in `_follow`: wait for the database
+                pass
             if time.monotonic() - last_sent > KEEPALIVE_S:
                 yield Event(after, None, {})
                 last_sent = time.monotonic()

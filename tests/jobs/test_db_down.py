@@ -4,6 +4,8 @@ with nothing stored lost."""
 
 from __future__ import annotations
 
+import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,25 @@ def test_a_lost_job_database_is_a_503_and_the_service_recovers(
     assert srv.final_state(first) == "succeeded", srv.log_tail()
     srv.wait(first, lambda j: j["activated"], 60, "the activation")
     before = _listing(srv)
+    # a job followed across the outage: its stream waits for the database instead of breaking off
+    long = srv.submit({"model": "m", "train_dataset": train["id"], "base": {}, "params": {"epochs": 3000}})
+    srv.wait(long, lambda j: j["state"] == "running", 60, "the long job to start")
+    followed: dict[str, Any] = {"events": []}
+    streaming = threading.Event()
+
+    def follow() -> None:
+        try:
+            with srv.client.stream("GET", f"/v1/jobs/{long}/events", timeout=300) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data:"):
+                        followed["events"].append(json.loads(line.split(":", 1)[1]))
+                        streaming.set()
+        except Exception as exc:
+            followed["error"] = exc
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    assert streaming.wait(60)
 
     own_postgres.stop()
     with open(synth_files["test"], "rb") as fh:
@@ -62,6 +83,11 @@ def test_a_lost_job_database_is_a_503_and_the_service_recovers(
     assert r.status_code == 200, r.text
 
     assert own_postgres.start() is None
+    assert srv.client.post(f"/v1/jobs/{long}/cancel").status_code == 202
+    follower.join(300)
+    assert "error" not in followed, followed
+    assert followed["events"][-1] == {"state": "cancelled"}, followed["events"][-3:]
+    assert srv.client.delete(f"/v1/jobs/{long}").status_code == 204
     after = _listing(srv)
     assert after == before  # nothing lost, nothing half-written by the calls refused meanwhile
     # the refused upload left no file behind
