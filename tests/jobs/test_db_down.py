@@ -30,6 +30,9 @@ def test_a_lost_job_database_is_a_503_and_the_service_recovers(
     first = srv.submit({"model": "m", "train_dataset": train["id"], "params": TINY, "activate": True})
     assert srv.final_state(first) == "succeeded", srv.log_tail()
     srv.wait(first, lambda j: j["activated"], 60, "the activation")
+    spec = srv.client.get("/openapi.json").json()["paths"]
+    assert all("503" in spec[path][method]["responses"]  # documented, like every other status
+               for path, method in (("/v1/jobs", "post"), ("/v1/datasets", "get")))
     before = _listing(srv)
     # a job followed across the outage: its stream waits for the database instead of breaking off
     long = srv.submit({"model": "m", "train_dataset": train["id"], "base": {}, "params": {"epochs": 3000}})
