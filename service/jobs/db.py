@@ -35,13 +35,6 @@ def _sqlite_path(url: str) -> Path | None:
     return Path(parsed.database)
 
 
-def unavailable(exc: Exception, outcome: str = "") -> Unavailable:
-    """A lost job database as clients are told: 503 with Retry-After; no SQL, host or path in it."""
-    then = f": {outcome}" if outcome else ""
-    return Unavailable(f"the job database is unavailable ({type(exc).__name__}){then}; retry later",
-                       headers={"Retry-After": "2"})
-
-
 def lost(exc: BaseException) -> bool:
     """Whether a database error means the database cannot be reached or used now (down, restarting,
     locked, out of connections) rather than a statement at fault."""
@@ -52,14 +45,17 @@ def lost(exc: BaseException) -> bool:
 
 @contextlib.contextmanager
 def reachable(outcome: str = "") -> Iterator[None]:
-    """Run database calls; a lost database becomes `Unavailable` (`outcome` says what did not happen)."""
+    """Run database calls; a lost database becomes `Unavailable`, a 503 with Retry-After that names no
+    SQL, host or path (`outcome` says what did not happen); the log keeps the driver's message."""
     try:
         yield
     except Exception as exc:
         if not lost(exc):
             raise
         log.warning("job database unavailable", extra={"error": f"{type(exc).__name__}: {exc}"[:500]})
-        raise unavailable(exc, outcome) from exc
+        then = f": {outcome}" if outcome else ""
+        raise Unavailable(f"the job database is unavailable ({type(exc).__name__}){then}; retry later",
+                          headers={"Retry-After": "2"}) from exc
 
 
 def make_engine(url: str) -> Engine:

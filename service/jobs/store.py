@@ -106,7 +106,7 @@ class JobStore:
         """Remove the record; refused while a job (queued, running or ended) still names the dataset (as
         its training, test or replay set)."""
         with self.session() as s:
-            _lock_writes(s)  # PostgreSQL: the row lock below waits for a job being recorded on it
+            _lock_writes(s)  # on PostgreSQL the row's lock waits instead, for a job being recorded on it
             row = s.get(DatasetRow, dataset_id, with_for_update=True)
             if row is None:
                 raise NotFound(f"dataset {dataset_id!r} not found", loc=["path", "dataset_id"])
