@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from service.errors import Unavailable
 
 log = logging.getLogger("ovex.db")
+# an outage is logged once per this many seconds, not once per request or stream poll that meets it
+WARN_EVERY_S = 10.0
+_warned_at = {"last": float("-inf")}
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x6F766578  # "ovex"
@@ -52,7 +56,9 @@ def reachable(outcome: str = "") -> Iterator[None]:
     except Exception as exc:
         if not lost(exc):
             raise
-        log.warning("job database unavailable", extra={"error": f"{type(exc).__name__}: {exc}"[:500]})
+        if time.monotonic() - _warned_at["last"] >= WARN_EVERY_S:
+            _warned_at["last"] = time.monotonic()
+            log.warning("job database unavailable", extra={"error": f"{type(exc).__name__}: {exc}"[:500]})
         then = f": {outcome}" if outcome else ""
         raise Unavailable(f"the job database is unavailable ({type(exc).__name__}){then}; retry later",
                           headers={"Retry-After": "2"}) from exc
