@@ -40,6 +40,8 @@ from service.versions import retire
 
 log = logging.getLogger("ovex.registry")
 
+# a version being deleted is first renamed to this prefix (hidden: the scan skips it), then removed
+DELETING = ".deleting-"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -246,6 +248,7 @@ class ModelRegistry:
     def start(self) -> None:
         """Load every model's active version, then follow the database (run in a background thread:
         /healthz is up meanwhile). Waits for the database: serving without the truth would guess."""
+        self._sweep_deleted()
         try:
             while not self._stop.is_set():
                 try:
@@ -351,7 +354,7 @@ class ModelRegistry:
             keep = self.before_delete
             with contextlib.nullcontext() if keep is None else keep(name, version):
                 retire(self.models_dir / name, version)
-                gone = self.models_dir / name / f".deleting-{version}-{uuid.uuid4().hex[:8]}"
+                gone = self.models_dir / name / f"{DELETING}{version}-{uuid.uuid4().hex[:8]}"
                 (self.models_dir / name / version).rename(gone)
             self._refused.pop((name, version), None)
             try:
@@ -359,6 +362,12 @@ class ModelRegistry:
             except OSError as exc:  # deleted as far as anyone can see; the files are left to remove by hand
                 log.warning("files of a deleted version remain", extra={"model": name, "version": version,
                                                                         "error": str(exc)})
+
+    def _sweep_deleted(self) -> None:
+        """Remove what a deletion cut short (by a crash) left: versions already renamed out of sight."""
+        for gone in self.models_dir.glob(f"*/{DELETING}*"):
+            shutil.rmtree(gone, ignore_errors=True)
+            log.info("removed the files of a deleted version", extra={"model": gone.parent.name})
 
     # -- reads -------------------------------------------------------------------------------------
     def serving(self, name: str) -> ServedModel | None:

@@ -100,6 +100,14 @@ def test_a_job_is_never_queued_on_a_version_being_deleted(
             registry.delete_version("m", "1")
         assert (tmp_path / "models" / "m" / "1" / "weights.safetensors").is_file()
         assert sorted(p.name for p in (tmp_path / "models" / "m").iterdir()) == [".highest-version", "1"]
+
+        # a deletion cut short by a crash (renamed out of sight, files not yet removed) is finished at start
+        leftover = tmp_path / "models" / "m" / ".deleting-7-0123abcd"
+        shutil.copytree(trained, leftover)
+        assert registry.scan() == {"m": ["1"]}
+        registry.start()
+        registry.stop()
+        assert not leftover.exists() and (tmp_path / "models" / "m" / "1" / "weights.safetensors").is_file()
     finally:
         runtime.stop()
         registry.store.close()

@@ -353,6 +353,7 @@ def test_a_stored_base_that_cannot_be_read_is_a_409_as_everywhere_else(
     r = srv.client.post("/v1/jobs", json={"model": "b", "train_dataset": train["id"],
                                           "base": {"version": "2"}})
     assert r.status_code == 409 and "failed to load and was refused" in r.text, r.text  # as it was refused
+    assert str(srv.root) not in r.text and "Traceback" not in r.text, r.text
     assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs
 
 
