@@ -340,14 +340,16 @@ class ModelRegistry:
             return served, (prev.version if prev else None)
 
     def delete_version(self, name: str, version: str) -> None:
-        """Remove a version's directory; refused for the version that serves (activate another first), and
-        while `before_delete` refuses. That guard is held until the directory is renamed out of sight (a
-        hidden name the scan skips), so nothing it keeps out can start on the version meanwhile."""
+        """Remove a version's directory; refused for the active version (serving here, or recorded as
+        active for every replica: activate another first), and while `before_delete` refuses. That guard
+        is held until the directory is renamed out of sight (a hidden name the scan skips), so nothing it
+        keeps out can start on the version meanwhile."""
         with self._lock:
             if version not in self.scan().get(name, []):
                 raise NotFound(f"model {name!r} has no version {version!r}")
             served = self._active.get(name)
-            if served is not None and served.version == version:
+            # the database's choice counts too: this process may not have followed an activation yet
+            if version in (served.version if served is not None else None, self.store.get(name)):
                 raise Conflict(
                     f"version {version!r} of model {name!r} is the active one: activate another version first"
                 )

@@ -179,6 +179,8 @@ def test_a_base_that_does_not_fit_is_refused_before_queueing(
     finally:
         active.close()
     assert srv.client.get("/v1/models/m").json()["active_version"] == "1"
+    r = srv.client.delete("/v1/models/m/versions/2")  # what every replica is to serve is kept, here too
+    assert r.status_code == 409 and "is the active one" in r.text, r.text
     grow = srv.submit({"model": "m", "train_dataset": train["id"], "base": {}, "params": {"epochs": 1}})
     assert srv.job(grow)["base"]["version"] == "2"
     assert srv.final_state(grow) == "succeeded", srv.log_tail()
