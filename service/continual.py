@@ -123,12 +123,17 @@ def resolve_base(
     return Resolved(BaseRef(name, version, replay), merged, labels, features, xc_labels)
 
 
-def _named_by_ids(path: Path, n_labels: int) -> bool:
+def _named_by_ids(path: Path, n_labels: int, chunk: int = 1 << 16) -> bool:
     """Whether the base's labels are named "0", "1", ... in id order (a model trained on XC data without
-    label names), by comparing labels.txt with that listing as the artifact writer writes it."""
-    ids = labels_text([str(i) for i in range(n_labels)])
+    label names), by comparing labels.txt with that listing as the artifact writer writes it, a chunk of
+    ids at a time: a request costs bounded memory at any label count, and a named base stops at once."""
     try:
-        return (path / "labels.txt").read_text(encoding="utf-8") == ids
+        with open(path / "labels.txt", encoding="utf-8") as fh:
+            for lo in range(0, n_labels, chunk):
+                ids = labels_text([str(i) for i in range(lo, min(lo + chunk, n_labels))])
+                if fh.read(len(ids)) != ids:
+                    return False
+            return fh.read(1) == ""
     except (OSError, UnicodeDecodeError):
         return False
 

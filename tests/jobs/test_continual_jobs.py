@@ -250,8 +250,9 @@ def test_a_base_named_by_ids_shares_them_with_xc_data(tmp_path: Path) -> None:
     from trainer.artifact import labels_text
 
     (tmp_path / "labels.txt").write_text(labels_text([str(i) for i in range(12)]), encoding="utf-8")
-    assert _named_by_ids(tmp_path, 12)
-    assert not _named_by_ids(tmp_path, 11) and not _named_by_ids(tmp_path, 13)
+    for chunk in (1, 5, 12, 1 << 16):  # read a chunk of ids at a time: the answer does not depend on it
+        assert _named_by_ids(tmp_path, 12, chunk)
+        assert not _named_by_ids(tmp_path, 11, chunk) and not _named_by_ids(tmp_path, 13, chunk)
     (tmp_path / "labels.txt").write_text(labels_text([*map(str, range(11)), "cat"]), encoding="utf-8")
     assert not _named_by_ids(tmp_path, 12)
     assert not _named_by_ids(tmp_path / "gone", 12)
