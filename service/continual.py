@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.errors import InputError, Invalid, Loc, NotFound
-from trainer.artifact import labels_text
+from service.errors import Conflict, InputError, Invalid, Loc, NotFound
+from service.versions import some_versions
+from trainer.artifact import labels_text, map_safetensors
 from trainer.continual import continual_params
 from trainer.errors import ArtifactError, OvexError, ParamsError
 from trainer.params import TrainParams
@@ -47,14 +48,20 @@ class Resolved:
 
 
 def _base_summary(path: Path, label: str) -> tuple[TrainParams, int, int, str]:
-    """(params, n_labels, n_features, featurizer kind) from the JSON files, without loading the weights."""
+    """(params, n_labels, n_features, featurizer kind) from the JSON files; the weights' header is read
+    and every tensor's byte range checked against the file (a cut-short file), not their values."""
+    what = "config.json"
     try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        kind = json.loads((path / "featurizer" / "featurizer.json").read_text(encoding="utf-8"))["kind"]
-        return (TrainParams.from_json_dict(config["params"]), int(config["n_labels"]),
-                int(config["n_features"]), str(kind))
+        config = json.loads((path / what).read_text(encoding="utf-8"))
+        params = TrainParams.from_json_dict(config["params"])
+        n_labels, n_features = int(config["n_labels"]), int(config["n_features"])
+        what = "featurizer/featurizer.json"
+        kind = str(json.loads((path / what).read_text(encoding="utf-8"))["kind"])
+        what = "weights.safetensors"
+        map_safetensors(path / what)
+        return params, n_labels, n_features, kind
     except (OSError, ValueError, KeyError, TypeError, OvexError) as exc:
-        raise ArtifactError(label, f"cannot be read as a base model ({type(exc).__name__})") from None
+        raise ArtifactError(label, f"{what} cannot be read ({type(exc).__name__})") from None
 
 
 def resolve_base(
@@ -70,8 +77,9 @@ def resolve_base(
 
     `base` holds optional `model` (default: the job's), `version` (default: the active one, else the
     newest) and `replay_dataset` (default: the training dataset of the job that made the base, when
-    known). Raises `NotFound` (404) for an unknown model, version or dataset and `Invalid` (422) for a
-    base that does not fit the job's model, the data or the parameters.
+    known). Raises `NotFound` (404) for an unknown model, version or dataset, `Conflict` (409) for a stored
+    version that cannot be read, and `Invalid` (422) for a base that does not fit the job's model, the
+    data or the parameters.
     """
     name = base.get("model") or job_model
     stored = registry.scan()
@@ -87,12 +95,15 @@ def resolve_base(
     if version is None:
         version = _active_version(registry, name, versions)
     elif version not in versions:
-        raise NotFound(f"base: model {name!r} has no version {version!r} (it has {', '.join(versions)})")
+        raise NotFound(f"base: model {name!r} has no version {version!r} (it has {some_versions(versions)})")
     ref = BaseRef(name, version, None)
+    refused = registry.refused(name, version)
     try:
+        if refused is not None:
+            raise ArtifactError(ref.label, f"failed to load and was refused: {refused}")
         base_params, labels, features, kind = _base_summary(registry.models_dir / name / version, ref.label)
-    except ArtifactError as exc:
-        raise InputError([(["body", "base"], str(exc))]) from None
+    except ArtifactError as exc:  # the request is fine, the stored version is broken: as for activating it
+        raise Conflict(f"base: {exc}; continue another version", loc=["body", "base"]) from None
     wants = "jsonl" if kind == "text" else "xc"
     if train.format != wants:
         raise InputError([(["body", "train_dataset"], f"dataset {train.id} is {train.format} but {ref.label} "
@@ -112,12 +123,17 @@ def resolve_base(
     return Resolved(BaseRef(name, version, replay), merged, labels, features, xc_labels)
 
 
-def _named_by_ids(path: Path, n_labels: int) -> bool:
+def _named_by_ids(path: Path, n_labels: int, chunk: int = 1 << 16) -> bool:
     """Whether the base's labels are named "0", "1", ... in id order (a model trained on XC data without
-    label names), by comparing labels.txt with that listing as the artifact writer writes it."""
-    ids = labels_text([str(i) for i in range(n_labels)])
+    label names), by comparing labels.txt with that listing as the artifact writer writes it, a chunk of
+    ids at a time: a request costs bounded memory at any label count, and a named base stops at once."""
     try:
-        return (path / "labels.txt").read_text(encoding="utf-8") == ids
+        with open(path / "labels.txt", encoding="utf-8") as fh:
+            for lo in range(0, n_labels, chunk):
+                ids = labels_text([str(i) for i in range(lo, min(lo + chunk, n_labels))])
+                if fh.read(len(ids)) != ids:
+                    return False
+            return fh.read(1) == ""
     except (OSError, UnicodeDecodeError):
         return False
 

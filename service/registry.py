@@ -21,16 +21,17 @@ import re
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from service.api.metrics import Metrics
 from service.errors import Conflict, NotFound, Unavailable
 from service.jobs.active import ActiveVersions
+from service.jobs.db import reachable
 from service.predictor import Predictor
 from service.quantized_scan import Check, no_check
 from service.retrieval import ExactScorer, RetrievalConfig, Retriever, build_retriever, configure_threads
@@ -39,6 +40,8 @@ from service.versions import retire
 
 log = logging.getLogger("ovex.registry")
 
+# a version being deleted is first renamed to this prefix (hidden: the scan skips it), then removed
+DELETING = ".deleting-"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -155,8 +158,8 @@ class ModelRegistry:
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
         self.started = threading.Event()  # the start-up scan finished (loaded or not)
-        # called before a version is deleted; raises to keep it (the job system keeps the bases of its jobs)
-        self.before_delete: Callable[[str, str], None] | None = None
+        # held while a version is deleted; raises to keep it (the job system keeps the bases of its jobs)
+        self.before_delete: Callable[[str, str], AbstractContextManager[object]] | None = None
 
     # -- discovery -------------------------------------------------------------------------------
     def scan(self) -> dict[str, list[str]]:
@@ -245,6 +248,7 @@ class ModelRegistry:
     def start(self) -> None:
         """Load every model's active version, then follow the database (run in a background thread:
         /healthz is up meanwhile). Waits for the database: serving without the truth would guess."""
+        self._sweep_deleted()
         try:
             while not self._stop.is_set():
                 try:
@@ -322,14 +326,8 @@ class ModelRegistry:
             return served
 
     def _record(self, name: str, version: str) -> None:
-        try:
+        with reachable(f"version {version!r} of model {name!r} was not activated"):
             self.store.set(name, version)
-        except SQLAlchemyError as exc:
-            raise Unavailable(
-                f"the database that records active versions is unreachable ({type(exc).__name__}); "
-                f"version {version!r} of model {name!r} was not activated, retry later",
-                headers={"Retry-After": "2"},
-            ) from exc
 
     def activate(self, name: str, version: str) -> tuple[ServedModel, str | None]:
         """Hot swap: load + warm the version here, make it active, then record the choice for every
@@ -342,20 +340,36 @@ class ModelRegistry:
             return served, (prev.version if prev else None)
 
     def delete_version(self, name: str, version: str) -> None:
-        """Remove a version's directory; refused for the version that serves (activate another first)."""
+        """Remove a version's directory; refused for the active version (serving here, or recorded as
+        active for every replica: activate another first), and while `before_delete` refuses. That guard
+        is held until the directory is renamed out of sight (a hidden name the scan skips), so nothing it
+        keeps out can start on the version meanwhile."""
         with self._lock:
             if version not in self.scan().get(name, []):
                 raise NotFound(f"model {name!r} has no version {version!r}")
             served = self._active.get(name)
-            if served is not None and served.version == version:
+            # the database's choice counts too: this process may not have followed an activation yet
+            if version in (served.version if served is not None else None, self.store.get(name)):
                 raise Conflict(
                     f"version {version!r} of model {name!r} is the active one: activate another version first"
                 )
-            if self.before_delete is not None:
-                self.before_delete(name, version)
-            retire(self.models_dir / name, version)
-            shutil.rmtree(self.models_dir / name / version)
+            keep = self.before_delete
+            with contextlib.nullcontext() if keep is None else keep(name, version):
+                retire(self.models_dir / name, version)
+                gone = self.models_dir / name / f"{DELETING}{version}-{uuid.uuid4().hex[:8]}"
+                (self.models_dir / name / version).rename(gone)
             self._refused.pop((name, version), None)
+            try:
+                shutil.rmtree(gone)
+            except OSError as exc:  # deleted as far as anyone can see; the files are left to remove by hand
+                log.warning("files of a deleted version remain", extra={"model": name, "version": version,
+                                                                        "error": str(exc)})
+
+    def _sweep_deleted(self) -> None:
+        """Remove what a deletion cut short (by a crash) left: versions already renamed out of sight."""
+        for gone in self.models_dir.glob(f"*/{DELETING}*"):
+            shutil.rmtree(gone, ignore_errors=True)
+            log.info("removed the files of a deleted version", extra={"model": gone.parent.name})
 
     # -- reads -------------------------------------------------------------------------------------
     def serving(self, name: str) -> ServedModel | None:

@@ -11,6 +11,14 @@ from trainer.durable import commit_file
 HIGH_WATER = ".highest-version"
 
 
+def some_versions(versions: list[str], shown: int = 5) -> str:
+    """A model's versions (ascending) as a message names them: all of a few; of many, how many and the
+    newest `shown`, so an answer stays short however many versions a model has."""
+    if len(versions) <= shown:
+        return ", ".join(versions)
+    return f"{len(versions)} versions, the newest {', '.join(reversed(versions[-shown:]))}"
+
+
 def _recorded(model_dir: Path) -> int:
     try:
         return int((model_dir / HIGH_WATER).read_text().strip() or 0)

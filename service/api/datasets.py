@@ -13,7 +13,12 @@ from service.errors import Unavailable
 from service.jobs.models import DatasetRow
 from service.jobs.service import JobsService
 
-router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
+# every route of the jobs and datasets API reads the job database
+DB_DOWN: dict[int | str, dict[str, Any]] = {
+    503: {"description": "the job database is unavailable (or the job system is not running here); retry "
+                         "after Retry-After seconds"}
+}
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=DB_DOWN)
 
 
 class DatasetOut(BaseModel):

@@ -13,14 +13,14 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from service.api.auth import ApiKey, ReadKey
-from service.api.datasets import KEYED, Cursor, Jobs, Limit
+from service.api.datasets import DB_DOWN, KEYED, Cursor, Jobs, Limit
 from service.errors import InputError
 from service.jobs.models import JobRow
 from service.jobs.service import Event, JobRequest
 from trainer.losses import LOSSES, load_plugins
 from trainer.params import TrainParams, given_params, validation_message
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=DB_DOWN)
 
 MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 DATASET_ID = r"^[A-Za-z0-9_.-]{1,40}$"  # ids are ds_<hex>; anything else (NUL, ...) never reaches the DB
@@ -195,6 +195,7 @@ UNKNOWN: dict[int | str, dict[str, Any]] = {404: {"description": "unknown job"}}
     responses={
         **KEYED,
         404: {"description": "unknown dataset, or base model/version"},
+        409: {"description": "the base version is stored but cannot be read (as when activating it)"},
         422: {"description": "invalid params, a base that does not fit the data, or over the memory budget"},
     },
 )

@@ -25,6 +25,7 @@ from service.api.v2_protocol import (
 )
 from service.errors import InputError, Malformed, NotFound
 from service.registry import ModelRegistry, ServedModel
+from service.versions import some_versions
 
 router = APIRouter(prefix="/v2", tags=["v2 (open inference protocol)"])
 
@@ -45,7 +46,7 @@ def _served(registry: ModelRegistry, name: str, version: str | None) -> ServedMo
     if versions is None:
         raise NotFound(f"unknown model {name!r}")
     if version is not None and version not in versions:
-        raise NotFound(f"model {name!r} has no version {version!r} (versions: {', '.join(versions)})")
+        raise NotFound(f"model {name!r} has no version {version!r} (versions: {some_versions(versions)})")
     served = registry.get(name)
     if version is not None and served.version != version:
         raise Malformed(

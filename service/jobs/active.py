@@ -18,7 +18,7 @@ from sqlalchemy import Boolean, Engine, Float, String, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from service.jobs.db import make_engine, migrate
+from service.jobs.db import make_engine, migrate, reachable
 from service.jobs.models import Base
 
 log = logging.getLogger("ovex.active")
@@ -56,7 +56,7 @@ class ActiveVersions:
             return {m: v for m, v in s.execute(select(ActiveVersionRow.model, ActiveVersionRow.version))}
 
     def get(self, model: str) -> str | None:
-        with Session(self.engine) as s:
+        with reachable(), Session(self.engine) as s:
             row = s.get(ActiveVersionRow, model)
             return None if row is None else row.version
 

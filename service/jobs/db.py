@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,15 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from service.errors import Unavailable
+
+log = logging.getLogger("ovex.db")
+# an outage is logged once per this many seconds, not once per request or stream poll that meets it
+WARN_EVERY_S = 10.0
+_warned_at = {"last": float("-inf")}
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x6F766578  # "ovex"
@@ -26,6 +37,31 @@ def _sqlite_path(url: str) -> Path | None:
     if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
         return None
     return Path(parsed.database)
+
+
+def lost(exc: BaseException) -> bool:
+    """Whether a database error means the database cannot be reached or used now (down, restarting,
+    locked, out of connections) rather than a statement at fault."""
+    return isinstance(exc, OperationalError | InterfaceError | PoolTimeout) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    )
+
+
+@contextlib.contextmanager
+def reachable(outcome: str = "") -> Iterator[None]:
+    """Run database calls; a lost database becomes `Unavailable`, a 503 with Retry-After that names no
+    SQL, host or path (`outcome` says what did not happen); the log keeps the driver's message."""
+    try:
+        yield
+    except Exception as exc:
+        if not lost(exc):
+            raise
+        if time.monotonic() - _warned_at["last"] >= WARN_EVERY_S:
+            _warned_at["last"] = time.monotonic()
+            log.warning("job database unavailable", extra={"error": f"{type(exc).__name__}: {exc}"[:500]})
+        then = f": {outcome}" if outcome else ""
+        raise Unavailable(f"the job database is unavailable ({type(exc).__name__}){then}; retry later",
+                          headers={"Retry-After": "2"}) from exc
 
 
 def make_engine(url: str) -> Engine:

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,7 +35,7 @@ class Registry(Protocol):
 
     def load_version(self, name: str, version: str, activate: bool = False) -> Any: ...
 
-    before_delete: Callable[[str, str], None] | None
+    before_delete: Callable[[str, str], AbstractContextManager[object]] | None
 
 
 class JobsRuntime:

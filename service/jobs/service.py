@@ -12,12 +12,10 @@ import json
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-
-from sqlalchemy.exc import SQLAlchemyError
 
 from service.continual import resolve_base
 from service.errors import Conflict, Invalid, NotFound, Unavailable
@@ -35,6 +33,8 @@ from trainer.params import TrainParams
 KEEPALIVE_S = 10.0
 # how long the stream of a succeeded job that asked to be activated waits for the version to serve
 ACTIVATION_WAIT_S = 300.0
+# the events a job's stream follows until its terminal state
+FOLLOWED = ("state", "progress")
 # the events that end the wait for an activation
 ACTIVATION_KINDS = ("activated", "activation_failed")
 
@@ -151,24 +151,30 @@ class JobsService:
             params=params.to_json_dict(),
             activate=req.activate,
             base=base,
+            base_exists=None if base is None else lambda: self._base_exists(base),
         )
 
-    def keep_bases(self, model: str, version: str) -> None:
-        """Refuse to delete a version that a queued or running job continues (the job would fail, or fail
-        to resume); the registry calls this before it deletes a version."""
-        try:
-            jobs = self.store.continuing(model, version)
-        except SQLAlchemyError as exc:  # unknown whether a job needs it: keep it for now
-            raise Unavailable(
-                f"the job database is unreachable ({type(exc).__name__}); version {version!r} of model "
-                f"{model!r} was not deleted, retry later",
-                headers={"Retry-After": "2"},
-            ) from exc
-        if jobs:
-            raise Conflict(
-                f"version {version!r} of model {model!r} is the base of {len(jobs)} queued or running job(s) "
-                f"({', '.join(jobs)}); cancel them or wait until they end"
-            )
+    def _base_exists(self, base: dict[str, Any]) -> None:
+        """Checked again under the version's lock: it may have been deleted since it was resolved."""
+        model, version = str(base["model"]), str(base["version"])
+        assert self.registry is not None  # a job with a base was resolved against it
+        if not (self.registry.models_dir / model / version).is_dir():
+            raise NotFound(f"base: version {version!r} of model {model!r} was deleted while the job was "
+                           "submitted; continue another version")
+
+    @contextlib.contextmanager
+    def keep_bases(self, model: str, version: str) -> Iterator[None]:
+        """Held by the registry while it deletes a version: refuses one that a queued or running job
+        continues (the job would fail, or fail to resume), and keeps any job from being recorded on it
+        until it is gone (`JobStore.version_lock`). The database down: unknown, so it is kept (503)."""
+        with self.store.version_lock(model, version) as s:
+            jobs = self.store.continuing(s, model, version)
+            if jobs:
+                raise Conflict(
+                    f"version {version!r} of model {model!r} is the base of {len(jobs)} queued or running "
+                    f"job(s) ({', '.join(jobs)}); cancel them or wait until they end"
+                )
+            yield
 
     def get(self, job_id: str) -> JobRow:
         job = self.store.get_job(job_id)
@@ -216,30 +222,33 @@ class JobsService:
         poll = self.cfg.settings.job_poll_s
         last_sent = time.monotonic()
         while True:
-            events = await asyncio.to_thread(self.store.events_since, job_id, after, ("state", "progress"))
-            for e in events:
-                after = e.id
-                yield Event(e.id, e.kind, dict(e.data))
-                last_sent = time.monotonic()
-                if e.kind == "state" and e.data.get("state") in TERMINAL_STATES:
-                    if e.data.get("state") == SUCCEEDED:
-                        async for a in self._activation(job_id, after, gone):
-                            yield a
-                    return
-            if events:
-                continue
-            job = await asyncio.to_thread(self.store.get_job, job_id)
-            if job is None:  # deleted while followed
-                return
-            if job.state in TERMINAL_STATES:
-                # the job may have ended between the two reads: its final event (written with the state,
-                # in one transaction) is then there to read, and the activation after it
-                if await asyncio.to_thread(self.store.events_since, job_id, after, ("state",), 1):
+            try:
+                events = await asyncio.to_thread(self.store.events_since, job_id, after, FOLLOWED)
+                for e in events:
+                    after = e.id
+                    yield Event(e.id, e.kind, dict(e.data))
+                    last_sent = time.monotonic()
+                    if e.kind == "state" and e.data.get("state") in TERMINAL_STATES:
+                        if e.data.get("state") == SUCCEEDED:
+                            async for a in self._activation(job_id, after, gone):
+                                yield a
+                        return
+                if events:
                     continue
-                # the client resumed past the final event
-                data = {"state": job.state, "model_version": job.model_version, "error": job.error}
-                yield Event(after, "state", data)
-                return
+                job = await asyncio.to_thread(self.store.get_job, job_id)
+                if job is None:  # deleted while followed
+                    return
+                if job.state in TERMINAL_STATES:
+                    # the job may have ended between the two reads: its final event (written with the state,
+                    # in one transaction) is then there to read, and the activation after it
+                    if await asyncio.to_thread(self.store.events_since, job_id, after, ("state",), 1):
+                        continue
+                    # the client resumed past the final event
+                    data = {"state": job.state, "model_version": job.model_version, "error": job.error}
+                    yield Event(after, "state", data)
+                    return
+            except Unavailable:  # the job database is down: the stream waits for it instead of breaking off
+                pass
             if await gone():
                 return
             if time.monotonic() - last_sent > KEEPALIVE_S:
@@ -252,16 +261,21 @@ class JobsService:
     ) -> AsyncIterator[Event]:
         """For a job that asked to be activated: its `activated` (or `activation_failed`) event, so a client
         that follows the stream to its end can use the new version at once."""
-        job = await asyncio.to_thread(self.store.get_job, job_id)
-        if job is None or not job.activate:
-            return
         poll, deadline = self.cfg.settings.job_poll_s, time.monotonic() + ACTIVATION_WAIT_S
-        last_sent = time.monotonic()
+        last_sent, asked = time.monotonic(), False
         while time.monotonic() < deadline and not await gone():
-            events = await asyncio.to_thread(self.store.events_since, job_id, after, ACTIVATION_KINDS)
-            if events:
-                yield Event(events[0].id, events[0].kind, dict(events[0].data))
-                return
+            try:
+                if not asked:
+                    job = await asyncio.to_thread(self.store.get_job, job_id)
+                    if job is None or not job.activate:
+                        return
+                    asked = True
+                events = await asyncio.to_thread(self.store.events_since, job_id, after, ACTIVATION_KINDS)
+                if events:
+                    yield Event(events[0].id, events[0].kind, dict(events[0].data))
+                    return
+            except Unavailable:  # as in `_follow`: wait for the database
+                pass
             if time.monotonic() - last_sent > KEEPALIVE_S:
                 yield Event(after, None, {})
                 last_sent = time.monotonic()

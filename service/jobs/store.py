@@ -13,17 +13,19 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import hashlib
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import CursorResult, Engine, Select, delete, func, or_, select, update
+from sqlalchemy import CursorResult, Engine, Select, delete, false, func, or_, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.errors import Conflict, Invalid, NotFound
+from service.jobs.db import reachable
 from service.jobs.models import (
     ACTIVE_STATES,
     CANCELLED,
@@ -63,7 +65,23 @@ class JobStore:
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
-        with self._sessions() as s, s.begin():
+        """One transaction; a lost database is `Unavailable` (a 503 to clients, a retry to workers)."""
+        with reachable(), self._sessions() as s, s.begin():
+            yield s
+
+    @contextlib.contextmanager
+    def version_lock(self, model: str, version: str) -> Iterator[Session]:
+        """A transaction holding the lock that deleting `model` version `version` and recording a job that
+        continues it both take, in every process and replica: neither acts on what the other is half-way
+        through. PostgreSQL: an advisory lock on the pair; SQLite: the database's write lock, taken by a
+        write that changes nothing."""
+        with self.session() as s:
+            if s.get_bind().dialect.name == "postgresql":
+                key = int.from_bytes(hashlib.blake2b(f"{model}/{version}".encode(), digest_size=8).digest(),
+                                     "big", signed=True)
+                s.execute(text("SELECT pg_advisory_xact_lock(CAST(:k AS BIGINT))"), {"k": key})
+            else:
+                _lock_writes(s)
             yield s
 
     # -- datasets -------------------------------------------------------------------------------
@@ -88,7 +106,8 @@ class JobStore:
         """Remove the record; refused while a job (queued, running or ended) still names the dataset (as
         its training, test or replay set)."""
         with self.session() as s:
-            row = s.get(DatasetRow, dataset_id)
+            _lock_writes(s)  # on PostgreSQL the row's lock waits instead, for a job being recorded on it
+            row = s.get(DatasetRow, dataset_id, with_for_update=True)
             if row is None:
                 raise NotFound(f"dataset {dataset_id!r} not found", loc=["path", "dataset_id"])
             users = list(
@@ -141,7 +160,17 @@ class JobStore:
         params: dict[str, Any],
         activate: bool,
         base: dict[str, Any] | None = None,
+        base_exists: Callable[[], None] | None = None,
     ) -> JobRow:
+        """Record a queued job, once its datasets are seen to exist under a lock that deleting them waits
+        for (`NotFound` naming the field when one was deleted since the caller checked it). One that
+        continues `base` is recorded under the base's `version_lock`, after `base_exists` (which raises
+        when the version is gone) has passed under it."""
+        uses: dict[str, list[str | int]] = {train_dataset: ["body", "train_dataset"]}
+        if test_dataset is not None:
+            uses.setdefault(test_dataset, ["body", "test_dataset"])
+        if base is not None and base.get("replay_dataset"):
+            uses.setdefault(str(base["replay_dataset"]), ["body", "base", "replay_dataset"])
         now = time.time()
         row = JobRow(
             id=new_id("job"),
@@ -158,7 +187,16 @@ class JobStore:
             updated_at=now,
             activated=False,
         )
-        with self.session() as s:
+        lock = self.version_lock(str(base["model"]), str(base["version"])) if base else self.session()
+        with lock as s:
+            if base_exists is not None:
+                base_exists()
+            _lock_writes(s)
+            q = select(DatasetRow.id).where(DatasetRow.id.in_(list(uses))).with_for_update(read=True)
+            found = set(s.scalars(q))
+            for dataset_id, loc in uses.items():
+                if dataset_id not in found:
+                    raise NotFound(f"dataset {dataset_id!r} was deleted while the job was submitted", loc=loc)
             s.add(row)
             s.flush()
             s.add(JobEventRow(job_id=row.id, ts=now, kind="state", data={"state": QUEUED}))
@@ -203,15 +241,15 @@ class JobStore:
             )
             return s.scalars(q.limit(1)).first()
 
-    def continuing(self, model: str, version: str, limit: int = 20) -> list[str]:
-        """Ids of the queued and running jobs that continue `model` version `version`, oldest first."""
-        with self.session() as s:
-            q = select(JobRow.id).where(
-                JobRow.state.in_(ACTIVE_STATES),
-                JobRow.base["model"].as_string() == model,
-                JobRow.base["version"].as_string() == version,
-            )
-            return list(s.scalars(q.order_by(JobRow.created_at).limit(limit)))
+    def continuing(self, s: Session, model: str, version: str, limit: int = 20) -> list[str]:
+        """Ids of the queued and running jobs that continue `model` version `version`, oldest first (in
+        the transaction `s`, e.g. one holding its `version_lock`)."""
+        q = select(JobRow.id).where(
+            JobRow.state.in_(ACTIVE_STATES),
+            JobRow.base["model"].as_string() == model,
+            JobRow.base["version"].as_string() == version,
+        )
+        return list(s.scalars(q.order_by(JobRow.created_at).limit(limit)))
 
     def delete_job(self, job_id: str) -> JobRow:
         """Remove an ended job and its events; a queued or running one must be cancelled first."""
@@ -441,6 +479,13 @@ class JobStore:
             )
             if _rowcount(res) == 1:
                 self._event(s, job_id, "activated", {"model_version": version})
+
+
+def _lock_writes(s: Session) -> None:
+    """SQLite: take the database's write lock now (a write that changes nothing), so what the transaction
+    reads next cannot change before it commits. PostgreSQL locks rows instead: nothing to do."""
+    if s.get_bind().dialect.name == "sqlite":
+        s.execute(update(JobRow).where(false()).values(id=JobRow.id))
 
 
 def _rowcount(res: Any) -> int:

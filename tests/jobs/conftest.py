@@ -135,8 +135,46 @@ def _apt_install(package: str) -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
+@dataclass
+class Postgres:
+    """A PostgreSQL server on loopback in its own temp dir; `stop()` and `start()` it again to take the
+    job database away from a running service (its data survives)."""
+
+    root: Path
+    pg_ctl: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        """The test database (`ovex_test`)."""
+        return f"postgresql+psycopg://ovex@127.0.0.1:{self.port}/ovex_test"
+
+    def start(self) -> str | None:
+        """Start the server; an error text, or None once it accepts connections."""
+        opts = f"-p {self.port} -k {self.root / 'sock'} -c listen_addresses=127.0.0.1 -c fsync=off " \
+               "-c max_connections=200"
+        r = subprocess.run(
+            _run_as_postgres([self.pg_ctl, "-D", str(self.root / "data"), "-o", opts, "-l",
+                              str(self.root / "log"), "-w", "-t", "60", "start"]),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if r.returncode == 0:
+            return None
+        log = (self.root / "log").read_text()[-400:] if (self.root / "log").exists() else ""
+        return f"{r.stderr.strip()[-300:]} {log}"
+
+    def stop(self, mode: str = "immediate") -> None:
+        subprocess.run(
+            _run_as_postgres([self.pg_ctl, "-D", str(self.root / "data"), "-m", mode, "-w", "stop"]),
+            capture_output=True,
+            timeout=60,
+        )
+
+
+def start_postgres() -> Postgres:
+    """initdb and start a server with an empty `ovex_test` database; skips (or fails) when it cannot."""
     initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
     if not (initdb and pg_ctl):
         err = _apt_install("postgresql")
@@ -146,14 +184,14 @@ def postgres_url() -> Iterator[str]:
     assert initdb and pg_ctl
     root = Path(tempfile.mkdtemp(prefix="ovex-pg-"))
     root.chmod(0o755)
-    data, sock = root / "data", root / "sock"
+    sock = root / "sock"
     sock.mkdir()
     if os.geteuid() == 0:
         shutil.chown(root, "postgres")
         shutil.chown(sock, "postgres")
-    port = free_port()
+    pg = Postgres(root, pg_ctl, free_port())
     r = subprocess.run(
-        _run_as_postgres([initdb, "-D", str(data), "-A", "trust", "-U", "ovex", "--no-sync"]),
+        _run_as_postgres([initdb, "-D", str(root / "data"), "-A", "trust", "-U", "ovex", "--no-sync"]),
         capture_output=True,
         text=True,
         timeout=120,
@@ -161,32 +199,44 @@ def postgres_url() -> Iterator[str]:
     if r.returncode != 0:
         shutil.rmtree(root, ignore_errors=True)
         _unavailable(f"PostgreSQL initdb failed: {r.stderr.strip()[-400:]}")
-    opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-    r = subprocess.run(
-        _run_as_postgres(
-            [pg_ctl, "-D", str(data), "-o", opts, "-l", str(root / "log"), "-w", "-t", "60", "start"]
-        ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if r.returncode != 0:
-        log = (root / "log").read_text()[-400:] if (root / "log").exists() else ""
+    err = pg.start()
+    if err is not None:
         shutil.rmtree(root, ignore_errors=True)
-        _unavailable(f"PostgreSQL did not start: {r.stderr.strip()[-300:]} {log}")
+        _unavailable(f"PostgreSQL did not start: {err}")
     try:
         import psycopg
 
-        with psycopg.connect(f"host=127.0.0.1 port={port} user=ovex dbname=postgres", autocommit=True) as c:
+        admin = f"host=127.0.0.1 port={pg.port} user=ovex dbname=postgres"
+        with psycopg.connect(admin, autocommit=True) as c:
             c.execute("CREATE DATABASE ovex_test")
-        yield f"postgresql+psycopg://ovex@127.0.0.1:{port}/ovex_test"
+    except BaseException:
+        remove_postgres(pg)
+        raise
+    return pg
+
+
+def remove_postgres(pg: Postgres) -> None:
+    pg.stop()
+    shutil.rmtree(pg.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    pg = start_postgres()
+    try:
+        yield pg.url
     finally:
-        subprocess.run(
-            _run_as_postgres([pg_ctl, "-D", str(data), "-m", "immediate", "stop"]),
-            capture_output=True,
-            timeout=60,
-        )
-        shutil.rmtree(root, ignore_errors=True)
+        remove_postgres(pg)
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[Postgres]:
+    """A PostgreSQL server of the test's own, which it may stop and restart."""
+    pg = start_postgres()
+    try:
+        yield pg
+    finally:
+        remove_postgres(pg)
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.services)])

@@ -179,6 +179,8 @@ def test_a_base_that_does_not_fit_is_refused_before_queueing(
     finally:
         active.close()
     assert srv.client.get("/v1/models/m").json()["active_version"] == "1"
+    r = srv.client.delete("/v1/models/m/versions/2")  # what every replica is to serve is kept, here too
+    assert r.status_code == 409 and "is the active one" in r.text, r.text
     grow = srv.submit({"model": "m", "train_dataset": train["id"], "base": {}, "params": {"epochs": 1}})
     assert srv.job(grow)["base"]["version"] == "2"
     assert srv.final_state(grow) == "succeeded", srv.log_tail()
@@ -248,8 +250,9 @@ def test_a_base_named_by_ids_shares_them_with_xc_data(tmp_path: Path) -> None:
     from trainer.artifact import labels_text
 
     (tmp_path / "labels.txt").write_text(labels_text([str(i) for i in range(12)]), encoding="utf-8")
-    assert _named_by_ids(tmp_path, 12)
-    assert not _named_by_ids(tmp_path, 11) and not _named_by_ids(tmp_path, 13)
+    for chunk in (1, 5, 12, 1 << 16):  # read a chunk of ids at a time: the answer does not depend on it
+        assert _named_by_ids(tmp_path, 12, chunk)
+        assert not _named_by_ids(tmp_path, 11, chunk) and not _named_by_ids(tmp_path, 13, chunk)
     (tmp_path / "labels.txt").write_text(labels_text([*map(str, range(11)), "cat"]), encoding="utf-8")
     assert not _named_by_ids(tmp_path, 12)
     assert not _named_by_ids(tmp_path / "gone", 12)
@@ -302,17 +305,77 @@ def test_a_continual_job_survives_a_killed_server_and_resumes_from_its_checkpoin
 def test_a_version_is_kept_when_the_job_database_cannot_tell(tmp_path: Path) -> None:
     """Whether a job still needs a version is unknown while the database is down: keep it, answer 503."""
     import pytest
-    from sqlalchemy.exc import OperationalError
 
     from service.errors import Unavailable
     from service.jobs.config import JobsConfig
+    from service.jobs.db import make_engine
     from service.jobs.service import JobsService
+    from service.jobs.store import JobStore
     from service.settings import Settings
 
-    class Down:
-        def continuing(self, model: str, version: str) -> list[str]:
-            raise OperationalError("SELECT", {}, Exception("connection refused"))
+    (tmp_path / "ovex.db").mkdir()  # SQLite cannot open its file: a real driver error
+    store = JobStore(make_engine(f"sqlite:///{tmp_path / 'ovex.db'}"))
+    jobs = JobsService(JobsConfig(Settings(data_dir=str(tmp_path))), store)
+    down = r"the job database is unavailable \(OperationalError\); retry"
+    with pytest.raises(Unavailable, match=down) as e, jobs.keep_bases("m", "1"):
+        pass
+    assert str(tmp_path) not in e.value.message and e.value.headers == {"Retry-After": "2"}
 
-    jobs = JobsService(JobsConfig(Settings(data_dir=str(tmp_path))), Down())  # type: ignore[arg-type]
-    with pytest.raises(Unavailable, match="version '1' of model 'm' was not deleted, retry later"):
-        jobs.keep_bases("m", "1")
+
+def test_a_stored_base_that_cannot_be_read_is_a_409_as_everywhere_else(
+    make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    """The request is fine, the stored version is broken: the same 409 as activating it, with what is wrong
+    and never the server's path; a version whose weights were cut short is refused now, not by a job that
+    fails once started. Nothing is queued."""
+    srv = make_server(Backend("sqlite"))
+    train = srv.upload(synth_files["train"])
+    v1, _ = _first_version(srv, "b", train["id"], epochs=1)
+    job = srv.submit({"model": "b", "train_dataset": train["id"], "params": {**TINY, "epochs": 1}})
+    assert srv.final_state(job) == "succeeded", srv.log_tail()
+    n_jobs = len(srv.client.get("/v1/jobs").json()["jobs"])
+
+    def replace(path: Path, data: bytes) -> None:  # a new file: the server's memory map keeps the old one
+        path.with_suffix(".tmp").write_bytes(data)
+        os.replace(path.with_suffix(".tmp"), path)
+
+    weights = srv.models_dir / "b" / "2" / "weights.safetensors"
+    replace(weights, weights.read_bytes()[: weights.stat().st_size // 2])
+    config = v1 / "config.json"
+    replace(config, config.read_bytes()[:40])
+    for version, what in (("2", "weights.safetensors"), ("1", "config.json")):
+        r = srv.client.post("/v1/jobs", json={"model": "b", "train_dataset": train["id"],
+                                              "base": {"version": version}})
+        assert r.status_code == 409, r.text
+        detail = r.json()["detail"][0]
+        assert detail["loc"] == ["body", "base"] and detail["type"] == "conflict", detail
+        assert f"model 'b' version {version}" in detail["msg"] and what in detail["msg"], detail
+        assert str(srv.models_dir) not in r.text and str(srv.root) not in r.text
+    activate = srv.client.post("/v1/models/b/versions/2/activate")
+    assert activate.status_code == 409, activate.text  # the same status for the same broken version
+    r = srv.client.post("/v1/jobs", json={"model": "b", "train_dataset": train["id"],
+                                          "base": {"version": "2"}})
+    assert r.status_code == 409 and "failed to load and was refused" in r.text, r.text  # as it was refused
+    assert str(srv.root) not in r.text and "Traceback" not in r.text, r.text
+    assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs
+
+
+def test_an_unknown_base_version_names_a_few_versions_however_many_there_are(
+    make_server: Any, synth_files: dict[str, Path]
+) -> None:
+    """The 404 of a version a model lacks says how many it has and names the newest few: with thousands of
+    versions the message stays short (the V2 route answers the same way)."""
+    srv = make_server(Backend("sqlite"))
+    train = srv.upload(synth_files["train"])
+    _first_version(srv, "many", train["id"], epochs=1)
+    for v in range(2, 3001):
+        (srv.models_dir / "many" / str(v)).mkdir()
+    r = srv.client.post("/v1/jobs", json={"model": "many", "train_dataset": train["id"],
+                                          "base": {"version": "99999"}})
+    assert r.status_code == 404, r.text
+    assert "has no version '99999'" in r.text and "3000 versions" in r.text, r.text
+    assert "3000, 2999, 2998" in r.text and "2990" not in r.text and len(r.text) < 400, r.text
+    r = srv.client.get("/v2/models/many/versions/99999")
+    assert r.status_code == 404 and "3000 versions" in r.text and len(r.text) < 400, r.text
+    few = srv.client.get("/v2/models/many/versions/0").text
+    assert "3000 versions" in few

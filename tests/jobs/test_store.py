@@ -234,10 +234,14 @@ def test_what_a_continual_job_uses_is_found_and_kept(store: JobStore) -> None:
                            base={"model": "m", "version": "1", "replay_dataset": "ds_1"})
     with pytest.raises(Conflict, match=f"queued or running job\\(s\\) \\({job.id}\\)"):
         store.delete_dataset("ds_1")
-    assert store.continuing("m", "1") == [job.id]  # the jobs whose base version must stay
-    assert store.continuing("m", "3") == [] and store.continuing("n", "3") == [fresh.id]
+    def continuing(model: str, version: str) -> list[str]:
+        with store.version_lock(model, version) as s:
+            return store.continuing(s, model, version)
+
+    assert continuing("m", "1") == [job.id]  # the jobs whose base version must stay
+    assert continuing("m", "3") == [] and continuing("n", "3") == [fresh.id]
     store.request_cancel(job.id)
-    assert store.continuing("m", "1") == []
+    assert continuing("m", "1") == []
     store.claim_next("w")
     store.finish(fresh.id, "w", "succeeded", model_version="7")
     made = store.made("m", "7")  # the job that published a version: its training set is the default replay
