@@ -23,7 +23,9 @@ Every model is written as an artifact, loaded back and scored on the test split 
 Extra rows, not the defaults: `--variants` adds continual runs with random new-label rows
 (`new_label_init=random`), without replay (`replay=0`, to measure forgetting), with new label rows at
 the common learning rate (`new_label_lr=1`), with uniform negatives (`new_label_negatives=0`; it changes
-nothing where the negatives cover every label, as on Bibtex and Corel5k), and, on request, other
+nothing where the negatives cover every label, as on Bibtex and Corel5k), on two ranks (`nproc_per_node=2`,
+the head sharded: it should score as one rank does; its time on a 2-core machine says nothing), and, on
+request, other
 settings (`replay=0.5`, `replay=1`, `continual_epochs=3`, `continual_lr=1` (the base's own learning
 rates), `continual_lr=1.5`, the base's cosine decay instead of `continual_schedule=linear`, and
 `new_label_negatives` 0.1, 0.2, 0.25, 0.5, 0.75).
@@ -83,8 +85,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lr-x1": {"continual_lr": 1.0},
     "lr-x1.5": {"continual_lr": 1.5},
     "cosine": {"schedule": "cosine"},
+    "ranks-2": {"nproc_per_node": 2},
 }
-DEFAULT_VARIANTS = ["random-init", "no-replay", "new-label-lr-1", "uniform-negatives"]
+DEFAULT_VARIANTS = ["random-init", "no-replay", "new-label-lr-1", "uniform-negatives", "ranks-2"]
 # 10^5 labels: `synth` has few rows (0.1 per label), so writing and first touching the 308 MB model are
 # a large share of every run; `synth-40k` has four times the rows, the same model and test rows
 SYNTH = {"labels": 100_000, "features": 50_000, "rows": 10_000, "test_rows": 1_000, "seed": 7}

@@ -93,26 +93,29 @@ def test_shards_give_new_labels_the_draws_one_process_gives_them(
         assert drawn == pytest.approx(one, abs=ranks)
 
 
-def test_two_ranks_grow_a_model_that_keeps_old_ids_and_learns_new_labels(
+def test_two_ranks_grow_the_model_one_rank_grows(
     grown: tuple[Path, Dataset, Dataset], tmp_path: Path
 ) -> None:
+    """With every label a negative, ungrouped, and no dropout, a step is the same on any number of ranks
+    (`docs/distributed.md`): two ranks must then write one rank's model, to float rounding, keep every
+    old label's id and leave the base untouched."""
     base, tr, te = grown
     before = _digest(base)
-    one = train(_params(), tr, te, out_dir=tmp_path / "one", hooks=QuietHooks(), base=base)
-    two = train(_params(nproc_per_node=2), tr, te, out_dir=tmp_path / "two", hooks=QuietHooks(), base=base)
+    exact = {"negatives": 64, "group_size": 1, "dropout": 0.0}
+    one = train(_params(**exact), tr, te, out_dir=tmp_path / "one", hooks=QuietHooks(), base=base)
+    two = train(_params(**exact, nproc_per_node=2), tr, te, out_dir=tmp_path / "two", hooks=QuietHooks(),
+                base=base)
     assert _digest(base) == before  # the base is only ever read
-    old, grown_model = load_artifact(base), load_artifact(tmp_path / "two")
-    assert grown_model.label_names[:24] == old.label_names  # every old label keeps its id
-    assert grown_model.n_labels == 30
-    # the split metrics are reported, and two ranks learn the new labels as one does
+    m1, m2 = load_artifact(tmp_path / "one").model, load_artifact(tmp_path / "two").model
+    torch.testing.assert_close(m2.head, m1.head, rtol=0, atol=1e-5)
+    torch.testing.assert_close(m2.input_weight, m1.input_weight, rtol=0, atol=1e-5)
+    assert load_artifact(tmp_path / "two").label_names[:24] == load_artifact(base).label_names
     assert two.metrics["new.rows"] == one.metrics["new.rows"] > 0
-    assert two.metrics["new.p@1"] > 0.5
-    assert two.metrics["new.p@1"] > one.metrics["new.p@1"] - 0.1, (one.metrics, two.metrics)
-    assert two.metrics["old.p@1"] > one.metrics["old.p@1"] - 0.1, (one.metrics, two.metrics)
+    assert two.metrics["new.p@1"] > 0.5 and two.metrics["new.p@1"] == pytest.approx(one.metrics["new.p@1"])
     # the written model scores as the run reported
+    grown_model = load_artifact(tmp_path / "two")
     top, _ = grown_model.topk(grown_model.featurizer.transform(te), 1)
-    y = sp.csr_matrix(te.Y)
-    hits = np.asarray(y[np.arange(te.n_rows), top[:, 0]]).ravel() > 0
+    hits = np.asarray(sp.csr_matrix(te.Y)[np.arange(te.n_rows), top[:, 0]]).ravel() > 0
     assert float(hits.mean()) == pytest.approx(two.metrics["p@1"], abs=1e-6)
 
 
