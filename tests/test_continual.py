@@ -384,6 +384,7 @@ def test_only_new_labels_with_rows_get_the_new_label_rate() -> None:
                      new_labels=np.array([False, False, True, True, True]))
     counts = np.array([3.0, 0.0, 2.0, 0.0, 1.0])
     np.testing.assert_array_equal(warm.learning(counts), [False, False, True, False, True])
-    scale = warm.label_lr(counts, 3.0, torch.device("cpu"))
+    scale = warm.label_lr(warm.learning(counts), 3.0, torch.device("cpu"))
     assert scale is not None and scale.tolist() == [1.0, 1.0, 3.0, 1.0, 3.0]
-    assert warm.label_lr(np.array([3.0, 1.0, 0.0, 0.0, 0.0]), 3.0, torch.device("cpu")) is None
+    no_rows = warm.learning(np.array([3.0, 1.0, 0.0, 0.0, 0.0]))
+    assert warm.label_lr(no_rows, 3.0, torch.device("cpu")) is None

@@ -359,10 +359,10 @@ class WarmStart:
             return np.zeros(counts.size, dtype=bool)
         return self.new_labels[: counts.size] & (np.asarray(counts) > 0)
 
-    def label_lr(self, counts: np.ndarray, new_label_lr: float, device: torch.device) -> torch.Tensor | None:
-        """Per-label learning-rate multiplier of the head: `new_label_lr` for new labels with rows, 1 for
-        the others (None when it is 1 everywhere)."""
-        learning = self.learning(counts)
+    @staticmethod
+    def label_lr(learning: np.ndarray, new_label_lr: float, device: torch.device) -> torch.Tensor | None:
+        """Per-label learning-rate multiplier of the head: `new_label_lr` for the labels `learning` marks
+        (the new ones with rows), 1 for the others (None when it is 1 everywhere)."""
         if new_label_lr == 1.0 or not learning.any():
             return None
         scale = np.where(learning, new_label_lr, 1.0)

@@ -604,8 +604,8 @@ def _fit(
     sampler = NegativeSampler(shard.size, params.sampler, params.alpha, counts, seed=seed, focus=focus,
                               focus_share=0.0 if warm is None else params.new_label_negatives)
     stepper = Stepper(model, spec, params, sampler, group, shard)
-    if warm is not None:
-        stepper.head_lr = warm.label_lr(counts, params.new_label_lr, device)
+    if focus is not None:
+        stepper.head_lr = WarmStart.label_lr(focus, params.new_label_lr, device)
 
     bs = params.batch_size
     n_epoch = n if warm is None else warm.epoch_size(params.replay)  # rows trained on per epoch
