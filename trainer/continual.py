@@ -59,18 +59,36 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 # ------------------------------------------------------------------------------------ parameters
 
 
-def continual_params(base: TrainParams, given: TrainParams, base_name: str) -> TrainParams:
+def _unused_by(base: TrainParams, featurizer_kind: str | None) -> dict[str, str]:
+    """The featurizer fields the base's featurizer has no use for, each with why: a value given for one
+    changes nothing, so it is no conflict with the base's and is refused for what it is."""
+    if featurizer_kind == "sparse":
+        why = "the base model takes sparse features (XC data) and this is a setting of text featurizers"
+        return dict.fromkeys(("hash_size", "max_vocab", "min_df"), why)
+    if base.hash_size > 0:
+        why = f"the base model hashes words into hash_size={base.hash_size} buckets and has no vocabulary"
+        return dict.fromkeys(("max_vocab", "min_df"), why)
+    return {}
+
+
+def continual_params(base: TrainParams, given: TrainParams, base_name: str,
+                     featurizer_kind: str | None = None) -> TrainParams:
     """The parameters of a continual run: the base's, overridden by the fields the caller set (the
     continual settings themselves are the caller's or the defaults).
 
     Architecture fields must agree with the base (a different `dim` cannot reuse its weights), so a
-    conflicting one is an error naming the field, not a silent fresh model. `epochs` and `schedule` default
-    to `continual_epochs` and `continual_schedule` when the caller did not set them (the learning rates
-    stay the base's; `continual_lr` scales them at run time).
+    conflicting one is an error naming the field, not a silent fresh model; a featurizer field the base's
+    featurizer does not use (`featurizer_kind`: "sparse" or "text", when known) is refused as such. `epochs`
+    and `schedule` default to `continual_epochs` and `continual_schedule` when the caller did not set them
+    (the learning rates stay the base's; `continual_lr` scales them at run time).
     """
     set_fields = given.model_fields_set
+    unused = _unused_by(base, featurizer_kind)
     for name in ARCHITECTURE_FIELDS:
         if name in set_fields and getattr(given, name) != getattr(base, name):
+            if name in unused:
+                raise ParamsError(f"{base_name}: {name}={getattr(given, name)!r} does not apply: "
+                                  f"{unused[name]} (leave {name} out)")
             raise ParamsError(
                 f"{base_name}: {name}={getattr(given, name)!r} differs from the base model's "
                 f"{name}={getattr(base, name)!r}; a continual run keeps the base's {name} (leave it out)"

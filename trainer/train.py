@@ -487,7 +487,7 @@ def train(
     if base is not None:
         warm, train_ds, test_ds = warm_start(base, train_ds, test_ds, base_name=base_name,
                                              replay_ds=replay_ds)
-        params = continual_params(warm.base.params, params, warm.name)
+        params = continual_params(warm.base.params, params, warm.name, warm.base.featurizer.kind)
         hooks.on_log(f"continuing {warm.name}: {warm.n_base_labels} labels, "
                      f"{len(warm.label_names) - warm.n_base_labels} new")
     if params.valid_fraction > 0 and params.refit:
