@@ -93,6 +93,30 @@ def test_jsonl_labels_match_by_name_and_new_words_extend_the_vocabulary(tmp_path
     assert v2.label_names[int(top[0, 0])] == "d"  # learned through the new words only
 
 
+@pytest.mark.parametrize("refit", [False, True])
+def test_held_out_rows_add_no_words_to_the_vocabulary(tmp_path: Path, refit: bool) -> None:
+    """With valid_fraction the vocabulary grows from the rows trained on only: a word of a held-out row
+    would otherwise get a column (and idf) from the very rows that judge the model. A refit trains on
+    every row, and its model (the one saved) has every row's words."""
+    from trainer.train import split_validation
+
+    rows = [{"text": f"alpha beta doc{i}", "labels": ["a"]} for i in range(20)]
+    (tmp_path / "base.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train(_params(epochs=1), read_jsonl(tmp_path / "base.jsonl"), None, out_dir=tmp_path / "v1",
+          hooks=QuietHooks())
+    new = [{"text": f"gamma only{i}", "labels": ["a" if i % 2 else "b"]} for i in range(20)]
+    (tmp_path / "new.jsonl").write_text("".join(json.dumps(r) + "\n" for r in new))
+    params = _params(epochs=1, valid_fraction=0.25, refit=refit)
+    train(params, read_jsonl(tmp_path / "new.jsonl"), None, out_dir=tmp_path / "v2", hooks=QuietHooks(),
+          base=tmp_path / "v1")
+    vocab = load_artifact(tmp_path / "v2").featurizer.vocab
+    assert vocab is not None and "gamma" in vocab
+    fit_rows, valid_rows = split_validation(20, 0.25, params.seed)
+    assert all(f"only{i}" in vocab for i in fit_rows)
+    held_out = [f"only{i}" for i in valid_rows]
+    assert all(w in vocab for w in held_out) if refit else not any(w in vocab for w in held_out)
+
+
 def test_extended_vocabulary_featurizes_old_texts_exactly_as_before() -> None:
     texts = ["red green blue", "green blue", "red red yellow", "blue sky"]
     f = Featurizer.fit(Dataset(Y=sp.csr_matrix((4, 1)), n_features=0, n_labels=1, texts=texts), min_df=1)

@@ -303,7 +303,7 @@ class WarmStart:
     base: Any  # trainer.artifact.LoadedModel
     name: str  # how messages name the base (a path on the CLI, "model m version v" in the service)
     label_names: list[str]
-    featurizer: Any
+    featurizer: Any  # the base's; `featurizer_for` grows its vocabulary with the rows a run trains on
     replay_ds: Dataset | None = None
     seen: np.ndarray | None = None  # per training row: the base trained on it
     hashes: np.ndarray | None = None  # fingerprints of the training rows
@@ -314,6 +314,14 @@ class WarmStart:
         return int(self.base.n_labels)
 
     # -- rows
+
+    def featurizer_for(self, ds: Dataset) -> Any:
+        """The base's featurizer, its vocabulary (text models) grown with the words of `ds`: the rows the
+        run trains on, never held-out ones, whose words would otherwise get columns and idf weights from
+        the rows that judge the model."""
+        if ds.texts is None or self.featurizer.vocab is None:
+            return self.featurizer
+        return self.featurizer.extended(ds.texts)
 
     def training_rows(self, train_ds: Dataset) -> Dataset:
         """The rows to train on (the given ones plus replay rows they do not already hold); marks which
@@ -521,10 +529,6 @@ def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None,
     _check_base(base, name)
     base_ids = base.featurizer.kind != "text" and _are_ids(base.label_names)  # XC only: see _check_naming
     train_ds = _check_inputs(base, train_ds, name, base_ids)
-    featurizer = base.featurizer
-    if train_ds.is_text and featurizer.vocab is not None:
-        assert train_ds.texts is not None
-        featurizer = featurizer.extended(train_ds.texts)
     names = _grow_names(list(base.label_names), train_ds)
     train_ds = _in_space(train_ds, names)
     if test_ds is not None:
@@ -535,6 +539,6 @@ def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None,
     new_labels[base.n_labels:] = True
     if base.label_counts is not None:
         new_labels[: base.n_labels] |= base.label_counts <= 0
-    warm = WarmStart(base=base, name=name, label_names=names, featurizer=featurizer, replay_ds=replay_ds,
+    warm = WarmStart(base=base, name=name, label_names=names, featurizer=base.featurizer, replay_ds=replay_ds,
                      new_labels=new_labels)
     return warm, train_ds, test_ds

@@ -546,8 +546,8 @@ def _fit(
         valid_ds = train_ds.take(valid_rows)
         train_ds = train_ds.take(fit_rows)
     if warm is not None:
+        featurizer = warm.featurizer_for(train_ds)  # the fit rows' words: before replay rows join them
         train_ds = warm.training_rows(train_ds)
-        featurizer = warm.featurizer
         if warm.forgets():
             hooks.on_log(f"warning: no training or replay row is one {warm.name} trained on: none of its "
                          "rows is replayed, so labels learned from them will be forgotten (give the base's "
