@@ -63,7 +63,10 @@ def test_label_names_file_must_match_the_labels(tmp_path: Path, capsys: pytest.C
     data.write_text("2 3 3\n0,2 1:1\n1 0:1\n")
     out = ["train", "--train", str(data), "--out", str(tmp_path / "m"), "--epochs", "1", "--quiet"]
     for text, message in (("a\nb\n", ":2: 2 names for 3 labels"), ("a\n\nc\n", ":2: blank label name"),
-                          ("a\nb\na\n", ":3: label name 'a' repeats line 1")):
+                          ("a\nb\na\n", ":3: label name 'a' repeats line 1"),
+                          ("a\n \t\nc\n", ":2: blank label name ' \\t'"),
+                          ("a\nb\n" + "c" * 1001 + "\n", ":3: label name 'cccc"),
+                          ("a\nb\n" + "c" * 1001 + "\n", "is 1001 characters long; at most 1000 are")):
         (tmp_path / "names.txt").write_text(text)
         assert main([*out, "--label-names", str(tmp_path / "names.txt")]) == 2
         assert message in capsys.readouterr().err

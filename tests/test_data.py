@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trainer.data as data
-from trainer.data import check_compatible, read_dataset, read_jsonl, read_xc, write_xc
+from trainer.data import MAX_LABEL_NAME, check_compatible, read_dataset, read_jsonl, read_xc, write_xc
 from trainer.errors import DataFormatError
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -197,7 +197,11 @@ JSONL_BAD = [
     ([{"text": "a", "labels": "a"}], 1, "'labels' must be a list of strings, got str"),
     ([{"text": "a", "labels": ["a", 1]}], 1, "'labels' must be a list of strings; found 1"),
     ([{"text": "a", "labels": ["a", "a"]}], 1, "duplicate label 'a'"),
-    ([{"text": "a", "labels": [""]}], 1, "empty label name"),
+    ([{"text": "a", "labels": [""]}], 1, "blank label name ''"),
+    ([{"text": "a", "labels": ["x"]}, {"text": "b", "labels": [" \t "]}], 2, "blank label name ' \\t '"),
+    ([{"text": "a", "labels": ["x" * (MAX_LABEL_NAME + 1)]}], 1,
+     f"label name 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'... is {MAX_LABEL_NAME + 1} characters long; "
+     f"at most {MAX_LABEL_NAME}"),
     ([{"text": "a", "label": ["x"]}], 1, "unknown key(s) ['label']"),
     ([], 1, "empty file"),
 ]
@@ -211,6 +215,12 @@ def test_malformed_jsonl_names_line_and_fault(
         read_jsonl(p)
     assert ei.value.line == line, str(ei.value)
     assert msg in ei.value.message, str(ei.value)
+
+
+def test_jsonl_label_names_up_to_the_limit_and_of_any_character_are_kept(tmp_path: Path) -> None:
+    names = ["x" * MAX_LABEL_NAME, "two\nlines", "tab\there", " padded "]
+    ds = read_jsonl(_jsonl(tmp_path, [{"text": "a", "labels": names}]))
+    assert ds.label_names == names
 
 
 def test_jsonl_unknown_label_against_vocabulary(tmp_path: Path) -> None:
@@ -343,10 +353,12 @@ def test_fuzzed_token_rows_agree_with_the_reference(tmp_path: Path, rows: list[s
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(st.tuples(st.text(min_size=1).filter(lambda t: t.strip() != ""),
-                               st.lists(st.text(min_size=1, max_size=5), unique=True, max_size=4)),
+                               st.lists(st.text(min_size=1, max_size=5).filter(lambda t: t.strip() != ""),
+                                        unique=True, max_size=4)),
                      min_size=1, max_size=8))
 def test_jsonl_round_trip(tmp_path: Path, rows: list[tuple[str, list[str]]]) -> None:
-    """Any texts and label names (unicode, quotes, newlines inside strings) come back as written."""
+    """Any texts and non-blank label names (unicode, quotes, newlines inside strings) come back as
+    written."""
     p = tmp_path / "rt.jsonl"
     p.write_text("".join(json.dumps({"text": t, "labels": labs}) + "\n" for t, labs in rows),
                  encoding="utf-8")

@@ -22,6 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import ValidationError
 
+from trainer.data import label_name_problem
 from trainer.errors import DataFormatError, ParamsError
 from trainer.params import TrainParams, given_params, validation_message
 
@@ -140,8 +141,9 @@ def with_label_names(ds: Any, path: str) -> Any:
         raise DataFormatError(path, len(names), f"{len(names)} names for {ds.n_labels} labels (one a line)")
     seen: dict[str, int] = {}
     for i, name in enumerate(names):
-        if not name.strip():
-            raise DataFormatError(path, i + 1, "blank label name")
+        problem = label_name_problem(name)
+        if problem:
+            raise DataFormatError(path, i + 1, problem)
         if name in seen:
             raise DataFormatError(path, i + 1, f"label name {name!r} repeats line {seen[name] + 1}")
         seen[name] = i

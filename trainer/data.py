@@ -23,9 +23,11 @@ import scipy.sparse as sp
 from trainer.errors import DataFormatError
 
 __all__ = [
+    "MAX_LABEL_NAME",
     "Dataset",
     "check_compatible",
     "label_counts",
+    "label_name_problem",
     "read_dataset",
     "read_jsonl",
     "read_xc",
@@ -42,6 +44,9 @@ _F32_OVERFLOW = 2.0**128 - 2.0**103
 _INT_RE = re.compile(rb"[0-9]+")
 _SIGNED_INT_RE = re.compile(rb"-?[0-9]+")
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark some editors put at the start of text files
+# Longest label name, in characters: room for any title, category path or product name; a longer one
+# is a text in the wrong field, and every answer naming the label would carry it.
+MAX_LABEL_NAME = 1000
 
 # Variable-length strings with vectorised concatenation (numpy >= 2); fixed-width unicode before that.
 if hasattr(np, "strings") and hasattr(np.dtypes, "StringDType"):
@@ -585,6 +590,18 @@ def _jsonl_text(obj: object, path: str, lineno: int) -> str:
     return text
 
 
+def label_name_problem(name: str) -> str | None:
+    """What is wrong with a label name, or None: names are what the model answers, so a blank one (it
+    shows as nothing) and one over `MAX_LABEL_NAME` characters are refused. Any other character is
+    fine: labels.txt holds each name as a JSON string."""
+    if not name.strip():
+        return f"blank label name {name!r}"
+    if len(name) > MAX_LABEL_NAME:
+        return (f"label name {name[:40]!r}... is {len(name)} characters long; at most {MAX_LABEL_NAME} are "
+                "allowed")
+    return None
+
+
 def _jsonl_labels(obj: dict[str, object], path: str, lineno: int) -> list[str]:
     labels = obj.get("labels", [])
     if not isinstance(labels, list):
@@ -594,8 +611,9 @@ def _jsonl_labels(obj: dict[str, object], path: str, lineno: int) -> list[str]:
     for lab in labels:
         if not isinstance(lab, str):
             raise DataFormatError(path, lineno, f"'labels' must be a list of strings; found {lab!r}")
-        if not lab:
-            raise DataFormatError(path, lineno, "empty label name in 'labels'")
+        problem = label_name_problem(lab)
+        if problem:
+            raise DataFormatError(path, lineno, f"{problem} in 'labels'")
         if lab in seen:
             raise DataFormatError(path, lineno, f"duplicate label {lab!r}")
         seen.add(lab)
