@@ -19,6 +19,7 @@ and a load costs about the file's size in page cache, not several private copies
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -130,7 +131,10 @@ def save_artifact(
     if len(label_names) != model.shape.n_labels:
         raise ArtifactError(str(out), f"{len(label_names)} label names for {model.shape.n_labels} labels")
     prepare_out_dir(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as exc:
+        raise _write_error(out, exc) from None
     try:
         tensors = artifact_tensors(model, label_counts, str(out), row_hashes)
         if write_weights is None:
@@ -158,14 +162,31 @@ def save_artifact(
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, old / "model")
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)
+        except BaseException:
+            if old is not None:  # the previous model goes back where it was
+                os.replace(old / "model", out)
+                old.rmdir()
+            raise
         fsync_path(out.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise _write_error(out, exc) from None
         raise
     return out
+
+
+def _write_error(out: Path, exc: OSError) -> ArtifactError:
+    """A failed write as what to do about it (a full disk above all); nothing of the new model is left,
+    and a model that was at `out` is still there."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ArtifactError(str(out), "no space left on device while writing the model here; free space "
+                             "and rerun")
+    return ArtifactError(str(out), f"cannot write the model here: {exc.strerror or exc}")
 
 
 @dataclass
