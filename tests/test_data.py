@@ -272,17 +272,25 @@ def test_check_compatible_rejects_larger_test_set(tmp_path: Path, header: str, m
         check_compatible(train, test)
 
 
-def test_check_compatible_remaps_jsonl_labels_and_rejects_unknown(tmp_path: Path) -> None:
+def test_check_compatible_remaps_jsonl_labels_and_appends_unknown_ones(tmp_path: Path) -> None:
+    """A test label the training set lacks is one the model never predicts: it gets a column after the
+    training labels (a miss, as in XC evaluation), and the set says how many there are and on which rows."""
     train = read_jsonl(_jsonl(tmp_path, [{"text": "a", "labels": ["x", "y"]}, {"text": "b", "labels": ["z"]}],
                               "tr.jsonl"))
     test = read_jsonl(_jsonl(tmp_path, [{"text": "c", "labels": ["z"]}, {"text": "d", "labels": ["x"]}],
                              "te.jsonl"))
     out = check_compatible(train, test)
     assert out.label_names == ["x", "y", "z"] and out.Y.toarray().tolist() == [[0, 0, 1], [1, 0, 0]]
-    bad = read_jsonl(_jsonl(tmp_path, [{"text": "c", "labels": ["x"]}, {"text": "d", "labels": ["w"]}],
-                            "bad.jsonl"))
-    with pytest.raises(DataFormatError, match="row 2: unknown label 'w'"):
-        check_compatible(train, bad)
+    assert "unseen_labels" not in out.meta and data.unseen_labels_note(out, "the test set") is None
+    rows = [{"text": "c", "labels": ["x"]}, {"text": "d", "labels": ["w", "z"]},
+            {"text": "e", "labels": ["v"]}, {"text": "f", "labels": ["w"]}]
+    unseen = check_compatible(train, read_jsonl(_jsonl(tmp_path, rows, "unseen.jsonl")))
+    assert unseen.label_names == ["x", "y", "z", "w", "v"] and unseen.n_labels == 5
+    assert unseen.Y.toarray().tolist() == [[1, 0, 0, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 1], [0, 0, 0, 1, 0]]
+    assert (unseen.meta["unseen_labels"], unseen.meta["unseen_rows"]) == (2, 3)
+    assert data.unseen_labels_note(unseen, "the test set") == (
+        f"warning: the test set {tmp_path / 'unseen.jsonl'} holds 2 label(s) the model has not trained on, "
+        "on 3 of its 4 rows: the model never predicts them, so they count as misses")
     xc = read_xc(_write(tmp_path, "1 2 1\n0 1:1\n", "x.txt"))
     with pytest.raises(DataFormatError, match="trained on text"):
         check_compatible(train, xc)

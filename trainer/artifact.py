@@ -203,13 +203,17 @@ class LoadedModel:
     label_counts: np.ndarray | None = None
     row_hashes: np.ndarray | None = None  # sorted int64 fingerprints of the training rows
 
-    def propensities(self, a: float = 0.55, b: float = 1.5) -> np.ndarray | None:
-        """Jain et al. (2016) propensities from the training label counts (None if not recorded)."""
+    def propensities(self, a: float = 0.55, b: float = 1.5, n_labels: int | None = None) -> np.ndarray | None:
+        """Jain et al. (2016) propensities from the training label counts (None if not recorded); with
+        `n_labels`, labels past the model's (evaluation labels it lacks) as labels without training rows."""
         n = int(self.config.get("n_train_rows", 0))
         if self.label_counts is None or n <= 0:
             return None
+        counts = self.label_counts.astype(np.float64)
+        if n_labels is not None and n_labels > counts.size:
+            counts = np.concatenate([counts, np.zeros(n_labels - counts.size)])
         c = (np.log(n) - 1.0) * (b + 1.0) ** a
-        out: np.ndarray = 1.0 / (1.0 + c * np.power(self.label_counts.astype(np.float64) + b, -a))
+        out: np.ndarray = 1.0 / (1.0 + c * np.power(counts + b, -a))
         return out
 
     @property

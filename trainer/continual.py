@@ -27,7 +27,7 @@ import torch
 from pydantic import ValidationError
 
 from trainer import metrics as xc_metrics
-from trainer.data import Dataset, label_counts
+from trainer.data import Dataset, in_label_space, label_counts, label_names_of
 from trainer.errors import ArtifactError, DataFormatError, ParamsError
 from trainer.params import TrainParams, validation_message
 
@@ -135,11 +135,6 @@ def _row_sums(values: np.ndarray, indptr: np.ndarray) -> np.ndarray:
         return cs[indptr[1:]] - cs[indptr[:-1]]
 
 
-def label_names_of(ds: Dataset) -> list[str]:
-    """A data set's label names: XC files name a label by its id as a string."""
-    return list(ds.label_names) if ds.label_names is not None else [str(i) for i in range(ds.n_labels)]
-
-
 def row_fingerprints(ds: Dataset) -> np.ndarray:
     """A 64-bit hash of each row (its features or text, and its label names), as int64.
 
@@ -173,27 +168,6 @@ def _grow_names(base_names: list[str], ds: Dataset) -> list[str]:
     """Base names, then the data's names the base lacks (id order for XC, first appearance for JSONL)."""
     known = set(base_names)
     return base_names + [n for n in label_names_of(ds) if n not in known]
-
-
-def _in_space(ds: Dataset, names: list[str]) -> Dataset:
-    """`ds` with its labels moved to the id space `names` (by name); an unknown used label is an error."""
-    own = label_names_of(ds)
-    if own == names:
-        return ds
-    index = {n: i for i, n in enumerate(names)}
-    mapping = np.array([index.get(n, -1) for n in own], dtype=np.int64)
-    y = sp.csr_matrix(ds.Y)
-    new_ids = mapping[y.indices] if y.nnz else np.zeros(0, np.int64)
-    if new_ids.size and int(new_ids.min()) < 0:
-        pos = int(np.argmax(new_ids < 0))
-        row = int(np.searchsorted(y.indptr, pos, side="right")) - 1
-        line = row + (1 if ds.is_text else 2)  # an XC file's rows follow its header line
-        raise DataFormatError(ds.path or "<data>", line,
-                              f"label {own[int(y.indices[pos])]!r} is not in the model's label set")
-    Y = sp.csr_matrix((np.ones(new_ids.size, np.float32), new_ids, y.indptr), shape=(ds.n_rows, len(names)))
-    Y.sort_indices()
-    return Dataset(Y=Y, n_features=ds.n_features, n_labels=len(names), X=ds.X, texts=ds.texts,
-                   label_names=list(names), path=ds.path, meta=dict(ds.meta))
 
 
 def _widen_features(ds: Dataset, n_features: int) -> Dataset:
@@ -497,9 +471,12 @@ def split_metrics(top: np.ndarray, y: sp.csr_matrix, new_labels: np.ndarray,
     """P@k etc. on the test rows carrying a new label (`new.*`) and on rows with only old labels (`old.*`).
 
     Why separately: overall figures hide forgetting (old rows) behind learning (new rows) and back.
+    A test label past `new_labels` (one the model lacks, `trainer.data.in_label_space`) is new too.
     """
     yc = sp.csr_matrix(y)
-    has_new = np.asarray(yc[:, np.flatnonzero(new_labels)].sum(axis=1)).ravel() > 0
+    is_new = np.ones(yc.shape[1], dtype=bool)
+    is_new[: new_labels.size] = new_labels[: yc.shape[1]]
+    has_new = np.asarray(yc[:, np.flatnonzero(is_new)].sum(axis=1)).ravel() > 0
     has_any = np.diff(yc.indptr) > 0
     out: dict[str, float] = {}
     for key, mask in (("new", has_new), ("old", has_any & ~has_new)):
@@ -530,11 +507,14 @@ def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None,
     base_ids = base.featurizer.kind != "text" and _are_ids(base.label_names)  # XC only: see _check_naming
     train_ds = _check_inputs(base, train_ds, name, base_ids)
     names = _grow_names(list(base.label_names), train_ds)
-    train_ds = _in_space(train_ds, names)
-    if test_ds is not None:
-        test_ds = _in_space(_check_inputs(base, test_ds, name, base_ids), names)
+    train_ds = in_label_space(train_ds, names, refuse="")
+    if test_ds is not None:  # a JSONL test label the grown model lacks counts as a miss; XC ids must fit
+        test_ds = in_label_space(_check_inputs(base, test_ds, name, base_ids), names,
+                                 refuse=None if test_ds.is_text else "")
     if replay_ds is not None:
-        replay_ds = _in_space(_check_inputs(base, replay_ds, name, base_ids), names)
+        why = (" (nor in the training data): replay rows are rows the base trained on; rows of a new label "
+               "go in the training data")
+        replay_ds = in_label_space(_check_inputs(base, replay_ds, name, base_ids), names, refuse=why)
     new_labels = np.zeros(len(names), dtype=bool)
     new_labels[base.n_labels:] = True
     if base.label_counts is not None:

@@ -26,11 +26,14 @@ __all__ = [
     "MAX_LABEL_NAME",
     "Dataset",
     "check_compatible",
+    "in_label_space",
     "label_counts",
     "label_name_problem",
+    "label_names_of",
     "read_dataset",
     "read_jsonl",
     "read_xc",
+    "unseen_labels_note",
     "write_xc",
     "write_xc_rows",
 ]
@@ -657,7 +660,8 @@ def check_compatible(train: Dataset, test: Dataset) -> Dataset:
     """Check a test set against the training set and return it in the training set's dimensions.
 
     XC: a test file may declare fewer features/labels (its matrices are widened), never more.
-    JSONL: labels are remapped by name onto the training vocabulary; unknown names are an error.
+    JSONL: labels are remapped by name onto the training vocabulary; a name the training set lacks gets
+    a column after it (`in_label_space`): the model never predicts it, so it counts as a miss.
     """
     if train.is_text != test.is_text:
         kinds = {True: "text (JSONL)", False: "sparse features (XC)"}
@@ -685,21 +689,59 @@ def _remap_labels(train: Dataset, test: Dataset) -> Dataset:
     test_names = test.label_names or []
     if test_names == names[: len(test_names)] and test.n_labels == train.n_labels:
         return test
+    return in_label_space(test, names)
+
+
+def label_names_of(ds: Dataset) -> list[str]:
+    """A data set's label names: XC files name a label by its id as a string."""
+    return list(ds.label_names) if ds.label_names is not None else [str(i) for i in range(ds.n_labels)]
+
+
+def in_label_space(ds: Dataset, names: list[str], refuse: str | None = None) -> Dataset:
+    """`ds` with its labels moved to the id space `names`, matched by name (`label_names_of`).
+
+    A label a row carries that `names` lacks is, with `refuse` given, an error naming the first line that
+    carries it (`refuse` is appended to the message: why it must be there). With `refuse=None` it gets a
+    column after `names`: a label the model has not trained on, which it never predicts, so evaluation
+    counts it as a miss (as XC-repository evaluation counts a test label without training rows) instead
+    of refusing the whole set; `meta["unseen_labels"]` and `meta["unseen_rows"]` say how many.
+    """
+    own = label_names_of(ds)
+    if own == names:
+        return ds
     index = {n: i for i, n in enumerate(names)}
-    unknown = [n for n in test_names if n not in index]
-    if unknown:
-        # find the first row using an unknown label, to point at a line the user can look at
-        bad = {test_names.index(u) for u in unknown}
-        row = next(i for i in range(test.n_rows)
-                   if bad.intersection(test.Y.indices[test.Y.indptr[i]:test.Y.indptr[i + 1]].tolist()))
-        raise DataFormatError(test.path, row + 1, f"row {row + 1}: unknown label {unknown[0]!r} (not in "
-                              f"the training label set; {len(unknown)} unknown in all)")
-    mapping = np.array([index[n] for n in test_names], dtype=np.int32)
-    Y = sp.csr_matrix((test.Y.data, mapping[test.Y.indices], test.Y.indptr),
-                      shape=(test.n_rows, train.n_labels))
+    mapping = np.array([index.get(n, -1) for n in own], dtype=np.int64)
+    y = sp.csr_matrix(ds.Y)
+    new_ids = mapping[y.indices] if y.nnz else np.zeros(0, np.int64)
+    missing = new_ids < 0
+    extra: list[str] = []
+    meta = dict(ds.meta)
+    if missing.any():
+        if refuse is not None:
+            pos = int(np.argmax(missing))
+            row = int(np.searchsorted(y.indptr, pos, side="right")) - 1
+            line = row + (1 if ds.is_text else 2)  # an XC file's rows follow its header line
+            raise DataFormatError(ds.path or "<data>", line, f"label {own[int(y.indices[pos])]!r} is not in "
+                                  f"the model's label set{refuse}")
+        unseen, at = np.unique(y.indices[missing], return_inverse=True)  # own id order: first seen
+        new_ids[missing] = len(names) + at.ravel()
+        extra = [own[int(i)] for i in unseen]
+        rows = np.repeat(np.arange(ds.n_rows), np.diff(y.indptr))[missing]
+        meta.update(unseen_labels=len(extra), unseen_rows=int(np.unique(rows).size))
+    width = len(names) + len(extra)
+    Y = sp.csr_matrix((np.ones(new_ids.size, np.float32), new_ids, y.indptr), shape=(ds.n_rows, width))
     Y.sort_indices()
-    return Dataset(Y=Y, n_features=test.n_features, n_labels=train.n_labels, texts=test.texts,
-                   label_names=list(names), path=test.path, meta=dict(test.meta))
+    return Dataset(Y=Y, n_features=ds.n_features, n_labels=width, X=ds.X, texts=ds.texts,
+                   label_names=list(names) + extra, path=ds.path, meta=meta)
+
+
+def unseen_labels_note(ds: Dataset, what: str) -> str | None:
+    """A warning when `in_label_space` gave `ds` labels the model has not trained on (None if none)."""
+    n, rows = ds.meta.get("unseen_labels"), ds.meta.get("unseen_rows")
+    if not n:
+        return None
+    return (f"warning: {what} {ds.path} holds {n} label(s) the model has not trained on, on {rows} of its "
+            f"{ds.n_rows} rows: the model never predicts them, so they count as misses")
 
 
 def label_counts(Y: sp.spmatrix) -> np.ndarray:

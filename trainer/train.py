@@ -35,7 +35,7 @@ from trainer.continual import (
     split_metrics,
     warm_start,
 )
-from trainer.data import Dataset, check_compatible, label_counts
+from trainer.data import Dataset, check_compatible, label_counts, unseen_labels_note
 from trainer.errors import ParamsError, TrainingCancelled
 from trainer.label_shards import (
     LabelShard,
@@ -478,11 +478,6 @@ def train(
         prepare_out_dir(Path(out_dir))
     if base is not None and (params.nproc_per_node > 1 or in_launched_rank()):
         raise ParamsError("continuing a base model runs on one rank: leave out nproc_per_node (and torchrun)")
-    if params.nproc_per_node > 1 and not in_launched_rank():
-        from trainer.launch import train_on_ranks
-
-        return train_on_ranks(params, train_ds, test_ds, out_dir=out_dir, hooks=hooks,
-                              checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     warm: WarmStart | None = None
     if base is not None:
         warm, train_ds, test_ds = warm_start(base, train_ds, test_ds, base_name=base_name,
@@ -490,6 +485,16 @@ def train(
         params = continual_params(warm.base.params, params, warm.name, warm.base.featurizer.kind)
         hooks.on_log(f"continuing {warm.name}: {warm.n_base_labels} labels, "
                      f"{len(warm.label_names) - warm.n_base_labels} new")
+    if test_ds is not None:  # before any step: a refit evaluates it only after a whole selection run
+        test_ds = check_compatible(train_ds, test_ds)
+        note = unseen_labels_note(test_ds, "the test set")
+        if note:
+            hooks.on_log(note)
+    if params.nproc_per_node > 1 and not in_launched_rank():
+        from trainer.launch import train_on_ranks
+
+        return train_on_ranks(params, train_ds, test_ds, out_dir=out_dir, hooks=hooks,
+                              checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     if params.valid_fraction > 0 and params.refit:
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         # the selection run never sees the test split, not even to report it
@@ -560,13 +565,14 @@ def _fit(
     if n == 0:
         raise ParamsError("the training set has no rows")
     xt = yt = None
-    if test_ds is not None:
-        test_ds = check_compatible(train_ds, test_ds)
+    if test_ds is not None:  # in the training label space (train() checked it), plus its unseen labels
         xt, yt = _as_csr32(featurizer.transform(test_ds)), _as_csr32(test_ds.Y)
     xv = yv = None
     if valid_ds is not None:
         xv, yv = _as_csr32(featurizer.transform(valid_ds)), _as_csr32(valid_ds.Y)
-    prop = xc_metrics.propensities(y)
+    # over the test set's labels too: one the model lacks is scored as a label without training rows
+    width = k if yt is None else max(k, yt.shape[1])
+    prop = xc_metrics.propensities(sp.csr_matrix((y.data, y.indices, y.indptr), shape=(n, width)))
     label_names = train_ds.label_names or [str(i) for i in range(k)]
 
     shape = ModelShape(
