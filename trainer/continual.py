@@ -27,6 +27,7 @@ import torch
 from pydantic import ValidationError
 
 from trainer import metrics as xc_metrics
+from trainer.capacity import check_fits
 from trainer.data import Dataset, in_label_space, label_counts, label_names_of
 from trainer.errors import ArtifactError, DataFormatError, ParamsError
 from trainer.params import TrainParams, validation_message
@@ -188,13 +189,15 @@ def _check_inputs(base: Any, ds: Dataset, base_name: str, base_ids: bool) -> Dat
     if not ds.is_text and kind == "text":
         raise DataFormatError(source, 1, f"holds sparse features (XC) but the base model {base_name} takes "
                               "texts (JSONL)")
-    _check_naming(base.label_names, base_ids, ds, base_name)
     if not ds.is_text:
         if ds.n_features > base.n_features:
             raise DataFormatError(source, 1, f"declares D={ds.n_features} features but the base model "
                                   f"{base_name} takes {base.n_features}")
-        ds = _widen_features(ds, base.n_features)
-    return ds
+        # before a name per label: the label space the header claims is the grown model's
+        check_fits(ds, base.params, torch.device("cpu"), labels=max(base.n_labels, ds.n_labels),
+                   features=base.n_features, extra_heads=len(base.model.shape.extra_heads))
+    _check_naming(base.label_names, base_ids, ds, base_name)
+    return _widen_features(ds, base.n_features)
 
 
 def _are_ids(names: list[str]) -> bool:

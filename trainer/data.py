@@ -23,6 +23,7 @@ import scipy.sparse as sp
 from trainer.errors import DataFormatError
 
 __all__ = [
+    "MAX_DIMENSION",
     "MAX_LABEL_NAME",
     "Dataset",
     "check_compatible",
@@ -50,6 +51,10 @@ _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark some editors put at the start 
 # Longest label name, in characters: room for any title, category path or product name; a longer one
 # is a text in the wrong field, and every answer naming the label would carry it.
 MAX_LABEL_NAME = 1000
+# Most labels or features a file may declare (the largest 32-bit signed id, plus one): past every label
+# or feature space in use (the largest published label spaces are about 10^8), so a header beyond it is
+# a typo or a damaged file, refused before anything of its size is allocated.
+MAX_DIMENSION = 2**31
 
 # Variable-length strings with vectorised concatenation (numpy >= 2); fixed-width unicode before that.
 if hasattr(np, "strings") and hasattr(np.dtypes, "StringDType"):
@@ -150,6 +155,11 @@ def _parse_header(raw: bytes, path: str) -> tuple[int, int, int]:
     n, d, labels = (int(p) for p in parts)
     if d == 0:
         raise DataFormatError(path, 1, "bad header: feature count D must be positive")
+    for name, value, what in (("D", d, "features"), ("L", labels, "labels")):
+        if value > MAX_DIMENSION:
+            raise DataFormatError(path, 1, f"bad header: {name}={value} {what} is more than the "
+                                  f"{MAX_DIMENSION:,} a file may declare; D and L are the feature and label "
+                                  "counts, at least one more than the largest id the rows use")
     return n, d, labels
 
 

@@ -25,6 +25,7 @@ import torch
 from trainer import metrics as xc_metrics
 from trainer import row_kernels
 from trainer.artifact import prepare_out_dir
+from trainer.capacity import check_fits
 from trainer.checkpoints import load_checkpoint, save_checkpoint
 from trainer.collectives import RankGroup, in_launched_rank, join_group, rank_device
 from trainer.continual import (
@@ -544,6 +545,11 @@ def _fit(
         hooks = _Muted(hooks)
     torch.manual_seed(params.seed)  # the dense layers' init: the same on every rank
     spec = get_loss(params.loss)
+    if train_ds.n_labels == 0:
+        raise ParamsError(f"{train_ds.path or 'the training set'}: no labels (L=0), nothing to learn")
+    # before anything label- or feature-sized is allocated: a header's L or D may be far past what fits
+    check_fits(train_ds, params, device, features=None if warm is None else warm.featurizer.n_features,
+               ranks=group.world, extra_heads=len(spec.extra_heads))
 
     valid_ds: Dataset | None = None
     if params.valid_fraction > 0:
