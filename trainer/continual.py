@@ -510,14 +510,16 @@ def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None,
     base_ids = base.featurizer.kind != "text" and _are_ids(base.label_names)  # XC only: see _check_naming
     train_ds = _check_inputs(base, train_ds, name, base_ids)
     names = _grow_names(list(base.label_names), train_ds)
-    train_ds = in_label_space(train_ds, names, refuse="")
+    index = {n: i for i, n in enumerate(names)}  # built once for every data set moved into the space
+    train_ds = in_label_space(train_ds, names, refuse="", index=index)
     if test_ds is not None:  # a JSONL test label the grown model lacks counts as a miss; XC ids must fit
         test_ds = in_label_space(_check_inputs(base, test_ds, name, base_ids), names,
-                                 refuse=None if test_ds.is_text else "")
+                                 refuse=None if test_ds.is_text else "", index=index)
     if replay_ds is not None:
         why = (" (nor in the training data): replay rows are rows the base trained on; rows of a new label "
                "go in the training data")
-        replay_ds = in_label_space(_check_inputs(base, replay_ds, name, base_ids), names, refuse=why)
+        replay_ds = in_label_space(_check_inputs(base, replay_ds, name, base_ids), names, refuse=why,
+                                   index=index)
     new_labels = np.zeros(len(names), dtype=bool)
     new_labels[base.n_labels:] = True
     if base.label_counts is not None:

@@ -707,8 +707,10 @@ def label_names_of(ds: Dataset) -> list[str]:
     return list(ds.label_names) if ds.label_names is not None else [str(i) for i in range(ds.n_labels)]
 
 
-def in_label_space(ds: Dataset, names: list[str], refuse: str | None = None) -> Dataset:
-    """`ds` with its labels moved to the id space `names`, matched by name (`label_names_of`).
+def in_label_space(ds: Dataset, names: list[str], refuse: str | None = None,
+                   index: dict[str, int] | None = None) -> Dataset:
+    """`ds` with its labels moved to the id space `names` (`index`: name -> id, built when not given),
+    matched by name (`label_names_of`).
 
     A label a row carries that `names` lacks is, with `refuse` given, an error naming the first line that
     carries it (`refuse` is appended to the message: why it must be there). With `refuse=None` it gets a
@@ -716,13 +718,18 @@ def in_label_space(ds: Dataset, names: list[str], refuse: str | None = None) -> 
     counts it as a miss (as XC-repository evaluation counts a test label without training rows) instead
     of refusing the whole set; `meta["unseen_labels"]` and `meta["unseen_rows"]` say how many.
     """
-    own = label_names_of(ds)
+    own = ds.label_names
     if own == names:
         return ds
-    index = {n: i for i, n in enumerate(names)}
-    mapping = np.array([index.get(n, -1) for n in own], dtype=np.int64)
+    index = {n: i for i, n in enumerate(names)} if index is None else index
     y = sp.csr_matrix(ds.Y)
-    new_ids = mapping[y.indices] if y.nnz else np.zeros(0, np.int64)
+    # only the labels rows carry are looked up: most of a large label space has no row here
+    used = np.unique(y.indices)
+    used_names = [own[j] if own is not None else str(j) for j in used.tolist()]
+    ids = np.array([index.get(n, -1) for n in used_names], dtype=np.int64)
+    if own is None and ds.n_labels == len(names) and np.array_equal(ids, used):
+        return ds  # XC ids that are already the model's
+    new_ids = ids[np.searchsorted(used, y.indices)] if y.nnz else np.zeros(0, np.int64)
     missing = new_ids < 0
     extra: list[str] = []
     meta = dict(ds.meta)
@@ -731,11 +738,12 @@ def in_label_space(ds: Dataset, names: list[str], refuse: str | None = None) -> 
             pos = int(np.argmax(missing))
             row = int(np.searchsorted(y.indptr, pos, side="right")) - 1
             line = row + (1 if ds.is_text else 2)  # an XC file's rows follow its header line
-            raise DataFormatError(ds.path or "<data>", line, f"label {own[int(y.indices[pos])]!r} is not in "
-                                  f"the model's label set{refuse}")
+            label = used_names[int(np.searchsorted(used, y.indices[pos]))]
+            raise DataFormatError(ds.path or "<data>", line, f"label {label!r} is not in the model's label "
+                                  f"set{refuse}")
         unseen, at = np.unique(y.indices[missing], return_inverse=True)  # own id order: first seen
         new_ids[missing] = len(names) + at.ravel()
-        extra = [own[int(i)] for i in unseen]
+        extra = [used_names[int(i)] for i in np.searchsorted(used, unseen)]
         rows = np.repeat(np.arange(ds.n_rows), np.diff(y.indptr))[missing]
         meta.update(unseen_labels=len(extra), unseen_rows=int(np.unique(rows).size))
     width = len(names) + len(extra)
