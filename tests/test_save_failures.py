@@ -95,3 +95,21 @@ def test_a_failed_rename_puts_the_previous_model_back(
     assert capsys.readouterr().err == f"error: {out}: cannot write the model here: {os.strerror(errno.EIO)}\n"
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["m"]
     assert _tree(tmp_path / "models") == before
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_leaves_no_partial_checkpoint(
+    tmp_path: Path, data: Path
+) -> None:
+    """Mid-training, the checkpoint that cannot be written is named and its half-written directory removed
+    (it holds space the user is short of); rerun with the same --checkpoint-dir resumes from the last one."""
+    ckpt = tmp_path / "ckpt"
+    script = tmp_path / "full_disk.py"
+    script.write_text(_FULL_DISK)
+    args = ["train", "--train", str(data), "--out", str(tmp_path / "m"), "--checkpoint-dir", str(ckpt),
+            "--checkpoint-every", "1", *FAST]
+    proc = subprocess.run([sys.executable, str(script), "weights", *args], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (f"error: {ckpt}: no space left on device while writing the checkpoint of step 1 "
+                           "here; free space and rerun\n")
+    assert list(ckpt.iterdir()) == [] and not (tmp_path / "m").exists()

@@ -19,7 +19,6 @@ and a load costs about the file's size in page cache, not several private copies
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -37,7 +36,7 @@ import torch
 from safetensors import SafetensorError
 
 from trainer.durable import fsync_path, fsync_tree, write_safetensors
-from trainer.errors import ArtifactError, OvexError
+from trainer.errors import ArtifactError, OvexError, write_error
 from trainer.model import ModelShape, XCModel
 from trainer.params import TrainParams
 
@@ -134,7 +133,7 @@ def save_artifact(
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     except OSError as exc:
-        raise _write_error(out, exc) from None
+        raise write_error(str(out), exc, "the model") from None
     try:
         tensors = artifact_tensors(model, label_counts, str(out), row_hashes)
         if write_weights is None:
@@ -175,18 +174,9 @@ def save_artifact(
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
-            raise _write_error(out, exc) from None
+            raise write_error(str(out), exc, "the model") from None
         raise
     return out
-
-
-def _write_error(out: Path, exc: OSError) -> ArtifactError:
-    """A failed write as what to do about it (a full disk above all); nothing of the new model is left,
-    and a model that was at `out` is still there."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return ArtifactError(str(out), "no space left on device while writing the model here; free space "
-                             "and rerun")
-    return ArtifactError(str(out), f"cannot write the model here: {exc.strerror or exc}")
 
 
 @dataclass
