@@ -66,6 +66,8 @@ def test_a_continual_run_checks_the_label_space_the_data_claims_before_naming_it
     assert proc.stderr.startswith(f"error: {tmp_path / 'new.txt'}:1: the header declares L=2,000,000,000 "
                                   "labels"), proc.stderr
     assert "at dim 8" in proc.stderr and not (tmp_path / "v2").exists()
+    assert proc.stderr.rstrip().endswith("use --optimizer adagrad, or train on a machine with more free "
+                                         "memory (a continual run keeps its base's dim)"), proc.stderr
 
 
 def test_a_run_over_the_free_memory_names_the_flags_to_change(

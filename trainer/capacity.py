@@ -57,10 +57,12 @@ def _size(n: float) -> str:
 
 
 def check_fits(ds: Dataset, params: TrainParams, device: torch.device, *, labels: int | None = None,
-               features: int | None = None, ranks: int = 1, extra_heads: int = 0) -> None:
+               features: int | None = None, ranks: int = 1, extra_heads: int = 0,
+               continual: bool = False) -> None:
     """Refuse a run on `ds` whose tables need more than `device` has free: `labels` (default: the set's)
     split over `ranks`, `features` input columns (default: an XC file's D, the hashing size for texts;
-    a vocabulary is bounded by the texts already in memory and is left out).
+    a vocabulary is bounded by the texts already in memory and is left out). A `continual` run keeps its
+    base's dim, so the error does not suggest another.
 
     For an XC file the error points at its header and says what its rows use, since a header claiming far
     more labels or features than the file holds is the likely cause."""
@@ -74,10 +76,13 @@ def check_fits(ds: Dataset, params: TrainParams, device: torch.device, *, labels
     where = f" a rank ({ranks} ranks)" if ranks > 1 else ""
     what = (f"a model of {labels:,} labels and {features:,} input features at dim {params.dim} needs "
             f"{_size(need)}{where} for its weights, their {params.optimizer} state and the label names "
-            f"alone, and {device} has "
-            f"{_size(free)} free")
-    remedy = "lower --dim" + (", use --optimizer adagrad," if params.optimizer == "adam" else "") + \
-        " or shard the labels over more ranks (--nproc-per-node)"
+            f"alone, and {device} has {_size(free)} free")
+    options = [] if continual else ["lower --dim"]
+    if params.optimizer == "adam":
+        options.append("use --optimizer adagrad")
+    options.append("train on a machine with more free memory (a continual run keeps its base's dim)"
+                   if continual else "shard the labels over more ranks (--nproc-per-node)")
+    remedy = ", or ".join([", ".join(options[:-1]), options[-1]]) if len(options) > 1 else options[0]
     if ds.X is None or not ds.path:
         raise ParamsError(f"{what}: {remedy}")
     used_l = int(ds.Y.indices.max()) + 1 if ds.Y.nnz else 0

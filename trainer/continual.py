@@ -195,7 +195,7 @@ def _check_inputs(base: Any, ds: Dataset, base_name: str, base_ids: bool) -> Dat
                                   f"{base_name} takes {base.n_features}")
         # before a name per label: the label space the header claims is the grown model's
         check_fits(ds, base.params, torch.device("cpu"), labels=max(base.n_labels, ds.n_labels),
-                   features=base.n_features, extra_heads=len(base.model.shape.extra_heads))
+                   features=base.n_features, extra_heads=len(base.model.shape.extra_heads), continual=True)
     _check_naming(base.label_names, base_ids, ds, base_name)
     return _widen_features(ds, base.n_features)
 

@@ -549,7 +549,7 @@ def _fit(
         raise ParamsError(f"{train_ds.path or 'the training set'}: no labels (L=0), nothing to learn")
     # before anything label- or feature-sized is allocated: a header's L or D may be far past what fits
     check_fits(train_ds, params, device, features=None if warm is None else warm.featurizer.n_features,
-               ranks=group.world, extra_heads=len(spec.extra_heads))
+               ranks=group.world, extra_heads=len(spec.extra_heads), continual=warm is not None)
 
     valid_ds: Dataset | None = None
     if params.valid_fraction > 0:
