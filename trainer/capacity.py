@@ -22,8 +22,9 @@ __all__ = ["check_fits", "free_bytes", "table_bytes"]
 # floats kept per weight of a big table: the weight and its optimizer state (two Adam moments, one
 # Adagrad sum)
 _FLOATS_PER_WEIGHT = {"adam": 3, "adagrad": 2}
-# a label's name, held by every rank: a short Python string and its slot in the list of names
-_NAME_BYTES = 64
+# a label's name, held by every rank: a short Python string and its list slot (about 63 bytes) and its
+# entry in a name -> id index (about 59 bytes), as measured for ids as names with tracemalloc
+_NAME_BYTES = 128
 
 
 def table_bytes(labels: int, features: int, params: TrainParams, extra_heads: int = 0, ranks: int = 1) -> int:
