@@ -63,7 +63,10 @@ def test_label_names_file_must_match_the_labels(tmp_path: Path, capsys: pytest.C
     data.write_text("2 3 3\n0,2 1:1\n1 0:1\n")
     out = ["train", "--train", str(data), "--out", str(tmp_path / "m"), "--epochs", "1", "--quiet"]
     for text, message in (("a\nb\n", ":2: 2 names for 3 labels"), ("a\n\nc\n", ":2: blank label name"),
-                          ("a\nb\na\n", ":3: label name 'a' repeats line 1")):
+                          ("a\nb\na\n", ":3: label name 'a' repeats line 1"),
+                          ("a\n \t\nc\n", ":2: blank label name ' \\t'"),
+                          ("a\nb\n" + "c" * 1001 + "\n", ":3: label name 'cccc"),
+                          ("a\nb\n" + "c" * 1001 + "\n", "is 1001 characters long; at most 1000 are")):
         (tmp_path / "names.txt").write_text(text)
         assert main([*out, "--label-names", str(tmp_path / "names.txt")]) == 2
         assert message in capsys.readouterr().err
@@ -114,3 +117,52 @@ def test_bad_artifact_and_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     assert "group_size 128 needs sampler 'uniform'" in err and "set group_size 1" in err
     assert not (tmp_path / "m").exists()
+
+
+def test_test_labels_the_model_lacks_count_as_misses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A JSONL test (or evaluate) label that no training row has is never predicted: train, evaluate and
+    predict go on, the first two with a warning naming how many such labels and rows, and score those rows
+    as misses (P@1 = the share of rows whose best label is right, over every row)."""
+    rows = [{"text": f"{w} doc{i}", "labels": [w]} for i in range(12) for w in ("alpha", "beta")]
+    (tmp_path / "tr.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    test = tmp_path / "te.jsonl"
+    test.write_text('{"text": "alpha", "labels": ["alpha"]}\n{"text": "beta", "labels": ["beta"]}\n'
+                    '{"text": "beta", "labels": ["gamma"]}\n'
+                    '{"text": "alpha", "labels": ["gamma", "delta"]}\n')
+    note = (f"warning: the test set {test} holds 2 label(s) the model has not trained on, on 2 of its 4 "
+            "rows: the model never predicts them, so they count as misses")
+    model = tmp_path / "m"
+    assert main(["train", "--train", str(tmp_path / "tr.jsonl"), "--test", str(test), "--out", str(model),
+                 "--dim", "16", "--epochs", "6", "--batch-size", "8", "--dropout", "0", "--lr", "0.05"]) == 0
+    out, err = capsys.readouterr()
+    assert note in err.splitlines()
+    assert json.loads(out.strip().splitlines()[-1])["p@1"] == 0.5  # rows 1-2 right, rows 3-4 cannot be
+    assert load_artifact(model).label_names == ["alpha", "beta"]
+
+    assert main(["evaluate", str(model), str(test)]) == 0
+    out, err = capsys.readouterr()
+    assert err == note.replace("the test set", "the data") + "\n"
+    metrics = json.loads(out)
+    assert metrics["p@1"] == 0.5 and metrics["ndcg@1"] == 0.5 and 0 < metrics["psp@1"] < 1
+
+    assert main(["predict", str(model), str(test), "--top-k", "1"]) == 0  # labels are not looked at
+    out, err = capsys.readouterr()
+    assert err == "" and [json.loads(line)["names"] for line in out.splitlines()] == [
+        ["alpha"], ["beta"], ["beta"], ["alpha"]]
+
+
+def test_a_test_set_that_cannot_be_scored_stops_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An XC test file declaring more labels than the training file is refused before the first step,
+    also when a refit would only evaluate it after a whole selection run."""
+    (tmp_path / "tr.txt").write_text("4 5 2\n0 0:1 1:1\n1 2:1\n0,1 3:1 4:1\n1 1:1\n")
+    (tmp_path / "te.txt").write_text("2 5 4\n3 0:1\n1 2:1\n")
+    code = main(["train", "--train", str(tmp_path / "tr.txt"), "--test", str(tmp_path / "te.txt"), "--out",
+                 str(tmp_path / "m"), "--dim", "8", "--epochs", "2", "--valid-fraction", "0.25", "--refit"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.splitlines()[-1] == (
+        f"error: {tmp_path / 'te.txt'}:1: test set declares L=4 labels but the training set has 2"), err
+    assert "epoch" not in err and not (tmp_path / "m").exists()

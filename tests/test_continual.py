@@ -93,6 +93,30 @@ def test_jsonl_labels_match_by_name_and_new_words_extend_the_vocabulary(tmp_path
     assert v2.label_names[int(top[0, 0])] == "d"  # learned through the new words only
 
 
+@pytest.mark.parametrize("refit", [False, True])
+def test_held_out_rows_add_no_words_to_the_vocabulary(tmp_path: Path, refit: bool) -> None:
+    """With valid_fraction the vocabulary grows from the rows trained on only: a word of a held-out row
+    would otherwise get a column (and idf) from the very rows that judge the model. A refit trains on
+    every row, and its model (the one saved) has every row's words."""
+    from trainer.train import split_validation
+
+    rows = [{"text": f"alpha beta doc{i}", "labels": ["a"]} for i in range(20)]
+    (tmp_path / "base.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train(_params(epochs=1), read_jsonl(tmp_path / "base.jsonl"), None, out_dir=tmp_path / "v1",
+          hooks=QuietHooks())
+    new = [{"text": f"gamma only{i}", "labels": ["a" if i % 2 else "b"]} for i in range(20)]
+    (tmp_path / "new.jsonl").write_text("".join(json.dumps(r) + "\n" for r in new))
+    params = _params(epochs=1, valid_fraction=0.25, refit=refit)
+    train(params, read_jsonl(tmp_path / "new.jsonl"), None, out_dir=tmp_path / "v2", hooks=QuietHooks(),
+          base=tmp_path / "v1")
+    vocab = load_artifact(tmp_path / "v2").featurizer.vocab
+    assert vocab is not None and "gamma" in vocab
+    fit_rows, valid_rows = split_validation(20, 0.25, params.seed)
+    assert all(f"only{i}" in vocab for i in fit_rows)
+    held_out = [f"only{i}" for i in valid_rows]
+    assert all(w in vocab for w in held_out) if refit else not any(w in vocab for w in held_out)
+
+
 def test_extended_vocabulary_featurizes_old_texts_exactly_as_before() -> None:
     texts = ["red green blue", "green blue", "red red yellow", "blue sky"]
     f = Featurizer.fit(Dataset(Y=sp.csr_matrix((4, 1)), n_features=0, n_labels=1, texts=texts), min_df=1)
@@ -319,15 +343,50 @@ def test_cli_init_from_and_its_errors(planted: tuple[Dataset, Dataset], tmp_path
     assert not (tmp_path / "x").exists()
 
 
-def test_unknown_test_label_is_named(tmp_path: Path) -> None:
+class _Log(QuietHooks):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def on_log(self, message: str) -> None:
+        self.lines.append(message)
+
+
+def _base_of_one_label(tmp_path: Path, other: str) -> None:
+    """b.jsonl (label 'a' only), its model v1, and `other`: a row of 'a' and a row of 'zzz'."""
     rows = [{"text": f"alpha beta doc{i}", "labels": ["a"]} for i in range(10)]
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "t.jsonl").write_text('{"text": "alpha", "labels": ["zzz"]}\n')
+    (tmp_path / other).write_text('{"text": "alpha beta", "labels": ["a"]}\n'
+                                  '{"text": "alpha", "labels": ["zzz"]}\n')
     train(_params(epochs=1), read_jsonl(tmp_path / "b.jsonl"), None, out_dir=tmp_path / "v1",
           hooks=QuietHooks())
-    with pytest.raises(DataFormatError, match=r"t.jsonl:1: label 'zzz' is not in the model's label set"):
-        train(_params(epochs=1), read_jsonl(tmp_path / "b.jsonl"), read_jsonl(tmp_path / "t.jsonl"),
-              out_dir=tmp_path / "v2", hooks=QuietHooks(), base=tmp_path / "v1")
+
+
+def test_a_test_label_the_grown_model_lacks_counts_as_a_miss(tmp_path: Path) -> None:
+    """A JSONL test label neither the base nor the new data has is never predicted: the run goes on with a
+    warning, and the rows carrying it score as misses (among the new-label rows, not the old ones)."""
+    _base_of_one_label(tmp_path, "t.jsonl")
+    hooks = _Log()
+    result = train(_params(epochs=1), read_jsonl(tmp_path / "b.jsonl"), read_jsonl(tmp_path / "t.jsonl"),
+                   out_dir=tmp_path / "v2", hooks=hooks, base=tmp_path / "v1")
+    assert (f"warning: the test set {tmp_path / 't.jsonl'} holds 1 label(s) the model has not trained on, "
+            "on 1 of its 2 rows: the model never predicts them, so they count as misses") in hooks.lines
+    m = result.metrics
+    assert m["p@1"] == 0.5 and m["ndcg@1"] == 0.5  # one label in the model: row 1 hits, row 2 cannot
+    assert (m["old.rows"], m["old.p@1"], m["new.rows"], m["new.p@1"]) == (1.0, 1.0, 1.0, 0.0)
+    assert load_artifact(tmp_path / "v2").label_names == ["a"]  # the test label is not added to the model
+
+
+def test_a_replay_label_the_grown_model_lacks_is_refused_before_training(tmp_path: Path) -> None:
+    """Replay rows are rows the base trained on: one whose label neither the base nor the new data has
+    is refused before the first step, with where it is and what to do instead."""
+    _base_of_one_label(tmp_path, "r.jsonl")
+    hooks = _Log()
+    why = r"\(nor in the training data\): replay rows are rows the base trained on; rows of a new label go"
+    where = r"r.jsonl:2: label 'zzz' is not in the model's label set "
+    with pytest.raises(DataFormatError, match=where + why):
+        train(_params(epochs=1), read_jsonl(tmp_path / "b.jsonl"), None, out_dir=tmp_path / "v2",
+              hooks=hooks, base=tmp_path / "v1", replay_ds=read_jsonl(tmp_path / "r.jsonl"))
+    assert not any(m.startswith("epoch") for m in hooks.lines) and not (tmp_path / "v2").exists()
 
 
 def test_a_base_without_fingerprints_treats_every_row_as_new(

@@ -283,3 +283,46 @@ def test_an_empty_path_is_named(files: Path, tmp_path: Path, capsys: pytest.Capt
     code, err = _run(capsys, *[x for kv in args.items() for x in kv])
     assert code == 2 and f"{flag} is empty" in err, err
     assert not any(tmp_path.iterdir())
+
+
+def _texts(path: Path, n: int = 40) -> Path:
+    words = ["alpha", "beta", "gamma", "delta", "eps", "zeta"]
+    with open(path, "w") as fh:
+        for i in range(n):
+            text = " ".join(words[(i + j) % 6] for j in range(3))
+            fh.write(json.dumps({"text": text, "labels": [f"l{i % 4}"]}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(("kind", "flag", "value"), [
+    ("hash", "--max-vocab", "5000"), ("hash", "--min-df", "3"),
+    ("xc", "--max-vocab", "5000"), ("xc", "--min-df", "3"), ("xc", "--hash-size", "64"),
+])
+def test_a_featurizer_flag_the_base_does_not_use_is_refused_as_such(
+    files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, flag: str, value: str
+) -> None:
+    """A text setting given to a base that hashes (no vocabulary) or reads XC features has no effect: the
+    error says so, not that it 'differs from the base' as if another value would do."""
+    if kind == "hash":
+        data = _texts(tmp_path / "t.jsonl")
+        assert main(["train", "--train", str(data), "--out", str(tmp_path / "b"), "--hash-size", "256",
+                     *FAST]) == 0
+        base, why = tmp_path / "b", "hashes words into hash_size=256 buckets and has no vocabulary"
+    else:
+        data, base, why = files / "all.txt", files / "v1", "takes sparse features (XC data)"
+    code, err = _run(capsys, "--init-from", str(base), "--train", str(data), "--out", str(tmp_path / "o"),
+                     flag, value)
+    name = flag[2:].replace("-", "_")
+    assert code == 2 and f"{name}={value} does not apply: the base model {why}" in err, err
+    assert "differs" not in err and f"(leave {name} out)" in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_vocabulary_setting_other_than_the_base_is_still_a_conflict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _texts(tmp_path / "t.jsonl")
+    assert main(["train", "--train", str(data), "--out", str(tmp_path / "b"), *FAST]) == 0
+    code, err = _run(capsys, "--init-from", str(tmp_path / "b"), "--train", str(data), "--out",
+                     str(tmp_path / "o"), "--max-vocab", "5000")
+    assert code == 2 and "max_vocab=5000 differs from the base model's max_vocab=200000" in err, err

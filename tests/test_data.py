@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trainer.data as data
-from trainer.data import check_compatible, read_dataset, read_jsonl, read_xc, write_xc
+from trainer.data import MAX_LABEL_NAME, check_compatible, read_dataset, read_jsonl, read_xc, write_xc
 from trainer.errors import DataFormatError
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -81,6 +81,11 @@ BAD_CASES = [
     ("1 2 3 4\n0 1:1\n", 1, "bad header"),
     ("-1 2 3\n", 1, "bad header"),
     ("1 0 3\n0\n", 1, "feature count D must be positive"),
+    ("1 5 -2\n0 1:1\n", 1, "bad header '1 5 -2': expected three non-negative integers"),
+    ("1 5.0 2\n0 1:1\n", 1, "bad header '1 5.0 2': expected three non-negative integers"),
+    ("1 5 1e3\n0 1:1\n", 1, "bad header '1 5 1e3': expected three non-negative integers"),
+    ("1 5 1000000000000\n0 1:1\n", 1, "bad header: L=1000000000000 labels is more than the 2,147,483,648"),
+    ("1 2147483649 2\n0 1:1\n", 1, "bad header: D=2147483649 features is more than the 2,147,483,648"),
     ("3 5 2\n0 1:1\n1 2:1\n", 4, "file ends after 2 rows but the header declares N=3"),
     ("1 5 2\n0 1:1\n1 2:1\n", 3, "more rows than N=1"),
     ("2 5 2\n0 1:1\n1 5:1\n", 3, "feature id 5 >= D=5"),
@@ -197,7 +202,11 @@ JSONL_BAD = [
     ([{"text": "a", "labels": "a"}], 1, "'labels' must be a list of strings, got str"),
     ([{"text": "a", "labels": ["a", 1]}], 1, "'labels' must be a list of strings; found 1"),
     ([{"text": "a", "labels": ["a", "a"]}], 1, "duplicate label 'a'"),
-    ([{"text": "a", "labels": [""]}], 1, "empty label name"),
+    ([{"text": "a", "labels": [""]}], 1, "blank label name ''"),
+    ([{"text": "a", "labels": ["x"]}, {"text": "b", "labels": [" \t "]}], 2, "blank label name ' \\t '"),
+    ([{"text": "a", "labels": ["x" * (MAX_LABEL_NAME + 1)]}], 1,
+     f"label name 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'... is {MAX_LABEL_NAME + 1} characters long; "
+     f"at most {MAX_LABEL_NAME}"),
     ([{"text": "a", "label": ["x"]}], 1, "unknown key(s) ['label']"),
     ([], 1, "empty file"),
 ]
@@ -211,6 +220,12 @@ def test_malformed_jsonl_names_line_and_fault(
         read_jsonl(p)
     assert ei.value.line == line, str(ei.value)
     assert msg in ei.value.message, str(ei.value)
+
+
+def test_jsonl_label_names_up_to_the_limit_and_of_any_character_are_kept(tmp_path: Path) -> None:
+    names = ["x" * MAX_LABEL_NAME, "two\nlines", "tab\there", " padded "]
+    ds = read_jsonl(_jsonl(tmp_path, [{"text": "a", "labels": names}]))
+    assert ds.label_names == names
 
 
 def test_jsonl_unknown_label_against_vocabulary(tmp_path: Path) -> None:
@@ -262,17 +277,25 @@ def test_check_compatible_rejects_larger_test_set(tmp_path: Path, header: str, m
         check_compatible(train, test)
 
 
-def test_check_compatible_remaps_jsonl_labels_and_rejects_unknown(tmp_path: Path) -> None:
+def test_check_compatible_remaps_jsonl_labels_and_appends_unknown_ones(tmp_path: Path) -> None:
+    """A test label the training set lacks is one the model never predicts: it gets a column after the
+    training labels (a miss, as in XC evaluation), and the set says how many there are and on which rows."""
     train = read_jsonl(_jsonl(tmp_path, [{"text": "a", "labels": ["x", "y"]}, {"text": "b", "labels": ["z"]}],
                               "tr.jsonl"))
     test = read_jsonl(_jsonl(tmp_path, [{"text": "c", "labels": ["z"]}, {"text": "d", "labels": ["x"]}],
                              "te.jsonl"))
     out = check_compatible(train, test)
     assert out.label_names == ["x", "y", "z"] and out.Y.toarray().tolist() == [[0, 0, 1], [1, 0, 0]]
-    bad = read_jsonl(_jsonl(tmp_path, [{"text": "c", "labels": ["x"]}, {"text": "d", "labels": ["w"]}],
-                            "bad.jsonl"))
-    with pytest.raises(DataFormatError, match="row 2: unknown label 'w'"):
-        check_compatible(train, bad)
+    assert "unseen_labels" not in out.meta and data.unseen_labels_note(out, "the test set") is None
+    rows = [{"text": "c", "labels": ["x"]}, {"text": "d", "labels": ["w", "z"]},
+            {"text": "e", "labels": ["v"]}, {"text": "f", "labels": ["w"]}]
+    unseen = check_compatible(train, read_jsonl(_jsonl(tmp_path, rows, "unseen.jsonl")))
+    assert unseen.label_names == ["x", "y", "z", "w", "v"] and unseen.n_labels == 5
+    assert unseen.Y.toarray().tolist() == [[1, 0, 0, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 1], [0, 0, 0, 1, 0]]
+    assert (unseen.meta["unseen_labels"], unseen.meta["unseen_rows"]) == (2, 3)
+    assert data.unseen_labels_note(unseen, "the test set") == (
+        f"warning: the test set {tmp_path / 'unseen.jsonl'} holds 2 label(s) the model has not trained on, "
+        "on 3 of its 4 rows: the model never predicts them, so they count as misses")
     xc = read_xc(_write(tmp_path, "1 2 1\n0 1:1\n", "x.txt"))
     with pytest.raises(DataFormatError, match="trained on text"):
         check_compatible(train, xc)
@@ -343,10 +366,12 @@ def test_fuzzed_token_rows_agree_with_the_reference(tmp_path: Path, rows: list[s
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(st.tuples(st.text(min_size=1).filter(lambda t: t.strip() != ""),
-                               st.lists(st.text(min_size=1, max_size=5), unique=True, max_size=4)),
+                               st.lists(st.text(min_size=1, max_size=5).filter(lambda t: t.strip() != ""),
+                                        unique=True, max_size=4)),
                      min_size=1, max_size=8))
 def test_jsonl_round_trip(tmp_path: Path, rows: list[tuple[str, list[str]]]) -> None:
-    """Any texts and label names (unicode, quotes, newlines inside strings) come back as written."""
+    """Any texts and non-blank label names (unicode, quotes, newlines inside strings) come back as
+    written."""
     p = tmp_path / "rt.jsonl"
     p.write_text("".join(json.dumps({"text": t, "labels": labs}) + "\n" for t, labs in rows),
                  encoding="utf-8")

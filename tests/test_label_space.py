@@ -12,8 +12,8 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.continual import _in_space, _LabelSpace
-from trainer.data import Dataset
+from trainer.continual import _LabelSpace
+from trainer.data import Dataset, in_label_space
 from trainer.errors import DataFormatError
 
 names_st = st.lists(st.sampled_from([str(i) for i in range(12)] + ["a", "b", "c", "é", "x y"]),
@@ -48,7 +48,7 @@ def test_rows_keep_their_label_names_and_old_labels_their_ids(
 
     space = _LabelSpace(base)
     space.grow(ds)
-    moved = _in_space(ds, space)
+    moved = in_label_space(ds, space.names, refuse="", index=space.index)
 
     expected = base + [d for d in declared if d not in base]  # the definition: base names, then new ones
     assert space.names == expected
@@ -62,5 +62,5 @@ def test_a_label_outside_the_space_is_named_with_its_line() -> None:
     space = _LabelSpace(["0", "1"])
     test = _dataset([[0], [1, 2]], None, 3)  # label "2" is in no version of the model
     with pytest.raises(DataFormatError, match=r"label '2' is not in the model's label set") as info:
-        _in_space(test, space)
+        in_label_space(test, space.names, refuse="", index=space.index)
     assert info.value.line == 3  # an XC file's second row follows its header line

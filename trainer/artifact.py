@@ -36,7 +36,7 @@ import torch
 from safetensors import SafetensorError
 
 from trainer.durable import fsync_path, fsync_tree, write_safetensors
-from trainer.errors import ArtifactError, OvexError
+from trainer.errors import ArtifactError, OvexError, write_error
 from trainer.model import ModelShape, XCModel
 from trainer.params import TrainParams
 
@@ -130,7 +130,10 @@ def save_artifact(
     if len(label_names) != model.shape.n_labels:
         raise ArtifactError(str(out), f"{len(label_names)} label names for {model.shape.n_labels} labels")
     prepare_out_dir(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as exc:
+        raise write_error(str(out), exc, "the model") from None
     try:
         tensors = artifact_tensors(model, label_counts, str(out), row_hashes)
         if write_weights is None:
@@ -158,12 +161,20 @@ def save_artifact(
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, old / "model")
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)
+        except BaseException:
+            if old is not None:  # the previous model goes back where it was
+                os.replace(old / "model", out)
+                old.rmdir()
+            raise
         fsync_path(out.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise write_error(str(out), exc, "the model") from None
         raise
     return out
 
@@ -182,13 +193,17 @@ class LoadedModel:
     label_counts: np.ndarray | None = None
     row_hashes: np.ndarray | None = None  # sorted int64 fingerprints of the training rows
 
-    def propensities(self, a: float = 0.55, b: float = 1.5) -> np.ndarray | None:
-        """Jain et al. (2016) propensities from the training label counts (None if not recorded)."""
+    def propensities(self, a: float = 0.55, b: float = 1.5, n_labels: int | None = None) -> np.ndarray | None:
+        """Jain et al. (2016) propensities from the training label counts (None if not recorded); with
+        `n_labels`, labels past the model's (evaluation labels it lacks) as labels without training rows."""
         n = int(self.config.get("n_train_rows", 0))
         if self.label_counts is None or n <= 0:
             return None
+        counts = self.label_counts.astype(np.float64)
+        if n_labels is not None and n_labels > counts.size:
+            counts = np.concatenate([counts, np.zeros(n_labels - counts.size)])
         c = (np.log(n) - 1.0) * (b + 1.0) ** a
-        out: np.ndarray = 1.0 / (1.0 + c * np.power(self.label_counts.astype(np.float64) + b, -a))
+        out: np.ndarray = 1.0 / (1.0 + c * np.power(counts + b, -a))
         return out
 
     @property

@@ -30,7 +30,7 @@ import torch
 from safetensors import safe_open
 
 from trainer.durable import commit_file, fsync_path, write_safetensors
-from trainer.errors import ParamsError
+from trainer.errors import ParamsError, write_error
 
 if TYPE_CHECKING:
     from trainer.train import Stepper
@@ -79,10 +79,21 @@ def _rank_file(rank: int) -> str:
 def save_checkpoint(
     ckpt_dir: Path, stepper: Stepper, step: int, epoch: int, pos: int, extra: dict[str, Any]
 ) -> Path:
-    """Collective: every rank of `stepper.group` calls it at the same step."""
+    """Collective: every rank of `stepper.group` calls it at the same step. A failed write (a full disk)
+    is an error saying so; the previous checkpoint stays the one to resume from."""
+    partial = ckpt_dir / f".step-{step:09d}.partial"
+    try:
+        return _save_checkpoint(ckpt_dir, partial, stepper, step, epoch, pos, extra)
+    except OSError as exc:
+        if stepper.group.world == 1:  # the half-written one gives its space back (ranks may still write)
+            shutil.rmtree(partial, ignore_errors=True)
+        raise write_error(str(ckpt_dir), exc, f"the checkpoint of step {step}") from None
+
+
+def _save_checkpoint(ckpt_dir: Path, partial: Path, stepper: Stepper, step: int, epoch: int, pos: int,
+                     extra: dict[str, Any]) -> Path:
     group, shard = stepper.group, stepper.shard
     name = f"step-{step:09d}"
-    partial = ckpt_dir / f".{name}.partial"
     if group.is_main:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         if partial.exists():

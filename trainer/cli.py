@@ -22,6 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import ValidationError
 
+from trainer.data import label_name_problem
 from trainer.errors import DataFormatError, ParamsError
 from trainer.params import TrainParams, given_params, validation_message
 
@@ -101,9 +102,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     train_ds = read_dataset(args.train)
     if args.label_names:
         train_ds = with_label_names(train_ds, args.label_names)
-    # with a base, test labels are matched by name against the grown label set inside train()
-    names = None if args.init_from else train_ds.label_names
-    test_ds = read_dataset(args.test, label_names=names) if args.test else None
+    # test labels are matched by name inside train(), against the grown label set when there is a base
+    test_ds = read_dataset(args.test) if args.test else None
     replay_ds = read_dataset(args.replay_data) if args.replay_data else None
     if args.label_names:  # XC test and replay files share the training file's label ids, so its names
         test_ds = _named_like(test_ds, train_ds, args.label_names)
@@ -140,8 +140,9 @@ def with_label_names(ds: Any, path: str) -> Any:
         raise DataFormatError(path, len(names), f"{len(names)} names for {ds.n_labels} labels (one a line)")
     seen: dict[str, int] = {}
     for i, name in enumerate(names):
-        if not name.strip():
-            raise DataFormatError(path, i + 1, "blank label name")
+        problem = label_name_problem(name)
+        if problem:
+            raise DataFormatError(path, i + 1, problem)
         if name in seen:
             raise DataFormatError(path, i + 1, f"label name {name!r} repeats line {seen[name] + 1}")
         seen[name] = i
@@ -159,18 +160,27 @@ def _named_like(ds: Any, train_ds: Any, path: str) -> Any:
     return replace(ds, label_names=names[: ds.n_labels])
 
 
-def _features_for(model: Any, path: str) -> tuple[sp.csr_matrix, sp.csr_matrix]:
-    """Read a data file and featurize it the way the model was trained (labels in the model's ids)."""
-    from trainer.data import read_dataset
+def _features_for(model: Any, path: str, labels: bool = True) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    """Read a data file and featurize it the way the model was trained, its labels (`labels`) in the
+    model's ids: a JSONL label the model lacks gets a column after them (it counts as a miss), with a
+    warning on stderr; XC ids must be the model's. Without `labels` they are not looked at."""
+    from trainer.data import in_label_space, read_dataset, unseen_labels_note
 
-    ds = read_dataset(path, label_names=model.label_names)
-    if not ds.is_text and ds.n_labels > model.n_labels:
+    ds = read_dataset(path)
+    x = sp.csr_matrix(model.featurizer.transform(ds), dtype=np.float32)
+    if not labels:
+        return x, sp.csr_matrix((x.shape[0], 0), dtype=np.float32)
+    if ds.is_text:
+        ds = in_label_space(ds, model.label_names)
+        note = unseen_labels_note(ds, "the data")
+        if note:
+            print(note, file=sys.stderr)
+    elif ds.n_labels > model.n_labels:
         raise DataFormatError(path, 1, f"L={ds.n_labels} labels but the model has {model.n_labels}")
     y = sp.csr_matrix(ds.Y, dtype=np.float32)
-    if y.shape[1] != model.n_labels:
+    if y.shape[1] < model.n_labels:
         y = sp.csr_matrix((y.data, y.indices, y.indptr), shape=(y.shape[0], model.n_labels))
-    x = model.featurizer.transform(ds)
-    return sp.csr_matrix(x, dtype=np.float32), y
+    return x, y
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -180,7 +190,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     model = load_artifact(args.model_dir)
     x, y = _features_for(model, args.data)
     top, _ = model.topk(x, 5)
-    print(json.dumps(evaluate_topk(top, y, model.propensities())))
+    print(json.dumps(evaluate_topk(top, y, model.propensities(n_labels=y.shape[1]))))
     return 0
 
 
@@ -213,7 +223,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.top_k < 1:
         raise ParamsError("--top-k must be >= 1")
     model = load_artifact(args.model_dir)
-    x, _ = _features_for(model, args.data)
+    x, _ = _features_for(model, args.data, labels=False)
     lines = _prediction_lines(model, x, args.top_k, args.normalization)
     if args.out in (None, "-"):
         for line in lines:

@@ -28,7 +28,8 @@ import torch
 from pydantic import ValidationError
 
 from trainer import metrics as xc_metrics
-from trainer.data import Dataset, label_counts
+from trainer.capacity import check_fits
+from trainer.data import Dataset, in_label_space, label_counts
 from trainer.errors import ArtifactError, DataFormatError, ParamsError
 from trainer.model import init_head_rows
 from trainer.params import TrainParams, validation_message
@@ -61,18 +62,36 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 # ------------------------------------------------------------------------------------ parameters
 
 
-def continual_params(base: TrainParams, given: TrainParams, base_name: str) -> TrainParams:
+def _unused_by(base: TrainParams, featurizer_kind: str | None) -> dict[str, str]:
+    """The featurizer fields the base's featurizer has no use for, each with why: a value given for one
+    changes nothing, so it is no conflict with the base's and is refused for what it is."""
+    if featurizer_kind == "sparse":
+        why = "the base model takes sparse features (XC data) and this is a setting of text featurizers"
+        return dict.fromkeys(("hash_size", "max_vocab", "min_df"), why)
+    if base.hash_size > 0:
+        why = f"the base model hashes words into hash_size={base.hash_size} buckets and has no vocabulary"
+        return dict.fromkeys(("max_vocab", "min_df"), why)
+    return {}
+
+
+def continual_params(base: TrainParams, given: TrainParams, base_name: str,
+                     featurizer_kind: str | None = None) -> TrainParams:
     """The parameters of a continual run: the base's, overridden by the fields the caller set (the
     continual settings themselves are the caller's or the defaults).
 
     Architecture fields must agree with the base (a different `dim` cannot reuse its weights), so a
-    conflicting one is an error naming the field, not a silent fresh model. `epochs` and `schedule` default
-    to `continual_epochs` and `continual_schedule` when the caller did not set them (the learning rates
-    stay the base's; `continual_lr` scales them at run time).
+    conflicting one is an error naming the field, not a silent fresh model; a featurizer field the base's
+    featurizer does not use (`featurizer_kind`: "sparse" or "text", when known) is refused as such. `epochs`
+    and `schedule` default to `continual_epochs` and `continual_schedule` when the caller did not set them
+    (the learning rates stay the base's; `continual_lr` scales them at run time).
     """
     set_fields = given.model_fields_set
+    unused = _unused_by(base, featurizer_kind)
     for name in ARCHITECTURE_FIELDS:
         if name in set_fields and getattr(given, name) != getattr(base, name):
+            if name in unused:
+                raise ParamsError(f"{base_name}: {name}={getattr(given, name)!r} does not apply: "
+                                  f"{unused[name]} (leave {name} out)")
             raise ParamsError(
                 f"{base_name}: {name}={getattr(given, name)!r} differs from the base model's "
                 f"{name}={getattr(base, name)!r}; a continual run keeps the base's {name} (leave it out)"
@@ -180,31 +199,6 @@ def _names(ds: Dataset) -> Iterator[str]:
     return iter(ds.label_names) if ds.label_names is not None else map(str, range(ds.n_labels))
 
 
-def _in_space(ds: Dataset, space: _LabelSpace) -> Dataset:
-    """`ds` with its labels moved to the id space of `space` (by name); an unknown used label is an error."""
-    y = sp.csr_matrix(ds.Y)
-    used = np.unique(y.indices)
-    own = ds.label_names
-    ids = np.fromiter((space.index.get(own[j] if own is not None else str(j), -1) for j in used.tolist()),
-                      dtype=np.int64, count=used.size)
-    if ds.n_labels == len(space.names) and np.array_equal(ids, used) and (
-            own is None or own == space.names):
-        return ds
-    new_ids = ids[np.searchsorted(used, y.indices)] if y.nnz else np.zeros(0, np.int64)
-    if new_ids.size and int(new_ids.min()) < 0:
-        pos = int(np.argmax(new_ids < 0))
-        row = int(np.searchsorted(y.indptr, pos, side="right")) - 1
-        line = row + (1 if ds.is_text else 2)  # an XC file's rows follow its header line
-        j = int(y.indices[pos])
-        label = own[j] if own is not None else str(j)
-        raise DataFormatError(ds.path or "<data>", line, f"label {label!r} is not in the model's label set")
-    n = len(space.names)
-    Y = sp.csr_matrix((np.ones(new_ids.size, np.float32), new_ids, y.indptr), shape=(ds.n_rows, n))
-    Y.sort_indices()
-    return Dataset(Y=Y, n_features=ds.n_features, n_labels=n, X=ds.X, texts=ds.texts,
-                   label_names=space.names, path=ds.path, meta=dict(ds.meta))
-
-
 def _widen_features(ds: Dataset, n_features: int) -> Dataset:
     if ds.X is None or ds.n_features == n_features:
         return ds
@@ -223,13 +217,15 @@ def _check_inputs(base: Any, ds: Dataset, base_name: str, space: _LabelSpace) ->
     if not ds.is_text and kind == "text":
         raise DataFormatError(source, 1, f"holds sparse features (XC) but the base model {base_name} takes "
                               "texts (JSONL)")
-    _check_naming(space, ds, base_name)
     if not ds.is_text:
         if ds.n_features > base.n_features:
             raise DataFormatError(source, 1, f"declares D={ds.n_features} features but the base model "
                                   f"{base_name} takes {base.n_features}")
-        ds = _widen_features(ds, base.n_features)
-    return ds
+        # before a name per label: the label space the header claims is the grown model's
+        check_fits(ds, base.params, torch.device("cpu"), labels=max(base.n_labels, ds.n_labels),
+                   features=base.n_features, extra_heads=len(base.model.shape.extra_heads), continual=True)
+    _check_naming(space, ds, base_name)
+    return _widen_features(ds, base.n_features)
 
 
 def _are_ids(names: list[str]) -> bool:
@@ -316,7 +312,7 @@ class WarmStart:
     base: Any  # trainer.artifact.LoadedModel
     name: str  # how messages name the base (a path on the CLI, "model m version v" in the service)
     label_names: list[str]
-    featurizer: Any
+    featurizer: Any  # the base's; `featurizer_for` grows its vocabulary with the rows a run trains on
     replay_ds: Dataset | None = None
     seen: np.ndarray | None = None  # per training row: the base trained on it
     hashes: np.ndarray | None = None  # fingerprints of the training rows
@@ -327,6 +323,14 @@ class WarmStart:
         return int(self.base.n_labels)
 
     # -- rows
+
+    def featurizer_for(self, ds: Dataset) -> Any:
+        """The base's featurizer, its vocabulary (text models) grown with the words of `ds`: the rows the
+        run trains on, never held-out ones, whose words would otherwise get columns and idf weights from
+        the rows that judge the model."""
+        if ds.texts is None or self.featurizer.vocab is None:
+            return self.featurizer
+        return self.featurizer.extended(ds.texts)
 
     def training_rows(self, train_ds: Dataset) -> Dataset:
         """The rows to train on (the given ones plus replay rows they do not already hold); marks which
@@ -513,9 +517,12 @@ def split_metrics(top: np.ndarray, y: sp.csr_matrix, new_labels: np.ndarray,
     """P@k etc. on the test rows carrying a new label (`new.*`) and on rows with only old labels (`old.*`).
 
     Why separately: overall figures hide forgetting (old rows) behind learning (new rows) and back.
+    A test label past `new_labels` (one the model lacks, `trainer.data.in_label_space`) is new too.
     """
     yc = sp.csr_matrix(y)
-    has_new = np.asarray(yc[:, np.flatnonzero(new_labels)].sum(axis=1)).ravel() > 0
+    is_new = np.ones(yc.shape[1], dtype=bool)
+    is_new[: new_labels.size] = new_labels[: yc.shape[1]]
+    has_new = np.asarray(yc[:, np.flatnonzero(is_new)].sum(axis=1)).ravel() > 0
     has_any = np.diff(yc.indptr) > 0
     out: dict[str, float] = {}
     for key, mask in (("new", has_new), ("old", has_any & ~has_new)):
@@ -546,21 +553,21 @@ def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None,
     space = _LabelSpace(list(base.label_names))
     _check_unique(space, name)
     train_ds = _check_inputs(base, train_ds, name, space)
-    featurizer = base.featurizer
-    if train_ds.is_text and featurizer.vocab is not None:
-        assert train_ds.texts is not None
-        featurizer = featurizer.extended(train_ds.texts)
     space.grow(train_ds)
-    train_ds = _in_space(train_ds, space)
-    if test_ds is not None:
-        test_ds = _in_space(_check_inputs(base, test_ds, name, space), space)
+    names, index = space.names, space.index
+    train_ds = in_label_space(train_ds, names, refuse="", index=index)
+    if test_ds is not None:  # a JSONL test label the grown model lacks counts as a miss; XC ids must fit
+        test_ds = in_label_space(_check_inputs(base, test_ds, name, space), names,
+                                 refuse=None if test_ds.is_text else "", index=index)
     if replay_ds is not None:
-        replay_ds = _in_space(_check_inputs(base, replay_ds, name, space), space)
-    names = space.names
+        why = (" (nor in the training data): replay rows are rows the base trained on; rows of a new label "
+               "go in the training data")
+        replay_ds = in_label_space(_check_inputs(base, replay_ds, name, space), names, refuse=why,
+                                   index=index)
     new_labels = np.zeros(len(names), dtype=bool)
     new_labels[base.n_labels:] = True
     if base.label_counts is not None:
         new_labels[: base.n_labels] |= base.label_counts <= 0
-    warm = WarmStart(base=base, name=name, label_names=names, featurizer=featurizer, replay_ds=replay_ds,
+    warm = WarmStart(base=base, name=name, label_names=names, featurizer=base.featurizer, replay_ds=replay_ds,
                      new_labels=new_labels)
     return warm, train_ds, test_ds

@@ -23,12 +23,18 @@ import scipy.sparse as sp
 from trainer.errors import DataFormatError
 
 __all__ = [
+    "MAX_DIMENSION",
+    "MAX_LABEL_NAME",
     "Dataset",
     "check_compatible",
+    "in_label_space",
     "label_counts",
+    "label_name_problem",
+    "label_names_of",
     "read_dataset",
     "read_jsonl",
     "read_xc",
+    "unseen_labels_note",
     "write_xc",
     "write_xc_rows",
 ]
@@ -42,6 +48,13 @@ _F32_OVERFLOW = 2.0**128 - 2.0**103
 _INT_RE = re.compile(rb"[0-9]+")
 _SIGNED_INT_RE = re.compile(rb"-?[0-9]+")
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark some editors put at the start of text files
+# Longest label name, in characters: room for any title, category path or product name; a longer one
+# is a text in the wrong field, and every answer naming the label would carry it.
+MAX_LABEL_NAME = 1000
+# Most labels or features a file may declare (the largest 32-bit signed id, plus one): past every label
+# or feature space in use (the largest published label spaces are about 10^8), so a header beyond it is
+# a typo or a damaged file, refused before anything of its size is allocated.
+MAX_DIMENSION = 2**31
 
 # Variable-length strings with vectorised concatenation (numpy >= 2); fixed-width unicode before that.
 if hasattr(np, "strings") and hasattr(np.dtypes, "StringDType"):
@@ -142,6 +155,11 @@ def _parse_header(raw: bytes, path: str) -> tuple[int, int, int]:
     n, d, labels = (int(p) for p in parts)
     if d == 0:
         raise DataFormatError(path, 1, "bad header: feature count D must be positive")
+    for name, value, what in (("D", d, "features"), ("L", labels, "labels")):
+        if value > MAX_DIMENSION:
+            raise DataFormatError(path, 1, f"bad header: {name}={value} {what} is more than the "
+                                  f"{MAX_DIMENSION:,} a file may declare; D and L are the feature and label "
+                                  "counts, at least one more than the largest id the rows use")
     return n, d, labels
 
 
@@ -585,6 +603,18 @@ def _jsonl_text(obj: object, path: str, lineno: int) -> str:
     return text
 
 
+def label_name_problem(name: str) -> str | None:
+    """What is wrong with a label name, or None: names are what the model answers, so a blank one (it
+    shows as nothing) and one over `MAX_LABEL_NAME` characters are refused. Any other character is
+    fine: labels.txt holds each name as a JSON string."""
+    if not name.strip():
+        return f"blank label name {name!r}"
+    if len(name) > MAX_LABEL_NAME:
+        return (f"label name {name[:40]!r}... is {len(name)} characters long; at most {MAX_LABEL_NAME} are "
+                "allowed")
+    return None
+
+
 def _jsonl_labels(obj: dict[str, object], path: str, lineno: int) -> list[str]:
     labels = obj.get("labels", [])
     if not isinstance(labels, list):
@@ -594,8 +624,9 @@ def _jsonl_labels(obj: dict[str, object], path: str, lineno: int) -> list[str]:
     for lab in labels:
         if not isinstance(lab, str):
             raise DataFormatError(path, lineno, f"'labels' must be a list of strings; found {lab!r}")
-        if not lab:
-            raise DataFormatError(path, lineno, "empty label name in 'labels'")
+        problem = label_name_problem(lab)
+        if problem:
+            raise DataFormatError(path, lineno, f"{problem} in 'labels'")
         if lab in seen:
             raise DataFormatError(path, lineno, f"duplicate label {lab!r}")
         seen.add(lab)
@@ -639,7 +670,8 @@ def check_compatible(train: Dataset, test: Dataset) -> Dataset:
     """Check a test set against the training set and return it in the training set's dimensions.
 
     XC: a test file may declare fewer features/labels (its matrices are widened), never more.
-    JSONL: labels are remapped by name onto the training vocabulary; unknown names are an error.
+    JSONL: labels are remapped by name onto the training vocabulary; a name the training set lacks gets
+    a column after it (`in_label_space`): the model never predicts it, so it counts as a miss.
     """
     if train.is_text != test.is_text:
         kinds = {True: "text (JSONL)", False: "sparse features (XC)"}
@@ -667,21 +699,67 @@ def _remap_labels(train: Dataset, test: Dataset) -> Dataset:
     test_names = test.label_names or []
     if test_names == names[: len(test_names)] and test.n_labels == train.n_labels:
         return test
-    index = {n: i for i, n in enumerate(names)}
-    unknown = [n for n in test_names if n not in index]
-    if unknown:
-        # find the first row using an unknown label, to point at a line the user can look at
-        bad = {test_names.index(u) for u in unknown}
-        row = next(i for i in range(test.n_rows)
-                   if bad.intersection(test.Y.indices[test.Y.indptr[i]:test.Y.indptr[i + 1]].tolist()))
-        raise DataFormatError(test.path, row + 1, f"row {row + 1}: unknown label {unknown[0]!r} (not in "
-                              f"the training label set; {len(unknown)} unknown in all)")
-    mapping = np.array([index[n] for n in test_names], dtype=np.int32)
-    Y = sp.csr_matrix((test.Y.data, mapping[test.Y.indices], test.Y.indptr),
-                      shape=(test.n_rows, train.n_labels))
+    return in_label_space(test, names)
+
+
+def label_names_of(ds: Dataset) -> list[str]:
+    """A data set's label names: XC files name a label by its id as a string."""
+    return list(ds.label_names) if ds.label_names is not None else [str(i) for i in range(ds.n_labels)]
+
+
+def in_label_space(ds: Dataset, names: list[str], refuse: str | None = None,
+                   index: dict[str, int] | None = None) -> Dataset:
+    """`ds` with its labels moved to the id space `names` (`index`: name -> id, built when not given),
+    matched by name (`label_names_of`).
+
+    A label a row carries that `names` lacks is, with `refuse` given, an error naming the first line that
+    carries it (`refuse` is appended to the message: why it must be there). With `refuse=None` it gets a
+    column after `names`: a label the model has not trained on, which it never predicts, so evaluation
+    counts it as a miss (as XC-repository evaluation counts a test label without training rows) instead
+    of refusing the whole set; `meta["unseen_labels"]` and `meta["unseen_rows"]` say how many.
+    """
+    own = ds.label_names
+    if own == names:
+        return ds
+    index = {n: i for i, n in enumerate(names)} if index is None else index
+    y = sp.csr_matrix(ds.Y)
+    # only the labels rows carry are looked up: most of a large label space has no row here
+    used = np.unique(y.indices)
+    used_names = [own[j] if own is not None else str(j) for j in used.tolist()]
+    ids = np.array([index.get(n, -1) for n in used_names], dtype=np.int64)
+    if own is None and ds.n_labels == len(names) and np.array_equal(ids, used):
+        return ds  # XC ids that are already the model's
+    new_ids = ids[np.searchsorted(used, y.indices)] if y.nnz else np.zeros(0, np.int64)
+    missing = new_ids < 0
+    extra: list[str] = []
+    meta = dict(ds.meta)
+    if missing.any():
+        if refuse is not None:
+            pos = int(np.argmax(missing))
+            row = int(np.searchsorted(y.indptr, pos, side="right")) - 1
+            line = row + (1 if ds.is_text else 2)  # an XC file's rows follow its header line
+            label = used_names[int(np.searchsorted(used, y.indices[pos]))]
+            raise DataFormatError(ds.path or "<data>", line, f"label {label!r} is not in the model's label "
+                                  f"set{refuse}")
+        unseen, at = np.unique(y.indices[missing], return_inverse=True)  # own id order: first seen
+        new_ids[missing] = len(names) + at.ravel()
+        extra = [used_names[int(i)] for i in np.searchsorted(used, unseen)]
+        rows = np.repeat(np.arange(ds.n_rows), np.diff(y.indptr))[missing]
+        meta.update(unseen_labels=len(extra), unseen_rows=int(np.unique(rows).size))
+    width = len(names) + len(extra)
+    Y = sp.csr_matrix((np.ones(new_ids.size, np.float32), new_ids, y.indptr), shape=(ds.n_rows, width))
     Y.sort_indices()
-    return Dataset(Y=Y, n_features=test.n_features, n_labels=train.n_labels, texts=test.texts,
-                   label_names=list(names), path=test.path, meta=dict(test.meta))
+    return Dataset(Y=Y, n_features=ds.n_features, n_labels=width, X=ds.X, texts=ds.texts,
+                   label_names=list(names) + extra, path=ds.path, meta=meta)
+
+
+def unseen_labels_note(ds: Dataset, what: str) -> str | None:
+    """A warning when `in_label_space` gave `ds` labels the model has not trained on (None if none)."""
+    n, rows = ds.meta.get("unseen_labels"), ds.meta.get("unseen_rows")
+    if not n:
+        return None
+    return (f"warning: {what} {ds.path} holds {n} label(s) the model has not trained on, on {rows} of its "
+            f"{ds.n_rows} rows: the model never predicts them, so they count as misses")
 
 
 def label_counts(Y: sp.spmatrix) -> np.ndarray:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 
 class OvexError(Exception):
     """Base of every error ovex raises on purpose (the API maps these to 4xx, never 500)."""
@@ -36,3 +38,11 @@ class TrainingCancelled(OvexError):
 
 class RankFailed(OvexError):
     """A rank of a multi-process training run failed or was killed; the run stopped on every rank."""
+
+
+def write_error(path: str, exc: OSError, what: str) -> ArtifactError:
+    """A failed write of `what` (e.g. "the model") under `path` as what to do about it, a full disk above
+    all: that one the user fixes by freeing space, not by reading a traceback."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ArtifactError(path, f"no space left on device while writing {what} here; free space and rerun")
+    return ArtifactError(path, f"cannot write {what} here: {exc.strerror or exc}")

@@ -25,6 +25,7 @@ import torch
 from trainer import metrics as xc_metrics
 from trainer import row_kernels
 from trainer.artifact import prepare_out_dir
+from trainer.capacity import check_fits
 from trainer.checkpoints import load_checkpoint, save_checkpoint
 from trainer.collectives import RankGroup, in_launched_rank, join_group, rank_device
 from trainer.continual import (
@@ -35,7 +36,7 @@ from trainer.continual import (
     split_metrics,
     warm_start,
 )
-from trainer.data import Dataset, check_compatible, label_counts
+from trainer.data import Dataset, check_compatible, label_counts, unseen_labels_note
 from trainer.errors import ParamsError, TrainingCancelled
 from trainer.label_shards import (
     LabelShard,
@@ -486,9 +487,14 @@ def train(
     if base is not None:
         warm, train_ds, test_ds = warm_start(base, train_ds, test_ds, base_name=base_name,
                                              replay_ds=replay_ds)
-        params = continual_params(warm.base.params, params, warm.name)
+        params = continual_params(warm.base.params, params, warm.name, warm.base.featurizer.kind)
         hooks.on_log(f"continuing {warm.name}: {warm.n_base_labels} labels, "
                      f"{len(warm.label_names) - warm.n_base_labels} new")
+    if test_ds is not None:  # before any step (on each rank): a refit scores it only after a selection run
+        test_ds = check_compatible(train_ds, test_ds)
+        note = unseen_labels_note(test_ds, "the test set")
+        if note:
+            hooks.on_log(note)
     if params.valid_fraction > 0 and params.refit:
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         # the selection run never sees the test split, not even to report it
@@ -538,6 +544,11 @@ def _fit(
         hooks = _Muted(hooks)
     torch.manual_seed(params.seed)  # the dense layers' init: the same on every rank
     spec = get_loss(params.loss)
+    if train_ds.n_labels == 0:
+        raise ParamsError(f"{train_ds.path or 'the training set'}: no labels (L=0), nothing to learn")
+    # before anything label- or feature-sized is allocated: a header's L or D may be far past what fits
+    check_fits(train_ds, params, device, features=None if warm is None else warm.featurizer.n_features,
+               ranks=group.world, extra_heads=len(spec.extra_heads), continual=warm is not None)
 
     valid_ds: Dataset | None = None
     if params.valid_fraction > 0:
@@ -545,8 +556,8 @@ def _fit(
         valid_ds = train_ds.take(valid_rows)
         train_ds = train_ds.take(fit_rows)
     if warm is not None:
+        featurizer = warm.featurizer_for(train_ds)  # the fit rows' words: before replay rows join them
         train_ds = warm.training_rows(train_ds)
-        featurizer = warm.featurizer
         if warm.forgets():
             hooks.on_log(f"warning: no training or replay row is one {warm.name} trained on: none of its "
                          "rows is replayed, so labels learned from them will be forgotten (give the base's "
@@ -559,13 +570,14 @@ def _fit(
     if n == 0:
         raise ParamsError("the training set has no rows")
     xt = yt = None
-    if test_ds is not None:
-        test_ds = check_compatible(train_ds, test_ds)
+    if test_ds is not None:  # in the training label space (train() checked it), plus its unseen labels
         xt, yt = _as_csr32(featurizer.transform(test_ds)), _as_csr32(test_ds.Y)
     xv = yv = None
     if valid_ds is not None:
         xv, yv = _as_csr32(featurizer.transform(valid_ds)), _as_csr32(valid_ds.Y)
-    prop = xc_metrics.propensities(y)
+    # over the test set's labels too: one the model lacks is scored as a label without training rows
+    width = k if yt is None else max(k, yt.shape[1])
+    prop = xc_metrics.propensities(sp.csr_matrix((y.data, y.indices, y.indptr), shape=(n, width)))
     label_names = train_ds.label_names or [str(i) for i in range(k)]
 
     shape = ModelShape(
