@@ -205,13 +205,23 @@ class JobRunner:
         except TrainingCancelled:
             self._stopped(job_id, job_dir)
         except OvexError as e:
-            self._failed(job_id, job_dir, str(e))
+            self._failed(job_id, job_dir, self._public(str(e), job_dir))
         except Exception as e:
             # the traceback names server paths: it goes to the worker's log, the job gets the kind only
             log.exception("job %s: internal error", job_id)
             self._failed(job_id, job_dir, f"internal error ({type(e).__name__}); see the worker log")
         finally:
             lease.stop()
+
+    def _public(self, message: str, job_dir: Path) -> str:
+        """An error as the job's record shows it to API clients: the server's directories named by what
+        they hold (a full disk while writing the model names where it was writing)."""
+        named = [(job_dir / "artifact", "the job's new model"),
+                 (job_dir / "checkpoints", "the job's checkpoints"), (job_dir, "the job's files"),
+                 (self.cfg.models_dir, "the models directory"), (self.cfg.data_dir, "the data directory")]
+        for path, name in named:
+            message = message.replace(str(path), name)
+        return message
 
     def _train(self, job: JobRow, staging: Path, checkpoints: Path, hooks: _Hooks) -> Any:
         from trainer.data import check_compatible, read_dataset

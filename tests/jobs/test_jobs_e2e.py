@@ -388,3 +388,43 @@ def test_a_cancel_while_the_serving_index_builds_stops_the_job(tmp_path: Path) -
         runner._serving_index("job", staging, Cancelled())  # type: ignore[arg-type]
     assert not (staging / "index" / "int8" / "meta.json").exists()
     assert store.lines == ["preparing the serving index"]
+
+
+def test_a_failed_job_tells_what_failed_without_the_servers_paths(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk while a job writes its model is the trainer's one-line error; the job's record, which
+    API clients read, names where it was writing by what it is, not by the server's path."""
+    import errno
+    from types import SimpleNamespace
+
+    from service.jobs.config import JobsConfig
+    from service.jobs.runner import JobRunner
+    from service.settings import Settings
+    from trainer.errors import write_error
+
+    class Store:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+            self.error: str | None = None
+
+        def log(self, job_id: str, message: str) -> None:
+            self.lines.append(message)
+
+        def heartbeat(self, job_id: str, worker: str) -> tuple[bool, bool]:
+            return True, False
+
+        def finish(self, job_id: str, worker: str, state: str, error: str | None = None, **kw: Any) -> bool:
+            self.error = error
+            return True
+
+    def full_disk(self: JobRunner, job: Any, staging: Path, checkpoints: Path, hooks: Any) -> Any:
+        raise write_error(str(staging), OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), "the model")
+
+    settings = Settings(data_dir=str(tmp_path / "data"), models_dir=str(tmp_path / "models"))
+    store = Store()
+    monkeypatch.setattr(JobRunner, "_train", full_disk)
+    runner = JobRunner(JobsConfig(settings), store, "w", threading.Event())  # type: ignore[arg-type]
+    runner.run(SimpleNamespace(id="j1", attempts=1, model="m"))  # type: ignore[arg-type]
+    assert store.error == ("the job's new model: no space left on device while writing the model here; "
+                           "free space and rerun"), store.error
+    assert str(tmp_path) not in store.error and str(tmp_path) not in "".join(store.lines)
