@@ -16,7 +16,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,8 @@ class _Lease:
 class _Hooks:
     """`TrainHooks` for one job: progress and logs into the job store, stop on cancel/lease loss/shutdown."""
 
-    def __init__(self, store: JobStore, job_id: str, worker: str, lease: _Lease, shutdown: threading.Event):
+    def __init__(self, store: JobStore, job_id: str, worker: str, lease: _Lease, shutdown: threading.Event,
+                 public: Callable[[str], str]):
         self.store, self.job_id, self.worker, self.lease, self.shutdown = (
             store,
             job_id,
@@ -109,6 +110,7 @@ class _Hooks:
             lease,
             shutdown,
         )
+        self.public = public  # a log line as API clients may read it (no server paths)
         self._last = 0.0
 
     def on_progress(self, progress: Any) -> None:
@@ -140,7 +142,7 @@ class _Hooks:
     def on_log(self, message: str) -> None:
         log.info("[%s] %s", self.job_id, message)
         try:
-            self.store.log(self.job_id, message)
+            self.store.log(self.job_id, self.public(message))
         except Exception:
             log.warning("log write for %s failed", self.job_id, exc_info=True)
 
@@ -181,8 +183,9 @@ class JobRunner:
     def run(self, job: JobRow) -> None:
         job_id = job.id
         lease = _Lease(self.store, job_id, self.worker, self.cfg.settings.job_heartbeat_s)
-        hooks = _Hooks(self.store, job_id, self.worker, lease, self.shutdown)
         job_dir = self.cfg.job_dir(job_id)
+        hooks = _Hooks(self.store, job_id, self.worker, lease, self.shutdown,
+                       lambda message: self._public(message, job_dir))
         staging, checkpoints = job_dir / "artifact", job_dir / "checkpoints"
         lease.start()
         try:
@@ -214,8 +217,8 @@ class JobRunner:
             lease.stop()
 
     def _public(self, message: str, job_dir: Path) -> str:
-        """An error as the job's record shows it to API clients: the server's directories named by what
-        they hold (a full disk while writing the model names where it was writing)."""
+        """A log line or error as the job's record shows it to API clients: the server's directories named
+        by what they hold (a full disk while writing the model says where it was writing)."""
         named = [(job_dir / "artifact", "the job's new model"),
                  (job_dir / "checkpoints", "the job's checkpoints"), (job_dir, "the job's files"),
                  (self.cfg.models_dir, "the models directory"), (self.cfg.data_dir, "the data directory")]
@@ -224,7 +227,7 @@ class JobRunner:
         return message
 
     def _train(self, job: JobRow, staging: Path, checkpoints: Path, hooks: _Hooks) -> Any:
-        from trainer.data import check_compatible, read_dataset
+        from trainer.data import read_dataset
         from trainer.params import TrainParams
         from trainer.train import train
 
@@ -242,10 +245,9 @@ class JobRunner:
             if test_row is None:
                 raise OvexError(f"test dataset {job.test_dataset} no longer exists")
             with _named(test_row):
-                test_ds = read_dataset(dataset_path(self.cfg, test_row),
-                                       label_names=None if job.base else train_ds.label_names)
-                # with a base, labels are matched by name against the grown label set inside train()
-                test_ds = test_ds if job.base else check_compatible(train_ds, test_ds)
+                # labels are matched by name inside train(), as for `ovex train --test`: a label the model
+                # has not trained on counts as a miss, with a warning in the job's log
+                test_ds = read_dataset(dataset_path(self.cfg, test_row))
             test_ds.path = _public(test_row)
         shutil.rmtree(staging, ignore_errors=True)  # a partial artifact from a killed attempt
         checkpoints.mkdir(parents=True, exist_ok=True)
