@@ -112,7 +112,7 @@ def resolve_base(
         raise InputError([(["body", "train_dataset"], f"dataset {train.id} declares {train.features} "
                            f"features but {ref.label} takes {features}")])
     try:
-        merged = continual_params(base_params, params, ref.label)
+        merged = continual_params(base_params, params, ref.label, kind)
     except ParamsError as exc:
         raise InputError([(["body", "params"], str(exc))]) from None
     xc_labels = None

@@ -252,11 +252,16 @@ def _read_json(path: Path, root: Path) -> Any:
         raise ArtifactError(str(root), f"{path.name} is not valid JSON: {exc}") from None
 
 
-def read_params(path: str | Path, name: str | None = None) -> TrainParams:
-    """The training parameters a model directory records, without reading its weights; errors name the
-    model as `name` (default: its path)."""
+def read_params(path: str | Path, name: str | None = None) -> tuple[TrainParams, str]:
+    """The training parameters a model directory records and its featurizer's kind ("sparse" or "text"),
+    without reading its weights or vocabulary; errors name the model as `name` (default: its path)."""
+    root = Path(path)
     try:
-        return _read_config(Path(path))[1]
+        params = _read_config(root)[1]
+        featurizer = _read_json(root / "featurizer" / "featurizer.json", root)
+        if not isinstance(featurizer, dict) or not isinstance(featurizer.get("kind"), str):
+            raise ArtifactError(str(root), "featurizer/featurizer.json does not say its kind")
+        return params, featurizer["kind"]
     except ArtifactError as exc:
         raise ArtifactError(name or str(path), exc.message) from None
 

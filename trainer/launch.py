@@ -84,7 +84,8 @@ def _run_params(params: TrainParams, base: str | Path | None, base_name: str | N
     from trainer.continual import continual_params
 
     name = base_name or str(base)
-    return continual_params(read_params(base, name), params, name)
+    base_params, kind = read_params(base, name)
+    return continual_params(base_params, params, name, kind)
 
 
 def train_on_ranks(

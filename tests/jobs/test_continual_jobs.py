@@ -214,6 +214,11 @@ def test_params_of_a_continual_job_are_checked_together_with_its_base(
     r = srv.client.post("/v1/jobs", json={"model": "fresh", "train_dataset": train["id"],
                                           "params": {"stop_epoch": 9}})
     assert r.status_code == 422 and "stop_epoch 9 is after the last epoch (7)" in r.text, r.text
+    # a text featurizer's setting on a base that takes sparse features: not a conflict, it does not apply
+    r = srv.client.post("/v1/jobs", json={"model": "single", "train_dataset": train["id"], "base": {},
+                                          "params": {"hash_size": 1024}})
+    assert r.status_code == 422, r.text
+    assert "hash_size=1024 does not apply: the base model takes sparse features" in r.text, r.text
 
 
 def test_the_client_sends_the_base() -> None:
