@@ -35,6 +35,16 @@ def _first_version(srv: Any, model: str, dataset: str, epochs: int) -> tuple[Pat
     return v1, _tree_digest(v1)
 
 
+def _old_rows(train: Path, out: Path) -> Path:
+    """The training rows without labels 32-39, in a space of labels 0-31: the data of an older model."""
+    full = read_xc(train)
+    y = sp.csr_matrix(full.Y)
+    keep = np.flatnonzero(np.asarray(y[:, 32:].sum(axis=1)).ravel() == 0)
+    assert full.X is not None
+    write_xc(out, full.X[keep], sp.csr_matrix(y[keep][:, :32]))
+    return out
+
+
 def _labels(path: Path) -> list[str]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -42,14 +52,8 @@ def _labels(path: Path) -> list[str]:
 def test_job_with_a_base_makes_the_next_version_and_leaves_the_base_alone(
     make_server: Any, synth_files: dict[str, Path], tmp_path: Path
 ) -> None:
-    full = read_xc(synth_files["train"])
-    y = sp.csr_matrix(full.Y)
-    keep = np.flatnonzero(np.asarray(y[:, 32:].sum(axis=1)).ravel() == 0)  # rows without labels 32-39
-    assert full.X is not None
-    write_xc(tmp_path / "old.txt", full.X[keep], sp.csr_matrix(y[keep][:, :32]))
-
     srv = make_server(Backend("sqlite"))
-    old = srv.upload(tmp_path / "old.txt")
+    old = srv.upload(_old_rows(synth_files["train"], tmp_path / "old.txt"))
     new = srv.upload(synth_files["train"])
     test = srv.upload(synth_files["test"])
     v1, before = _first_version(srv, "grow", old["id"], epochs=6)

@@ -5,24 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import scipy.sparse as sp
-
 from tests.jobs.conftest import Backend
-from tests.jobs.test_continual_jobs import _first_version, _labels, _tree_digest
-from trainer.data import read_xc, write_xc
+from tests.jobs.test_continual_jobs import _first_version, _labels, _old_rows, _tree_digest
 
 
 def test_a_continual_job_runs_on_two_ranks(make_server: Any, synth_files: dict[str, Path],
                                            tmp_path: Path) -> None:
-    full = read_xc(synth_files["train"])
-    y = sp.csr_matrix(full.Y)
-    keep = np.flatnonzero(np.asarray(y[:, 32:].sum(axis=1)).ravel() == 0)  # rows without labels 32-39
-    assert full.X is not None
-    write_xc(tmp_path / "old.txt", full.X[keep], sp.csr_matrix(y[keep][:, :32]))
-
     srv = make_server(Backend("sqlite"))
-    old, new = srv.upload(tmp_path / "old.txt"), srv.upload(synth_files["train"])
+    old = srv.upload(_old_rows(synth_files["train"], tmp_path / "old.txt"))
+    new = srv.upload(synth_files["train"])
     test = srv.upload(synth_files["test"])
     v1, before = _first_version(srv, "wide", old["id"], epochs=6)
     job_id = srv.submit({"model": "wide", "train_dataset": new["id"], "test_dataset": test["id"],
