@@ -612,10 +612,11 @@ def _fit(
     # rank 0 keeps the stream of a one-process run; other ranks draw their own
     seed = params.seed + 1 + 7919 * group.rank
     # a continual run oversamples its new labels with rows as negatives
-    focus = None if warm is None else warm.learning(counts, shard.lo)
-    share = 0.0 if warm is None else params.new_label_negatives
-    if warm is not None and focus is not None and group.world > 1:
-        share = _shard_focus_share(share, focus, int(warm.learning(all_counts).sum()), shard)
+    focus, share = None, 0.0
+    if warm is not None:
+        focus, share = warm.learning(counts, shard.lo), params.new_label_negatives
+        if group.world > 1:
+            share = _shard_focus_share(share, focus, int(warm.learning(all_counts).sum()), shard)
     sampler = NegativeSampler(shard.size, params.sampler, params.alpha, counts, seed=seed, focus=focus,
                               focus_share=share)
     stepper = Stepper(model, spec, params, sampler, group, shard)

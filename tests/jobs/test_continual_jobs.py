@@ -45,6 +45,18 @@ def _old_rows(train: Path, out: Path) -> Path:
     return out
 
 
+def _grown(srv: Any, synth_files: dict[str, Path], tmp_path: Path, model: str,
+           params: dict[str, Any]) -> tuple[str, Path, dict[str, str], dict[str, str]]:
+    """Version 1 of `model` trained on the older rows, then a job growing it on all of them, scored on the
+    test split and activated: (the job's id, version 1's directory, its digest, dataset ids by role)."""
+    ids = {"old": srv.upload(_old_rows(synth_files["train"], tmp_path / "old.txt"))["id"],
+           "new": srv.upload(synth_files["train"])["id"], "test": srv.upload(synth_files["test"])["id"]}
+    v1, before = _first_version(srv, model, ids["old"], epochs=6)
+    job_id = srv.submit({"model": model, "train_dataset": ids["new"], "test_dataset": ids["test"],
+                         "base": {}, "params": params, "activate": True})
+    return job_id, v1, before, ids
+
+
 def _labels(path: Path) -> list[str]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -53,18 +65,12 @@ def test_job_with_a_base_makes_the_next_version_and_leaves_the_base_alone(
     make_server: Any, synth_files: dict[str, Path], tmp_path: Path
 ) -> None:
     srv = make_server(Backend("sqlite"))
-    old = srv.upload(_old_rows(synth_files["train"], tmp_path / "old.txt"))
-    new = srv.upload(synth_files["train"])
-    test = srv.upload(synth_files["test"])
-    v1, before = _first_version(srv, "grow", old["id"], epochs=6)
-
-    job_id = srv.submit({"model": "grow", "train_dataset": new["id"], "test_dataset": test["id"],
-                         "base": {}, "params": {"epochs": 4}, "activate": True})
+    job_id, v1, before, ids = _grown(srv, synth_files, tmp_path, "grow", {"epochs": 4})
     assert srv.final_state(job_id) == "succeeded", srv.log_tail()
     job = srv.job(job_id)
     assert job["model_version"] == "2"
     # the active version was the default; the base's own training set is the default replay
-    assert job["base"] == {"model": "grow", "version": "1", "replay_dataset": old["id"]}
+    assert job["base"] == {"model": "grow", "version": "1", "replay_dataset": ids["old"]}
     assert job["params"]["dim"] == 16 and job["params"]["epochs"] == 4  # from the base / the request
     metrics = job["progress"]["metrics"]
     assert metrics["new.rows"] > 0 and metrics["old.rows"] > 0, metrics
@@ -79,7 +85,7 @@ def test_job_with_a_base_makes_the_next_version_and_leaves_the_base_alone(
     assert r.status_code == 200 and r.json()["version"] == "2", r.text
 
     # an explicit version: grows version 1 again, into version 3
-    again = srv.submit({"model": "grow", "train_dataset": new["id"], "base": {"version": "1"},
+    again = srv.submit({"model": "grow", "train_dataset": ids["new"], "base": {"version": "1"},
                         "params": {"epochs": 1}})
     assert srv.final_state(again) == "succeeded", srv.log_tail()
     assert srv.job(again)["model_version"] == "3" and srv.job(again)["base"]["version"] == "1"
@@ -87,7 +93,7 @@ def test_job_with_a_base_makes_the_next_version_and_leaves_the_base_alone(
 
     # new data that is narrower than the base (32 labels declared, the base has 40): a test set that fits the
     # base fits the job, and with no label new to the base its metrics have old rows only
-    narrow = srv.submit({"model": "grow", "train_dataset": old["id"], "test_dataset": test["id"],
+    narrow = srv.submit({"model": "grow", "train_dataset": ids["old"], "test_dataset": ids["test"],
                          "base": {"version": "2"}, "params": {"epochs": 1}})
     assert srv.final_state(narrow) == "succeeded", srv.log_tail()
     metrics = srv.job(narrow)["progress"]["metrics"]
@@ -96,7 +102,7 @@ def test_job_with_a_base_makes_the_next_version_and_leaves_the_base_alone(
     assert "new.p@1" not in metrics and metrics["old.p@1"] == metrics["p@1"], metrics
 
     # the base of a job that has not ended is kept until it ends (it would fail the job, or its resumption)
-    long = srv.submit({"model": "grow", "train_dataset": new["id"], "base": {"version": "3"},
+    long = srv.submit({"model": "grow", "train_dataset": ids["new"], "base": {"version": "3"},
                        "params": {"epochs": 3000}})
     srv.wait(long, lambda j: j["state"] == "running", 60, "the continual job to start")
     r = srv.client.delete("/v1/models/grow/versions/3")

@@ -6,18 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from tests.jobs.conftest import Backend
-from tests.jobs.test_continual_jobs import _first_version, _labels, _old_rows, _tree_digest
+from tests.jobs.test_continual_jobs import _grown, _labels, _tree_digest
 
 
 def test_a_continual_job_runs_on_two_ranks(make_server: Any, synth_files: dict[str, Path],
                                            tmp_path: Path) -> None:
     srv = make_server(Backend("sqlite"))
-    old = srv.upload(_old_rows(synth_files["train"], tmp_path / "old.txt"))
-    new = srv.upload(synth_files["train"])
-    test = srv.upload(synth_files["test"])
-    v1, before = _first_version(srv, "wide", old["id"], epochs=6)
-    job_id = srv.submit({"model": "wide", "train_dataset": new["id"], "test_dataset": test["id"],
-                         "base": {}, "params": {"epochs": 4, "nproc_per_node": 2}, "activate": True})
+    job_id, v1, before, _ = _grown(srv, synth_files, tmp_path, "wide", {"epochs": 4, "nproc_per_node": 2})
     assert srv.final_state(job_id) == "succeeded", srv.log_tail()
     job = srv.job(job_id)
     assert job["model_version"] == "2" and job["params"]["nproc_per_node"] == 2
