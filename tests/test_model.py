@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer import row_kernels
+from trainer import optim, row_kernels
 from trainer.errors import ParamsError
 from trainer.model import ModelShape, XCModel, csr_to_tensors, project_rows
 from trainer.negatives import NegativeSampler
@@ -104,6 +104,38 @@ def test_row_adam_leaves_untouched_rows_until_their_next_touch() -> None:
     untouched = [i for i in range(10) if i not in (2, 7)]
     torch.testing.assert_close(p[untouched], before[untouched])
     torch.testing.assert_close(p[rows], before[rows] - 0.1, rtol=0, atol=1e-6)  # step 1: -lr · sign(g)
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_row_adam_moments_start_at_zero_whatever_their_memory_held(
+    monkeypatch: pytest.MonkeyPatch, kernel: bool, weight_decay: float
+) -> None:
+    """Moments are allocated unzeroed and zeroed at each row's first update: with memory full of NaN the
+    steps (rows first updated at step 1 and late, after missed steps) and the checkpointed state are
+    those of zeroed moments."""
+    if kernel and not row_kernels.available():
+        pytest.skip("numba is not installed")
+    monkeypatch.setattr(row_kernels, "available", lambda: kernel)
+    rng = np.random.default_rng(4)
+    start = torch.randn(12, 5)
+    steps = [(torch.tensor(r), torch.from_numpy(rng.standard_normal((len(r), 5)).astype(np.float32)))
+             for r in ([0, 3], [3, 7], [1], [7, 11, 0], [5, 3])]
+
+    def run(fill: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        monkeypatch.setattr(optim, "_unzeroed", lambda shape, like: torch.full(shape, fill))
+        p, opt = start.clone(), RowAdam()
+        for rows, g in steps:
+            opt.step("w", p, g, 0.05, rows=rows, weight_decay=weight_decay)
+        return p, opt.state_tensors()
+
+    p_zero, s_zero = run(0.0)
+    p_nan, s_nan = run(float("nan"))
+    torch.testing.assert_close(p_nan, p_zero, rtol=0, atol=0)
+    assert s_nan.keys() == s_zero.keys()
+    for key in s_zero:
+        torch.testing.assert_close(s_nan[key], s_zero[key], rtol=0, atol=0)
+    assert not torch.equal(p_zero, start)
 
 
 def test_row_adam_reads_checkpoints_of_the_per_row_count_format() -> None:

@@ -9,7 +9,10 @@ current one is used) and the eps term of those steps. Bias correction uses the g
 Weight decay is decoupled (AdamW-style), and a row's missed decay is applied on the same next touch.
 Row-wise Adagrad needs no catch-up: a zero gradient does not move dense Adagrad.
 The first and second moments of a row sit side by side (`mv[r] = [m_r; v_r]`), so a step reads and writes
-them with one gather and one scatter. State is a flat dict of tensors: checkpoints go straight to safetensors.
+them with one gather and one scatter. They are allocated, not zeroed: a row's moments are zeroed at its
+first update (`last[r] == 0`), so the memory of rows a run never updates is never touched, which at 10^6
+labels is most of a short continual run's head. State is a flat dict of tensors: checkpoints go straight
+to safetensors (`state_tensors` zeroes the rows never updated first).
 On the CPU both optimizers run as fused kernels (`trainer.row_kernels`); the torch code below is the same
 update for other devices and for builds without numba. Row ids of one step must be distinct.
 """
@@ -68,16 +71,31 @@ def catch_up_table(b1: float, b2: float) -> np.ndarray:
     return h
 
 
+def _unzeroed(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """Memory for moments, allocated but not written (the pages of rows never updated stay untouched)."""
+    return torch.empty(shape, device=like.device)
+
+
 class RowAdam(_RowOptimizer):
     def __init__(self, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> None:
         super().__init__()
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
         self._tables: dict[torch.device, torch.Tensor] = {}  # catch_up_table on each device (eager path)
+        self._unzeroed: set[str] = set()  # names whose never-updated rows still hold whatever memory held
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """The state, never-updated rows' moments zeroed (in place, once: they are touched from then on)."""
+        for name in self._unzeroed:
+            self.state[f"{name}.mv"][self.state[f"{name}.last"] == 0] = 0.0
+        self._unzeroed.clear()
+        return super().state_tensors()
 
     def _ensure(self, name: str, param: torch.Tensor) -> None:
         if f"{name}.mv" not in self.state:
             rows = param.reshape(param.shape[0] if param.dim() > 0 else 1, -1)
-            self.state[f"{name}.mv"] = torch.zeros(rows.shape[0], 2, rows.shape[1], device=param.device)
+            # not zeroed here: each row is at its first update (see the module's docstring)
+            self.state[f"{name}.mv"] = _unzeroed((rows.shape[0], 2, rows.shape[1]), param)
+            self._unzeroed.add(name)
             # the global step at which each row was last updated (0 = never) and the global step count
             self.state[f"{name}.last"] = torch.zeros(rows.shape[0], dtype=torch.float64, device=param.device)
             self.state[f"{name}.step"] = torch.zeros(1, dtype=torch.float64)
@@ -93,6 +111,7 @@ class RowAdam(_RowOptimizer):
                 tensors[f"{name}.last"] = torch.where(t > 0, step, 0.0).to(torch.float64)
                 tensors[f"{name}.step"] = torch.tensor([step], dtype=torch.float64)
         super().load_state_tensors(tensors)
+        self._unzeroed.clear()
 
     @torch.no_grad()
     def step(
@@ -125,6 +144,7 @@ class RowAdam(_RowOptimizer):
         else:
             last, mv, current = (t.index_select(0, rows) for t in (last_all, mv_all, flat))
             last_all.index_fill_(0, rows, step)
+        mv[last == 0] = 0.0  # first update of these rows: their moments start at zero
         m, v = mv[:, 0], mv[:, 1]
         # the steps this row missed (zero gradient): momentum keeps moving it, moments and weights decay
         missed = (step - 1.0 - last).clamp_(min=0.0)

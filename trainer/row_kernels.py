@@ -81,6 +81,9 @@ def _kernels() -> Any:
             missed = step - 1.0 - t0
             last[r] = step
             p, m_, v_, g_ = param[r], mv[r, 0], mv[r, 1], grad[i]
+            if t0 == 0.0:  # first update: the moments were allocated, not zeroed (trainer.optim)
+                m_[:] = 0.0
+                v_[:] = 0.0
             if missed > 0.0:  # dense Adam's moves over the missed steps (trainer.optim.catch_up_table)
                 h0 = table[min(int(t0), top)]
                 h1 = table[min(int(t0 + missed), top)]
