@@ -104,10 +104,13 @@ def main() -> None:
                            (("continual", "continual-zeroed-moments") if i % 2 == 0
                             else ("continual-zeroed-moments", "continual"))] + ["full"]
         timings: dict[str, list[dict[str, Any]]] = {}
+        tops: dict[str, np.ndarray] = {}
         for run in plan:
             timings.setdefault(run, []).append(run_child(run, args, d))
+            if run == "base":  # read before the timed runs, as the server that serves it has read it
+                tops[run] = score(d / run, test)
         for run, ts in timings.items():
-            top = score(d / run, test)
+            top = tops[run] if run in tops else score(d / run, test)
             runs[run] = {
                 "wall_s": float(np.median([t["wall_s"] for t in ts])),
                 "cpu_s": float(np.median([t["cpu_s"] for t in ts])),
