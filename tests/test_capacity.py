@@ -17,6 +17,7 @@ import torch
 import trainer.capacity as capacity
 from service.cli import main
 from trainer.data import Dataset
+from trainer.errors import DataFormatError
 from trainer.model import ModelShape, XCModel
 from trainer.params import TrainParams
 
@@ -147,8 +148,9 @@ def test_a_run_over_the_free_memory_names_the_flags_to_change(
     assert err.startswith(f"error: a model of 2 labels and 65,536 input features at dim 64 needs "
                           f"{need / 2**20:.1f} MiB for its weights, their adam state, the label names and "
                           "the other per-label arrays alone, and cpu has 1.0 MiB free: "), err
-    assert err.rstrip().endswith("lower --dim, use --optimizer adagrad, or shard the labels over more ranks "
-                                 "(--nproc-per-node)"), err
+    # the input projection is what is large: more ranks would not split it
+    assert err.rstrip().endswith("lower --dim, use --optimizer adagrad, lower --hash-size, or train on a "
+                                 "machine with more free memory"), err
     monkeypatch.setattr(capacity, "free_bytes", lambda device: None)  # cannot tell: no refusal
     assert main(args) == 0
 
@@ -290,3 +292,35 @@ def test_a_limit_above_mem_available_or_no_cgroup_leaves_mem_available(tmp_path:
     (proc / "meminfo").write_text("garbage\n")
     assert _free(proc, root) == 8 * GIB  # the cgroup alone tells
     assert _free(proc, tmp_path / "absent") is None
+
+
+def _xc(labels: int, features: int) -> Dataset:
+    return Dataset(Y=sp.csr_matrix(([1.0], ([0], [0])), shape=(1, labels), dtype=np.float32),
+                   n_features=features, n_labels=labels, path="d.txt",
+                   X=sp.csr_matrix(([1.0], ([0], [0])), shape=(1, features), dtype=np.float32))
+
+
+@pytest.mark.parametrize(("labels", "dim", "remedy"), [
+    (1_000_000, 512, "shard the labels over more ranks (--nproc-per-node)"),  # the head is what is large
+    (100_000_000, 8, "train on a machine with more free memory"),  # names and label arrays: every rank's
+])
+def test_the_remedy_is_the_one_that_shrinks_what_is_large(
+    monkeypatch: pytest.MonkeyPatch, labels: int, dim: int, remedy: str
+) -> None:
+    monkeypatch.setattr(capacity, "free_bytes", lambda device: 2**30)
+    with pytest.raises(DataFormatError) as exc:
+        capacity.check_fits(_xc(labels, 100), TrainParams(dim=dim), torch.device("cpu"))
+    assert str(exc.value).endswith(f"lower --dim, use --optimizer adagrad, or {remedy}"), exc.value
+
+
+def test_ranks_on_one_machine_share_its_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank of the machine holds its shard of the head and all the per-label arrays: together."""
+    params = TrainParams(dim=64)
+    one = capacity.run_bytes(1_000_000, 100, params, ranks=2).total
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(capacity, "free_bytes", lambda device: 2 * one - 1)
+    with pytest.raises(DataFormatError) as exc:
+        capacity.check_fits(_xc(1_000_000, 100), params, torch.device("cpu"), ranks=2)
+    assert f"needs {capacity._size(2 * one)} on 2 ranks for its weights" in str(exc.value)
+    monkeypatch.setattr(capacity, "free_bytes", lambda device: 2 * one)
+    capacity.check_fits(_xc(1_000_000, 100), params, torch.device("cpu"), ranks=2)

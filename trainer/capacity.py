@@ -204,10 +204,13 @@ def _refuse(ds: Dataset, params: TrainParams, labels: int, features: int, needed
     options = [] if continual else ["lower --dim"]
     if params.optimizer == "adam":
         options.append("use --optimizer adagrad")
+    head, projection = labels * (params.dim + 1), features * params.dim
+    if ds.is_text and params.hash_size > 0 and projection > head and not continual:
+        options.append("lower --hash-size")
     if continual:
         options.append("train on a machine with more free memory (a continual run keeps its base's dim)")
-    elif need.tables > need.host or where.type == "cuda":  # only the tables are split over ranks
-        options.append("shard the labels over more ranks (--nproc-per-node)")
+    elif head > projection and (need.tables > need.host or where.type == "cuda"):
+        options.append("shard the labels over more ranks (--nproc-per-node)")  # only the head is split
     else:
         options.append("train on a machine with more free memory")
     remedy = ", or ".join([", ".join(options[:-1]), options[-1]]) if len(options) > 1 else options[0]
