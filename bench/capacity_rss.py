@@ -96,16 +96,19 @@ def main() -> None:
     fixed = {r["kind"]: r["peak_rss"] for r in rows if r["labels"] == 10}
     for r in rows:
         r["above_fixed"] = r["peak_rss"] - fixed[r["kind"]]
-        r["estimate_over_measured"] = r["estimate"] / max(r["above_fixed"], 1)
+        r["estimate_over_measured"] = r["estimate"] / r["above_fixed"] if r["labels"] > 10 else None
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "capacity_rss.json").write_text(json.dumps(rows, indent=2))
     lines = ["| run | labels | D | dim | peak RSS MiB | above fixed MiB | estimate MiB | estimate / measured "
              "|",
              "|---|---|---|---|---|---|---|---|"]
+    def ratio(x: float | None) -> str:
+        return "(fixed cost)" if x is None else f"{x:.2f}"
+
     for r in rows:
         lines.append(f"| {r['kind']} | {r['labels']:,} | {r['features']:,} | {r['dim']} | "
                      f"{r['peak_rss'] / 2**20:,.0f} | {r['above_fixed'] / 2**20:,.0f} | "
-                     f"{r['estimate'] / 2**20:,.0f} | {r['estimate_over_measured']:.2f} |")
+                     f"{r['estimate'] / 2**20:,.0f} | {ratio(r['estimate_over_measured'])} |")
     (RESULTS / "capacity_rss.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
