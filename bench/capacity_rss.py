@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/capacity_rss.py [--quick]
 
-Each case trains through the real CLI in a fresh process whose peak RSS (ru_maxrss) is read at its end;
+Each case trains through the real CLI in a fresh process whose peak RSS (VmHWM) is read at its end;
 a run of the same kind at 10 labels gives the fixed cost (interpreter, torch, kernels), so
 `peak - fixed` is what the label space and the input projection cost, set beside the estimate.
 Cases: continual runs at dim 8 whose data header claims millions of labels (the label-sized structures
@@ -24,12 +24,15 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 FAST = ["--batch-size", "16", "--negatives", "4", "--epochs", "1", "--quiet"]
 
-# the child: train through the CLI, then report its peak RSS and the estimate for the run
+# the child: train through the CLI, then report its peak RSS (VmHWM of its own memory: ru_maxrss would
+# start from the forking parent's)
 _CHILD = """
-import json, resource, sys
+import json, re, sys
+from pathlib import Path
 from service.cli import main
 rc = main(sys.argv[1:])
-print(json.dumps({"rc": rc, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+print(json.dumps({"rc": rc, "peak": peak}))
 """
 
 

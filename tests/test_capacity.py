@@ -36,26 +36,30 @@ def test_run_bytes_count_the_model_tables_their_state_and_the_per_label_arrays(o
     params = TrainParams(dim=6, optimizer=optimizer)  # type: ignore[arg-type]
     model = XCModel(ModelShape(n_features=11, n_labels=7, dim=6))
     floats = model.head.numel() + model.input_weight.numel()
-    state = {"adam": 2, "adagrad": 1}[optimizer]
+    # Adam: two moments a weight and the step of a row's last update (float64); Adagrad: a sum a row
+    per_weight, per_row = {"adam": (2, 8), "adagrad": (0, 4)}[optimizer]
     host = 7 * (capacity._NAME_BYTES + capacity._LABEL_BYTES) + 11 * capacity._FEATURE_BYTES
-    assert capacity.run_bytes(7, 11, params) == capacity.RunBytes(4 * (1 + state) * floats, host)
+    tables = 4 * (1 + per_weight) * floats + per_row * (7 + 11)
+    assert capacity.run_bytes(7, 11, params) == capacity.RunBytes(tables, host)
     # two ranks: each holds half the label rows (rounded up), the whole projection and every label's arrays
-    assert capacity.run_bytes(7, 11, params, ranks=2) == capacity.RunBytes(4 * (1 + state) * (4 * 7 + 11 * 6),
-                                                                           host)
+    half = 4 * (1 + per_weight) * (4 * 7 + 11 * 6) + per_row * (4 + 11)
+    assert capacity.run_bytes(7, 11, params, ranks=2) == capacity.RunBytes(half, host)
     # model selection keeps a copy of the weights
     select = TrainParams(dim=6, optimizer=optimizer, valid_fraction=0.1)  # type: ignore[arg-type]
-    assert capacity.run_bytes(7, 11, select).tables == 4 * (2 + state) * floats
+    assert capacity.run_bytes(7, 11, select).tables == tables + 4 * floats
     # a continual run also holds its base's tables (3 labels) and draws its new head rows
     grown = capacity.run_bytes(7, 11, params, base_labels=3)
-    assert grown.tables == 4 * (1 + state) * floats + 4 * 7 * 7
+    assert grown.tables == tables + 4 * 7 * 7
     assert grown.host == host + 4 * (3 * 7 + 11 * 6)
 
 
+# the peak RSS of this process's memory (VmHWM: ru_maxrss would start from the forking parent's)
 _PEAK = """
-import json, resource, sys
+import re, sys
+from pathlib import Path
 from service.cli import main
 assert main(sys.argv[1:]) == 0
-print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+print(int(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024)
 """
 
 
@@ -143,8 +147,8 @@ def test_a_run_over_the_free_memory_names_the_flags_to_change(
             "--hash-size", "65536", "--dim", "64"]
     assert main(args) == 2
     err = capsys.readouterr().err
-    need = (4 * 3 * (2 * 65 + 65536 * 64) + 2 * (capacity._NAME_BYTES + capacity._LABEL_BYTES)
-            + 65536 * capacity._FEATURE_BYTES)
+    need = (4 * 3 * (2 * 65 + 65536 * 64) + 8 * (2 + 65536)
+            + 2 * (capacity._NAME_BYTES + capacity._LABEL_BYTES) + 65536 * capacity._FEATURE_BYTES)
     assert err.startswith(f"error: a model of 2 labels and 65,536 input features at dim 64 needs "
                           f"{need / 2**20:.1f} MiB for its weights, their adam state, the label names and "
                           "the other per-label arrays alone, and cpu has 1.0 MiB free: "), err

@@ -26,9 +26,12 @@ from trainer.params import TrainParams
 
 __all__ = ["RunBytes", "check_fits", "free_bytes", "run_bytes"]
 
-# floats kept per weight of a big table: the weight and its optimizer state (two Adam moments, one
-# Adagrad sum)
-_FLOATS_PER_WEIGHT = {"adam": 3, "adagrad": 2}
+# floats kept per weight of a big table: the weight and its optimizer state (two Adam moments; row-wise
+# Adagrad keeps none per weight)
+_FLOATS_PER_WEIGHT = {"adam": 3, "adagrad": 1}
+# bytes of optimizer state per row of a big table: Adam's step of the row's last update (float64),
+# Adagrad's sum of squared gradients of the row (float32)
+_BYTES_PER_ROW = {"adam": 8, "adagrad": 4}
 # a label's name, held by every rank: a short Python string and its list slot (about 63 bytes) and its
 # entry in a name -> id index (about 59 bytes), as measured for ids as names with tracemalloc
 _NAME_BYTES = 128
@@ -58,20 +61,20 @@ def run_bytes(labels: int, features: int, params: TrainParams, extra_heads: int 
               base_labels: int | None = None) -> RunBytes:
     """What one of `ranks` ranks of a run of `labels` labels and `features` input columns takes.
 
-    Its share of the label head (and loss-owned heads) and the whole input projection, each weight with
-    its optimizer state and, with model selection (`valid_fraction`), the kept best epoch's copy; every
-    label's name and arrays, every feature's. A continual run (`base_labels`: its base's label count)
-    also holds the base's head and projection and draws its new head rows before copying them in."""
+    Its share of the label head (and loss-owned heads) and the whole input projection, each weight and
+    row with its optimizer state and, with model selection (`valid_fraction`), the kept best epoch's copy;
+    every label's name and arrays, every feature's. A continual run (`base_labels`: its base's label
+    count) also holds the base's head and projection and draws its new head rows before copying them in."""
     d = params.dim
     shard = -(-labels // max(ranks, 1))
-    head = shard * (d + 1) * (1 + extra_heads)
+    rows = shard * (1 + extra_heads) + features
     per_weight = _FLOATS_PER_WEIGHT[params.optimizer] + (1 if params.valid_fraction > 0 else 0)
-    floats = per_weight * (head + features * d)
+    floats = per_weight * (shard * (d + 1) * (1 + extra_heads) + features * d)
     host = labels * (_NAME_BYTES + _LABEL_BYTES) + features * _FEATURE_BYTES
     if base_labels is not None:
         floats += shard * (d + 1)  # the drawn rows, copied into the head
         host += 4 * (base_labels * (d + 1) * (1 + extra_heads) + features * d)
-    return RunBytes(tables=4 * floats, host=host)
+    return RunBytes(tables=4 * floats + _BYTES_PER_ROW[params.optimizer] * rows, host=host)
 
 
 # ------------------------------------------------------------------------------------ free memory
