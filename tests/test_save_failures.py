@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -113,3 +114,70 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_leaves_no_partial_checkpoin
     assert proc.stderr == (f"error: {ckpt}: no space left on device while writing the checkpoint of step 1 "
                            "here; free space and rerun\n")
     assert list(ckpt.iterdir()) == [] and not (tmp_path / "m").exists()
+
+
+# the same on the ranks of a launched run: each rank is a spawned process that imports this script (not as
+# __main__) before its environment names its rank, so the writer fails at write time on FAIL_RANKS' ranks
+_FULL_DISK_ON_RANKS = textwrap.dedent("""
+    import errno, os, sys
+    import trainer.durable as durable
+
+    _write_all = durable._write_all
+
+    def full(*args, **kwargs):
+        if os.environ.get("RANK") in os.environ["FAIL_RANKS"].split(","):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return _write_all(*args, **kwargs)
+
+    durable._write_all = full
+
+    if __name__ == "__main__":
+        from service.cli import main
+        sys.exit(main(sys.argv[1:]))
+""")
+
+
+@pytest.mark.timeout(600)  # two launches of two real ranks
+@pytest.mark.parametrize("fail_ranks", ["1", "0,1"])
+def test_a_full_disk_at_a_checkpoint_of_two_ranks_leaves_no_partial_checkpoint(
+    tmp_path: Path, data: Path, fail_ranks: str
+) -> None:
+    """Two ranks on gloo, the disk full for one of them (the other waits for it and is stopped) or for
+    both: one line naming the rank and the checkpoint, and nothing half-written left, as with one rank;
+    the checkpoint the run made before is kept to resume from."""
+    ckpt = tmp_path / "ckpt"
+    script = tmp_path / "full_disk_ranks.py"
+    script.write_text(_FULL_DISK_ON_RANKS)
+    args = ["train", "--train", str(data), "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1",
+            "--nproc-per-node", "2", *FAST, "--batch-size", "2"]
+
+    def run(out: str, epochs: str, fail: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "FAIL_RANKS": fail}
+        return subprocess.run([sys.executable, str(script), *args, "--out", str(tmp_path / out), "--epochs",
+                               epochs], capture_output=True, text=True, timeout=300, check=False, env=env)
+
+    # a first run (an epoch of 3 steps) writes its checkpoints; the disk is full for the second one, which
+    # resumes from them for a second epoch
+    ok = run("m1", "1", "")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    kept = _tree(ckpt)
+    assert sorted({name.split("/")[0] for name in kept}) == ["latest.json", "step-000000003"]
+    proc = run("m2", "2", fail_ranks)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert _tree(ckpt) == kept  # no .step-*.partial beside it, the last complete checkpoint unchanged
+    last = proc.stderr.rstrip().splitlines()[-1]
+    ranks = "1" if fail_ranks == "1" else "[01]"
+    assert re.fullmatch(f"error: rank {ranks} of 2 failed: {re.escape(str(ckpt))}: no space left on device "
+                        "while writing the checkpoint of step 4 here; free space and rerun", last), last
+    assert not (tmp_path / "m2").exists()
+
+
+def test_a_checkpoint_removes_what_a_killed_run_half_wrote(tmp_path: Path, data: Path) -> None:
+    """A run killed while writing a checkpoint leaves its partial directory (nothing ran to remove it): the
+    next run's first complete checkpoint removes it, as it does the checkpoints before its own."""
+    ckpt = tmp_path / "ckpt"
+    (ckpt / ".step-000000007.partial").mkdir(parents=True)
+    (ckpt / ".step-000000007.partial" / "rank-00000.safetensors").write_bytes(b"half")
+    assert main(["train", "--train", str(data), "--out", str(tmp_path / "m"), "--checkpoint-dir", str(ckpt),
+                 "--checkpoint-every", "1", *FAST]) == 0
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest.json", "step-000000001"]

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 LATEST = "latest.json"
 MANIFEST = "manifest.json"
 LEGACY_STATE = "state.safetensors"  # one-process checkpoints of the earlier format (with meta.json)
+PARTIAL = ".step-*.partial"  # a checkpoint being written; renamed to step-NNN once every rank has written
 
 
 def is_label_rows(key: str) -> bool:
@@ -85,9 +86,17 @@ def save_checkpoint(
     try:
         return _save_checkpoint(ckpt_dir, partial, stepper, step, epoch, pos, extra)
     except OSError as exc:
-        if stepper.group.world == 1:  # the half-written one gives its space back (ranks may still write)
-            shutil.rmtree(partial, ignore_errors=True)
+        if stepper.group.world == 1:  # the half-written one gives its space back (with ranks, the launcher
+            shutil.rmtree(partial, ignore_errors=True)  # does once none of them still writes)
         raise write_error(str(ckpt_dir), exc, f"the checkpoint of step {step}") from None
+
+
+def remove_partials(ckpt_dir: Path) -> None:
+    """Remove the half-written checkpoints under `ckpt_dir` (and its phases' directories, e.g. a refit's
+    select/ and refit/): they hold space and are never resumed from. Only while no rank of a run writes
+    there, i.e. once the ranks of a failed run have all stopped."""
+    for partial in [*ckpt_dir.glob(PARTIAL), *ckpt_dir.glob(f"*/{PARTIAL}")]:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def _save_checkpoint(ckpt_dir: Path, partial: Path, stepper: Stepper, step: int, epoch: int, pos: int,
@@ -130,7 +139,7 @@ def _save_checkpoint(ckpt_dir: Path, partial: Path, stepper: Stepper, step: int,
         latest_tmp = ckpt_dir / f".{LATEST}.tmp"
         latest_tmp.write_text(json.dumps({"checkpoint": name, "step": step}))
         commit_file(latest_tmp, ckpt_dir / LATEST)  # with the new directory's rename, before the old go
-        for old in ckpt_dir.glob("step-*"):
+        for old in [*ckpt_dir.glob("step-*"), *ckpt_dir.glob(PARTIAL)]:  # partial: of a killed run
             if old.name != name and old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
     group.barrier()

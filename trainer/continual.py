@@ -207,7 +207,7 @@ def _widen_features(ds: Dataset, n_features: int) -> Dataset:
                    label_names=ds.label_names, path=ds.path, meta=dict(ds.meta))
 
 
-def _check_inputs(base: Any, ds: Dataset, base_name: str, space: _LabelSpace) -> Dataset:
+def _check_inputs(base: Any, ds: Dataset, base_name: str) -> None:
     """The data must be what the base's featurizer reads: texts for a text model, at most its D features."""
     kind = base.featurizer.kind
     source = ds.path or "<data>"
@@ -217,26 +217,64 @@ def _check_inputs(base: Any, ds: Dataset, base_name: str, space: _LabelSpace) ->
     if not ds.is_text and kind == "text":
         raise DataFormatError(source, 1, f"holds sparse features (XC) but the base model {base_name} takes "
                               "texts (JSONL)")
-    if not ds.is_text:
-        if ds.n_features > base.n_features:
-            raise DataFormatError(source, 1, f"declares D={ds.n_features} features but the base model "
-                                  f"{base_name} takes {base.n_features}")
-        # before a name per label: the label space the header claims is the grown model's
-        check_fits(ds, base.params, torch.device("cpu"), labels=max(base.n_labels, ds.n_labels),
-                   features=base.n_features, extra_heads=len(base.model.shape.extra_heads), continual=True)
-    _check_naming(space, ds, base_name)
-    return _widen_features(ds, base.n_features)
+    if not ds.is_text and ds.n_features > base.n_features:
+        raise DataFormatError(source, 1, f"declares D={ds.n_features} features but the base model "
+                              f"{base_name} takes {base.n_features}")
+
+
+def _grow_checked(base: Any, train_ds: Dataset, space: _LabelSpace, params: TrainParams, base_name: str
+                  ) -> None:
+    """Grow `space` with the training data's labels, checking once, before a name is made for each label
+    an XC header claims, that the grown model fits: its size is the header's L against a base named by
+    ids (the ids below the larger of the two), at most the base's labels plus L against one with names;
+    labels already named in memory (JSONL, --label-names) are added first and counted exactly."""
+    from trainer.train import resolve_device
+
+    named = train_ds.label_names is not None
+    if named:
+        space.grow(train_ds)
+    labels = (len(space.names) if named else max(space.n_base, train_ds.n_labels) if space.base_ids
+              else space.n_base + train_ds.n_labels)
+    check_fits(train_ds, params, resolve_device(params.device), labels=labels, features=base.n_features,
+               ranks=params.nproc_per_node, extra_heads=len(base.model.shape.extra_heads),
+               base_labels=base.n_labels)
+    _check_naming(space, train_ds, base_name)
+    if not named:
+        space.grow(train_ds)
+
+
+def _check_header(ds: Dataset, space: _LabelSpace, what: str) -> None:
+    """A test or replay XC file's label ids are the grown model's: a header claiming more than the model has
+    is refused (as a test file claiming more than a fresh run's training set is), not made room for."""
+    used = int(ds.Y.indices.max()) + 1 if ds.Y.nnz else 0
+    if ds.label_names is not None or ds.n_labels <= len(space.names) or used > len(space.names):
+        return  # a row's label past the model's is named with its line (`in_label_space`)
+    raise DataFormatError(ds.path or "<data>", 1, f"the header declares L={ds.n_labels:,} labels but the "
+                          f"model has {len(space.names):,} (the base's and the training data's): {what} "
+                          f"uses the model's labels, and its rows use label ids below {used:,}; lower L to "
+                          "at most the model's")
 
 
 def _are_ids(names: list[str]) -> bool:
     return names == [str(i) for i in range(len(names))]
 
 
+def _shares_a_name(space: _LabelSpace, ds: Dataset) -> bool:
+    """Whether the data names a label the base has. XC ids are looked up from the base's side: a header
+    may claim far more ids than the base has names."""
+    if ds.label_names is not None:
+        return any(space.in_base(n) for n in ds.label_names)  # stops at the first shared name
+    if space.base_ids:
+        return ds.n_labels > 0 and space.n_base > 0
+    return any(n.isascii() and n.isdigit() and n == str(int(n)) and int(n) < ds.n_labels
+               for n in space.names[: space.n_base])
+
+
 def _check_naming(space: _LabelSpace, ds: Dataset, base_name: str) -> None:
     """XC labels are matched by name: ids against a base with label names (or the reverse) match none,
     append every label as new and double the label space, so either is an error (names that keep some
     of the base's ids, naming only new labels, match those and are fine)."""
-    if ds.is_text or any(space.in_base(n) for n in _names(ds)):  # stops at the first shared name
+    if ds.is_text or _shares_a_name(space, ds):
         return
     data_ids = ds.label_names is None or _are_ids(ds.label_names)
     if data_ids == space.base_ids:
@@ -535,9 +573,12 @@ def split_metrics(top: np.ndarray, y: sp.csr_matrix, new_labels: np.ndarray,
 
 
 def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None, *,
-               base_name: str | None = None, replay_ds: Dataset | None = None
-               ) -> tuple[WarmStart, Dataset, Dataset | None]:
+               base_name: str | None = None, replay_ds: Dataset | None = None,
+               params: TrainParams | None = None) -> tuple[WarmStart, Dataset, Dataset | None]:
     """Load the base, check the data against it and move every data set into the grown label space.
+
+    The grown model must fit the memory of the run (`params`: the caller's parameters, merged with the
+    base's; the base's when not given), checked once before its label names are made.
 
     Returns the warm start plus the training and test sets in that space. Errors name the base as
     `base_name` (default: its path) and the data file at fault.
@@ -552,17 +593,24 @@ def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None,
     _check_base(base, name)
     space = _LabelSpace(list(base.label_names))
     _check_unique(space, name)
-    train_ds = _check_inputs(base, train_ds, name, space)
-    space.grow(train_ds)
+    for ds in (train_ds, test_ds, replay_ds):
+        if ds is not None:
+            _check_inputs(base, ds, name)
+    run = base.params if params is None else continual_params(base.params, params, name, base.featurizer.kind)
+    _grow_checked(base, train_ds, space, run, name)
     names, index = space.names, space.index
-    train_ds = in_label_space(train_ds, names, refuse="", index=index)
+    train_ds = in_label_space(_widen_features(train_ds, base.n_features), names, refuse="", index=index)
     if test_ds is not None:  # a JSONL test label the grown model lacks counts as a miss; XC ids must fit
-        test_ds = in_label_space(_check_inputs(base, test_ds, name, space), names,
+        _check_header(test_ds, space, "a test set")
+        _check_naming(space, test_ds, name)
+        test_ds = in_label_space(_widen_features(test_ds, base.n_features), names,
                                  refuse=None if test_ds.is_text else "", index=index)
     if replay_ds is not None:
+        _check_header(replay_ds, space, "a replay set")
+        _check_naming(space, replay_ds, name)
         why = (" (nor in the training data): replay rows are rows the base trained on; rows of a new label "
                "go in the training data")
-        replay_ds = in_label_space(_check_inputs(base, replay_ds, name, space), names, refuse=why,
+        replay_ds = in_label_space(_widen_features(replay_ds, base.n_features), names, refuse=why,
                                    index=index)
     new_labels = np.zeros(len(names), dtype=bool)
     new_labels[base.n_labels:] = True

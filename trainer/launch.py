@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from trainer.checkpoints import remove_partials
 from trainer.collectives import launch
 from trainer.data import Dataset
 from trainer.errors import OvexError, ParamsError, RankFailed, TrainingCancelled
@@ -58,7 +59,7 @@ def _rank_main(
     try:
         return train(params, train_ds, test_ds, hooks=_RankHooks(events, stop), **options)
     except OvexError as exc:  # the caller reports this message rather than the launcher's summary
-        events.put(("error", f"{type(exc).__name__}: {exc}"))
+        events.put(("error", (int(os.environ.get("RANK", "0")), str(exc))))
         raise
 
 
@@ -126,7 +127,7 @@ def train_on_ranks(
 
     runner = threading.Thread(target=run, name="ovex-ranks", daemon=True)
     runner.start()
-    rank_error: str | None = None
+    rank_error: tuple[int, str] | None = None
     cancelled = False
     while runner.is_alive() or not events.empty():
         try:
@@ -145,9 +146,12 @@ def train_on_ranks(
     runner.join()
     error = outcome.get("error")
     if error is not None:
+        if checkpoint_dir is not None:  # no rank writes any more: a half-written checkpoint goes, as on one
+            remove_partials(Path(checkpoint_dir))
         if cancelled:
             raise TrainingCancelled("training stopped on every rank") from None
         if rank_error is not None and isinstance(error, RankFailed):
-            raise RankFailed(f"{error} - {rank_error}") from None
+            rank, message = rank_error
+            raise RankFailed(f"rank {rank} of {params.nproc_per_node} failed: {message}") from None
         raise error
     return outcome["result"]

@@ -486,7 +486,7 @@ def train(
     warm: WarmStart | None = None
     if base is not None:
         warm, train_ds, test_ds = warm_start(base, train_ds, test_ds, base_name=base_name,
-                                             replay_ds=replay_ds)
+                                             replay_ds=replay_ds, params=params)
         params = continual_params(warm.base.params, params, warm.name, warm.base.featurizer.kind)
         hooks.on_log(f"continuing {warm.name}: {warm.n_base_labels} labels, "
                      f"{len(warm.label_names) - warm.n_base_labels} new")
@@ -547,8 +547,9 @@ def _fit(
     if train_ds.n_labels == 0:
         raise ParamsError(f"{train_ds.path or 'the training set'}: no labels (L=0), nothing to learn")
     # before anything label- or feature-sized is allocated: a header's L or D may be far past what fits
-    check_fits(train_ds, params, device, features=None if warm is None else warm.featurizer.n_features,
-               ranks=group.world, extra_heads=len(spec.extra_heads), continual=warm is not None)
+    # (a warm start checked the grown model before making its label names)
+    if warm is None:
+        check_fits(train_ds, params, device, ranks=group.world, extra_heads=len(spec.extra_heads))
 
     valid_ds: Dataset | None = None
     if params.valid_fraction > 0:
