@@ -6,7 +6,10 @@ Each case trains through the real CLI in a fresh process whose peak RSS (VmHWM) 
 a run of the same kind at 10 labels gives the fixed cost (interpreter, torch, kernels), so
 `peak - fixed` is what the label space and the input projection cost, set beside the estimate.
 Cases: continual runs at dim 8 whose data header claims millions of labels (the label-sized structures
-dominate), and fresh runs at the default dim (the weights and their optimizer state dominate).
+dominate), and fresh runs at the default dim (the weights and their optimizer state dominate). The
+estimate counts Adam's moments of every row; these runs update few rows and Adam's moments are zeroed at
+a row's first update (`trainer/optim.py`), so the rows never updated stay untouched: the check is an
+upper bound, which a run that updates every row (or writes a checkpoint) reaches.
 Writes bench/results/capacity_rss.json and .md.
 """
 
