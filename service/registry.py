@@ -37,18 +37,13 @@ from service.predictor import Predictor
 from service.quantized_scan import Check, no_check
 from service.retrieval import ExactScorer, RetrievalConfig, Retriever, build_retriever, configure_threads
 from service.settings import Settings
-from service.versions import retire
+from service.versions import retire, version_key
 
 log = logging.getLogger("ovex.registry")
 
 # a version being deleted is first renamed to this prefix (hidden: the scan skips it), then removed
 DELETING = ".deleting-"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def version_key(v: str) -> tuple[int, int | str]:
-    """Numeric versions sort numerically and above non-numeric ones ("10" > "9" > "beta")."""
-    return (1, int(v)) if v.isdigit() else (0, v)
 
 
 @dataclass(frozen=True)
