@@ -32,7 +32,6 @@ from sqlalchemy.orm import Session
 from service.api.metrics import Metrics
 from service.errors import Conflict, NotFound, Unavailable
 from service.jobs.active import ActiveVersions
-from service.jobs.db import reachable
 from service.predictor import Predictor
 from service.quantized_scan import Check, no_check
 from service.retrieval import ExactScorer, RetrievalConfig, Retriever, build_retriever, configure_threads
@@ -318,8 +317,7 @@ class ModelRegistry:
                 self._record(name, version)
                 self._swap(served)
             elif current is None:
-                with reachable(f"version {version!r} of model {name!r} was not recorded as active"):
-                    recorded = self.store.record_first(name, version, self._present(name, version))
+                recorded = self.store.record_first(name, version, self._present(name, version))
                 if recorded == version:
                     self._swap(served)
                 else:  # another process already chose for this model: the next refresh follows it
@@ -332,8 +330,7 @@ class ModelRegistry:
     def _record(self, name: str, version: str) -> None:
         """Recorded under the version's lock, and only if it is still on disk then: a delete in another
         process either finds it recorded (and refuses) or has already renamed it (and this refuses)."""
-        with reachable(f"version {version!r} of model {name!r} was not activated"):
-            self.store.set(name, version, self._present(name, version))
+        self.store.set(name, version, self._present(name, version))
 
     def activate(self, name: str, version: str) -> tuple[ServedModel, str | None]:
         """Hot swap: load + warm the version here, make it active, then record the choice for every
@@ -354,7 +351,8 @@ class ModelRegistry:
         with self._lock:
             if version not in self.scan().get(name, []):
                 raise NotFound(f"model {name!r} has no version {version!r}")
-            with self.store.version_lock(name, version) as s:
+            outcome = f"version {version!r} of model {name!r} was not deleted"
+            with self.store.version_lock(name, version, outcome) as s:
                 served = self._active.get(name)
                 # the database's choice counts too: this process may not have followed an activation yet
                 if version in (served.version if served is not None else None, self.store.recorded(s, name)):

@@ -66,10 +66,11 @@ class ActiveVersions:
             return None if row is None else row.version
 
     @contextlib.contextmanager
-    def version_lock(self, model: str, version: str) -> Iterator[Session]:
+    def version_lock(self, model: str, version: str, outcome: str = "") -> Iterator[Session]:
         """A transaction holding the lock on `model` version `version` that activating it, deleting it and
-        recording a job that continues it all take (`lock_version`), in every process and replica."""
-        with reachable(), Session(self.engine) as s, s.begin():
+        recording a job that continues it all take (`lock_version`), in every process and replica. The
+        database lost: `Unavailable`, saying what did not happen (`outcome`)."""
+        with reachable(outcome), Session(self.engine) as s, s.begin():
             lock_version(s, model, version)
             yield s
 
@@ -82,7 +83,8 @@ class ActiveVersions:
     def set(self, model: str, version: str, present: Present | None = None) -> None:
         """An explicit activation: overwrite whatever was recorded. Under the version's lock `present`
         must still hold (the version was not deleted meanwhile), or nothing is recorded (`NotFound`)."""
-        with self.version_lock(model, version) as s:
+        outcome = f"version {version!r} of model {model!r} was not activated"
+        with self.version_lock(model, version, outcome) as s:
             _still(present, model, version)
             now = time.time()
             res = s.execute(
@@ -101,7 +103,8 @@ class ActiveVersions:
     def record_first(self, model: str, version: str, present: Present | None = None) -> str:
         """Record `version` unless a version is already recorded; returns the one that is (first wins).
         Like `set`, nothing is recorded for a version no longer `present` (`NotFound`)."""
-        with self.version_lock(model, version) as s:
+        outcome = f"version {version!r} of model {model!r} was not recorded as active"
+        with self.version_lock(model, version, outcome) as s:
             if (chosen := self.recorded(s, model)) is not None:
                 return chosen
             _still(present, model, version)

@@ -61,22 +61,36 @@ def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]
     return t, out
 
 
+class _Gate(threading.Event):
+    """Set to let a paused thread go on; `reached` is set when it got there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached = threading.Event()
+
+
+def _paused_delete(monkeypatch: pytest.MonkeyPatch) -> _Gate:
+    """Deletes pause just before the version is renamed, after every check, until the gate is set."""
+    gate, real_retire = _Gate(), registry_module.retire
+
+    def paused_retire(model_dir: Path, version: str) -> None:
+        gate.reached.set()
+        assert gate.wait(60)
+        real_retire(model_dir, version)
+
+    monkeypatch.setattr(registry_module, "retire", paused_retire)
+    return gate
+
+
 def test_a_job_is_never_queued_on_a_version_being_deleted(
     tmp_path: Path, backend: Backend, trained: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runtime, registry = _setup(tmp_path, backend, trained)
     try:
-        reached, go = threading.Event(), threading.Event()
         real_retire = registry_module.retire
-
-        def paused_retire(model_dir: Path, version: str) -> None:  # the delete has checked for jobs
-            reached.set()
-            assert go.wait(60)
-            real_retire(model_dir, version)
-
-        monkeypatch.setattr(registry_module, "retire", paused_retire)
+        go = _paused_delete(monkeypatch)  # at the point the delete has checked for jobs
         deleter, deleted = _in_thread(lambda: registry.delete_version("m", "2"))
-        assert reached.wait(60)
+        assert go.reached.wait(60)
         req = JobRequest("m", "ds_train", None, TrainParams(epochs=1), False,
                          {"model": "m", "version": "2", "replay_dataset": None})
         submitter, submitted = _in_thread(lambda: runtime.service.submit(req))
@@ -166,17 +180,10 @@ def test_the_active_version_is_never_deleted_by_a_racing_activation(
     other = _replica(registry)
     try:
         other.activate("m", "1")
-        reached, go = threading.Event(), threading.Event()
         real_retire = registry_module.retire
-
-        def paused_retire(model_dir: Path, version: str) -> None:  # the delete has checked "not active"
-            reached.set()
-            assert go.wait(60)
-            real_retire(model_dir, version)
-
-        monkeypatch.setattr(registry_module, "retire", paused_retire)
+        go = _paused_delete(monkeypatch)  # at the point the delete has checked "not active"
         deleter, deleted = _in_thread(lambda: registry.delete_version("m", "2"))
-        assert reached.wait(60)
+        assert go.reached.wait(60)
         activator, activated = _in_thread(lambda: other.activate("m", "2"))
         activator.join(5)  # without a lock both take, the activation is recorded now
         go.set()
@@ -192,8 +199,7 @@ def test_the_active_version_is_never_deleted_by_a_racing_activation(
         # the other order: the activation holds the lock first, the delete waits and then refuses
         shutil.copytree(trained, tmp_path / "models" / "m" / "3")
         monkeypatch.setattr(registry_module, "retire", real_retire)
-        reached.clear()
-        go.clear()
+        reached, go = threading.Event(), threading.Event()
         real_present = other._present
 
         def paused_present(name: str, version: str) -> Callable[[], bool]:
