@@ -32,8 +32,6 @@ Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description="most items on one p
 Cursor = Annotated[
     str | None, Query(max_length=400, description="`next_cursor` of the previous page; omitted: the first")
 ]
-
-
 Shown = Annotated[int, Query(ge=0, le=MAX_PAGE, description="how many of each model's newest versions to "
                              "show (0: only their count); GET /v1/models/{name}/versions pages the rest")]
 
@@ -97,9 +95,7 @@ def list_models(
 
 
 @router.get("/v1/models/{name}", response_model=ModelInfo, responses={404: {"model": ErrorBody}})
-def get_model(
-    name: ModelName, registry: RegistryDep, versions: Shown = 100
-) -> ModelInfo:
+def get_model(name: ModelName, registry: RegistryDep, versions: Shown = 100) -> ModelInfo:
     """Label count, dims, metrics, which version is active, and its newest versions."""
     return model_info(registry, name, _versions_of(registry, name), versions)
 

@@ -86,19 +86,14 @@ class ActiveVersions:
         outcome = f"version {version!r} of model {model!r} was not activated"
         with self.version_lock(model, version, outcome) as s:
             _still(present, model, version)
-            now = time.time()
-            res = s.execute(
+            overwrite = (
                 update(ActiveVersionRow)
                 .where(ActiveVersionRow.model == model)
-                .values(version=version, explicit=True, updated_at=now)
+                .values(version=version, explicit=True, updated_at=time.time())
             )
-            if getattr(res, "rowcount", 0) == 0 and not _inserted(s, model, version, True):
+            if getattr(s.execute(overwrite), "rowcount", 0) == 0 and not _inserted(s, model, version, True):
                 # a racing first record of this model (another version's lock) won the insert: overwrite it
-                s.execute(
-                    update(ActiveVersionRow)
-                    .where(ActiveVersionRow.model == model)
-                    .values(version=version, explicit=True, updated_at=now)
-                )
+                s.execute(overwrite)
 
     def record_first(self, model: str, version: str, present: Present | None = None) -> str:
         """Record `version` unless a version is already recorded; returns the one that is (first wins).
