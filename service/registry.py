@@ -23,31 +23,26 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from service.api.metrics import Metrics
 from service.errors import Conflict, NotFound, Unavailable
 from service.jobs.active import ActiveVersions
-from service.jobs.db import reachable
 from service.predictor import Predictor
 from service.quantized_scan import Check, no_check
 from service.retrieval import ExactScorer, RetrievalConfig, Retriever, build_retriever, configure_threads
 from service.settings import Settings
-from service.versions import retire
+from service.versions import retire, version_key
 
 log = logging.getLogger("ovex.registry")
 
 # a version being deleted is first renamed to this prefix (hidden: the scan skips it), then removed
 DELETING = ".deleting-"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def version_key(v: str) -> tuple[int, int | str]:
-    """Numeric versions sort numerically and above non-numeric ones ("10" > "9" > "beta")."""
-    return (1, int(v)) if v.isdigit() else (0, v)
 
 
 @dataclass(frozen=True)
@@ -158,8 +153,9 @@ class ModelRegistry:
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
         self.started = threading.Event()  # the start-up scan finished (loaded or not)
-        # held while a version is deleted; raises to keep it (the job system keeps the bases of its jobs)
-        self.before_delete: Callable[[str, str], AbstractContextManager[object]] | None = None
+        # called while a version is deleted, in the transaction holding its lock; raises to keep it (the job
+        # system keeps the bases of its jobs)
+        self.before_delete: Callable[[Session, str, str], None] | None = None
 
     # -- discovery -------------------------------------------------------------------------------
     def scan(self) -> dict[str, list[str]]:
@@ -237,7 +233,10 @@ class ModelRegistry:
             except Exception:
                 continue
             if chosen is None:
-                recorded = self.store.record_first(name, v)
+                try:
+                    recorded = self.store.record_first(name, v, self._present(name, v))
+                except NotFound:  # deleted since it was listed: the next one down
+                    continue
                 if recorded != v and recorded in versions:  # another process chose first: follow it
                     with contextlib.suppress(Exception):  # refused and logged; serve ours meanwhile
                         served = self._load(name, recorded)
@@ -318,16 +317,20 @@ class ModelRegistry:
                 self._record(name, version)
                 self._swap(served)
             elif current is None:
-                recorded = self.store.record_first(name, version)
+                recorded = self.store.record_first(name, version, self._present(name, version))
                 if recorded == version:
                     self._swap(served)
                 else:  # another process already chose for this model: the next refresh follows it
                     self.refresh()
             return served
 
+    def _present(self, name: str, version: str) -> Callable[[], bool]:
+        return (self.models_dir / name / version).is_dir
+
     def _record(self, name: str, version: str) -> None:
-        with reachable(f"version {version!r} of model {name!r} was not activated"):
-            self.store.set(name, version)
+        """Recorded under the version's lock, and only if it is still on disk then: a delete in another
+        process either finds it recorded (and refuses) or has already renamed it (and this refuses)."""
+        self.store.set(name, version, self._present(name, version))
 
     def activate(self, name: str, version: str) -> tuple[ServedModel, str | None]:
         """Hot swap: load + warm the version here, make it active, then record the choice for every
@@ -341,20 +344,22 @@ class ModelRegistry:
 
     def delete_version(self, name: str, version: str) -> None:
         """Remove a version's directory; refused for the active version (serving here, or recorded as
-        active for every replica: activate another first), and while `before_delete` refuses. That guard
-        is held until the directory is renamed out of sight (a hidden name the scan skips), so nothing it
-        keeps out can start on the version meanwhile."""
+        active for every replica: activate another first), and while `before_delete` refuses. Both are
+        checked under the version's lock (`ActiveVersions.version_lock`), held until the directory is
+        renamed out of sight (a hidden name the scan skips): an activation or a job recorded in any
+        process meanwhile waits for it, then finds the version gone."""
         with self._lock:
             if version not in self.scan().get(name, []):
                 raise NotFound(f"model {name!r} has no version {version!r}")
-            served = self._active.get(name)
-            # the database's choice counts too: this process may not have followed an activation yet
-            if version in (served.version if served is not None else None, self.store.get(name)):
-                raise Conflict(
-                    f"version {version!r} of model {name!r} is the active one: activate another version first"
-                )
-            keep = self.before_delete
-            with contextlib.nullcontext() if keep is None else keep(name, version):
+            outcome = f"version {version!r} of model {name!r} was not deleted"
+            with self.store.version_lock(name, version, outcome) as s:
+                served = self._active.get(name)
+                # the database's choice counts too: this process may not have followed an activation yet
+                if version in (served.version if served is not None else None, self.store.recorded(s, name)):
+                    raise Conflict(f"version {version!r} of model {name!r} is the active one: "
+                                   "activate another version first")
+                if self.before_delete is not None:
+                    self.before_delete(s, name, version)
                 retire(self.models_dir / name, version)
                 gone = self.models_dir / name / f"{DELETING}{version}-{uuid.uuid4().hex[:8]}"
                 (self.models_dir / name / version).rename(gone)

@@ -11,6 +11,11 @@ from trainer.durable import commit_file
 HIGH_WATER = ".highest-version"
 
 
+def version_key(v: str) -> tuple[int, int | str]:
+    """Numeric versions sort numerically and above non-numeric ones ("10" > "9" > "beta")."""
+    return (1, int(v)) if v.isdigit() else (0, v)
+
+
 def some_versions(versions: list[str], shown: int = 5) -> str:
     """A model's versions (ascending) as a message names them: all of a few; of many, how many and the
     newest `shown`, so an answer stays short however many versions a model has."""

@@ -264,6 +264,6 @@ def test_a_published_version_is_named_on_disk_before_the_store_records_it(
     (staging / "config.json").write_text("{}")
     models = (tmp_path / "models" / "m").resolve()
     io = _Io(monkeypatch)
-    assert publish(staging, models) == "1"
+    assert publish(staging, models, "job_1") == "1"
     moved = io.index("rename", str(staging.resolve()), str(models / "1"))
     assert any(i > moved for i in io.synced(str(models)))

@@ -1,10 +1,10 @@
-"""GET /v1/models, GET /v1/models/{name}, activate and delete a version."""
+"""GET /v1/models (paged), GET /v1/models/{name}, its versions (paged), activate and delete a version."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import ApiKey
@@ -16,33 +16,45 @@ from service.api.schemas import (
     ModelList,
     ModelName,
     VersionInfo,
+    VersionList,
     VersionName,
 )
 from service.errors import NotFound
-from service.registry import ModelRegistry
+from service.listing import MAX_PAGE, models_page, versions_page
+from service.registry import ModelRegistry, ServedModel
 
 router = APIRouter(tags=["models"])
 
 VERSION_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (401, 403, 404)}
 
 
-def model_info(registry: ModelRegistry, name: str, versions: list[str]) -> ModelInfo:
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description="most items on one page")]
+Cursor = Annotated[
+    str | None, Query(max_length=400, description="`next_cursor` of the previous page; omitted: the first")
+]
+Shown = Annotated[int, Query(ge=0, le=MAX_PAGE, description="how many of each model's newest versions to "
+                             "show (0: only their count); GET /v1/models/{name}/versions pages the rest")]
+
+
+def version_info(registry: ModelRegistry, name: str, version: str, served: ServedModel | None) -> VersionInfo:
+    summary = registry.version_summary(name, version)
+    here = served is not None and served.version == version
+    return VersionInfo(
+        version=version,
+        active=here,
+        loaded=here,
+        n_labels=summary.get("n_labels"),
+        n_features=summary.get("n_features"),
+        dim=summary.get("dim"),
+        metrics=summary.get("metrics", {}),
+        error=registry.refused(name, version),
+    )
+
+
+def model_info(registry: ModelRegistry, name: str, versions: list[str], show: int) -> ModelInfo:
+    """A model with its newest `show` versions (oldest first) and the cursor to page the older ones."""
     served = registry.serving(name)
-    infos = []
-    for v in versions:
-        summary = registry.version_summary(name, v)
-        infos.append(
-            VersionInfo(
-                version=v,
-                active=served is not None and served.version == v,
-                loaded=served is not None and served.version == v,
-                n_labels=summary.get("n_labels"),
-                n_features=summary.get("n_features"),
-                dim=summary.get("dim"),
-                metrics=summary.get("metrics", {}),
-                error=registry.refused(name, v),
-            )
-        )
+    newest, older = versions_page(name, versions, show, None)
     return ModelInfo(
         name=name,
         active_version=served.version if served else None,
@@ -51,26 +63,55 @@ def model_info(registry: ModelRegistry, name: str, versions: list[str]) -> Model
         dim=served.dim if served else None,
         retrieval=served.retrieval if served else None,
         metrics=served.metrics if served else {},
-        versions=infos,
+        versions=[version_info(registry, name, v, served) for v in reversed(newest)],
+        n_versions=len(versions),
+        versions_cursor=older,
     )
 
 
-@router.get("/v1/models", response_model=ModelList)
-def list_models(registry: RegistryDep) -> ModelList:
-    """Every model on disk with its versions; the active one serves requests."""
+def _versions_of(registry: ModelRegistry, name: str) -> list[str]:
+    versions = registry.scan().get(name)
+    if versions is None:
+        raise NotFound(f"unknown model {name!r}")
+    return versions
+
+
+@router.get("/v1/models", response_model=ModelList, responses={422: {"model": ErrorBody}})
+def list_models(
+    registry: RegistryDep,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+    versions: Shown = 20,
+) -> ModelList:
+    """One page of the models on disk, by name, each with its newest versions; the active one serves
+    requests."""
+    scanned = registry.scan()
+    names, nxt = models_page(list(scanned), limit, cursor)
     return ModelList(
         default=registry.default_name(),
-        models=[model_info(registry, n, vs) for n, vs in registry.scan().items()],
+        models=[model_info(registry, n, scanned[n], versions) for n in names],
+        next_cursor=nxt,
     )
 
 
 @router.get("/v1/models/{name}", response_model=ModelInfo, responses={404: {"model": ErrorBody}})
-def get_model(name: ModelName, registry: RegistryDep) -> ModelInfo:
-    """Versions, label count, dims, metrics, and which version is active."""
-    versions = registry.scan().get(name)
-    if versions is None:
-        raise NotFound(f"unknown model {name!r}")
-    return model_info(registry, name, versions)
+def get_model(name: ModelName, registry: RegistryDep, versions: Shown = 100) -> ModelInfo:
+    """Label count, dims, metrics, which version is active, and its newest versions."""
+    return model_info(registry, name, _versions_of(registry, name), versions)
+
+
+@router.get(
+    "/v1/models/{name}/versions",
+    response_model=VersionList,
+    responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+)
+def list_versions(
+    name: ModelName, registry: RegistryDep, limit: Limit = 100, cursor: Cursor = None
+) -> VersionList:
+    """One page of a model's versions, newest first."""
+    page, nxt = versions_page(name, _versions_of(registry, name), limit, cursor)
+    served = registry.serving(name)
+    return VersionList(versions=[version_info(registry, name, v, served) for v in page], next_cursor=nxt)
 
 
 @router.post(

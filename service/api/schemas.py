@@ -143,14 +143,33 @@ class ModelInfo(BaseModel):
     dim: int | None = Field(None, description="representation width of the active version")
     retrieval: str | None = Field(None, description="top-k backend of the active version")
     metrics: dict[str, Any] = Field(default_factory=dict, description="test metrics of the active version")
-    versions: list[VersionInfo] = Field(description="every version on disk, oldest first")
+    versions: list[VersionInfo] = Field(
+        description="its newest versions on disk, oldest first: all of them when there are at most "
+        "`versions` (the query parameter); `n_versions` says how many there are"
+    )
+    n_versions: int = Field(description="how many versions the model has on disk")
+    versions_cursor: str | None = Field(
+        None,
+        description="pass as `cursor` to GET /v1/models/{name}/versions for the versions older than those "
+        "shown; null when none is left out (with `versions=0`, start there without a cursor)",
+    )
 
 
 class ModelList(BaseModel):
-    """Every model on disk."""
+    """One page of the models on disk."""
 
     default: str | None = Field(description="the model behind POST /v1/predict")
     models: list[ModelInfo] = Field(description="by name")
+    next_cursor: str | None = Field(None, description="pass as `cursor` for the next page; null on the last")
+
+
+class VersionList(BaseModel):
+    """One page of a model's versions."""
+
+    versions: list[VersionInfo] = Field(description="newest first")
+    next_cursor: str | None = Field(
+        description="pass as `cursor` for the next (older) page; null on the last"
+    )
 
 
 class ActivateResponse(BaseModel):

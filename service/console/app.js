@@ -87,16 +87,88 @@ async function readiness() {
 // ------------------------------------------------------------------------------------- models
 const METRIC_KEYS = ["p@1", "p@3", "p@5", "ndcg@5", "psp@5"];
 
+// Every model, a page at a time (the server bounds a page, and each model's versions to its newest).
+async function allModels() {
+  let cursor = null;
+  const out = { default: null, models: [] };
+  do {
+    const page = await api(`/v1/models?limit=1000${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`);
+    out.default = page.default;
+    out.models.push(...page.models);
+    cursor = page.next_cursor ?? null;
+  } while (cursor);
+  return out;
+}
+
+function versionRow(m, v) {
+  return el(
+    "tr",
+    { "data-version": v.version },
+    el("td", {}, v.version),
+    el("td", {}, v.active
+      ? el("span", { class: "badge active" }, "active")
+      : v.error ? el("span", { class: "badge failed", title: v.error }, "refused") : "available"),
+    METRIC_KEYS.map((k) => el("td", { class: "num" }, num(v.metrics[k]))),
+    el("td", { class: "actions" },
+      v.active ? "" : el("button", {
+        type: "button",
+        class: "secondary",
+        "aria-label": `Activate ${m.name} version ${v.version}`,
+        onclick: (e) => activate(m.name, v.version, e.currentTarget),
+      }, "Activate"),
+      v.error ? "" : el("button", {
+        type: "button",
+        class: "secondary",
+        "aria-label": `Grow ${m.name} version ${v.version} with new data`,
+        title: "train its next version from this one, with new rows and labels",
+        onclick: () => growFrom(m.name, v.version).catch(fail),
+      }, "Grow")),
+  );
+}
+
+// A model shows its newest versions; the older ones are fetched a page at a time, above them.
+function olderVersions(m, tbody) {
+  if (!m.versions_cursor) return "";
+  let cursor = m.versions_cursor;
+  let shown = m.versions.length;
+  const note = el("span", { class: "muted" }, `newest ${shown} of ${m.n_versions} versions`);
+  const button = el("button", {
+    type: "button",
+    class: "secondary",
+    "aria-label": `Show older versions of ${m.name}`,
+    onclick: async () => {
+      button.disabled = true;
+      try {
+        const page = await api(`/v1/models/${encodeURIComponent(m.name)}/versions?limit=100&cursor=${encodeURIComponent(cursor)}`);
+        tbody.prepend(...page.versions.slice().reverse().map((v) => versionRow(m, v)));
+        shown += page.versions.length;
+        cursor = page.next_cursor;
+        note.textContent = cursor ? `newest ${shown} of ${m.n_versions} versions` : `all ${m.n_versions} versions`;
+        button.hidden = !cursor;
+      } catch (err) {
+        fail(err);
+      } finally {
+        button.disabled = false;
+      }
+    },
+  }, "Show older versions");
+  return el("p", { class: "older-versions" }, note, " ", button);
+}
+
 async function loadModels() {
   const box = $("#models-list");
-  const data = await api("/v1/models");
+  const data = await allModels();
   if (data.models.length === 0) {
     box.replaceChildren(el("p", { class: "muted" }, "No model yet: train one on the Jobs page."));
     return;
   }
   box.replaceChildren(
-    ...data.models.map((m) =>
-      el(
+    ...data.models.map((m) => {
+      const versions = table(
+        [["version"], ["state"], ...METRIC_KEYS.map((k) => [k, "num"]), [""]],
+        m.versions.map((v) => versionRow(m, v)),
+      );
+      return el(
         "article",
         { class: "card", "aria-labelledby": `model-${m.name}` },
         el(
@@ -108,40 +180,10 @@ async function loadModels() {
             m.n_labels ? ` · ${m.n_labels.toLocaleString()} labels · ${m.n_features.toLocaleString()} features · dim ${m.dim}` : "",
             m.retrieval ? ` · ${m.retrieval}` : ""),
         ),
-        el(
-          "div",
-          { class: "table-wrap" },
-          table(
-            [["version"], ["state"], ...METRIC_KEYS.map((k) => [k, "num"]), [""]],
-            m.versions.map((v) =>
-              el(
-                "tr",
-                { "data-version": v.version },
-                el("td", {}, v.version),
-                el("td", {}, v.active
-                  ? el("span", { class: "badge active" }, "active")
-                  : v.error ? el("span", { class: "badge failed", title: v.error }, "refused") : "available"),
-                METRIC_KEYS.map((k) => el("td", { class: "num" }, num(v.metrics[k]))),
-                el("td", { class: "actions" },
-                  v.active ? "" : el("button", {
-                    type: "button",
-                    class: "secondary",
-                    "aria-label": `Activate ${m.name} version ${v.version}`,
-                    onclick: (e) => activate(m.name, v.version, e.currentTarget),
-                  }, "Activate"),
-                  v.error ? "" : el("button", {
-                    type: "button",
-                    class: "secondary",
-                    "aria-label": `Grow ${m.name} version ${v.version} with new data`,
-                    title: "train its next version from this one, with new rows and labels",
-                    onclick: () => growFrom(m.name, v.version).catch(fail),
-                  }, "Grow")),
-              ),
-            ),
-          ),
-        ),
-      ),
-    ),
+        olderVersions(m, versions.querySelector("tbody")),
+        el("div", { class: "table-wrap" }, versions),
+      );
+    }),
   );
 }
 
@@ -473,7 +515,7 @@ async function openJob(id) {
 
 // ------------------------------------------------------------------------------------- predict
 async function loadPredict() {
-  const data = await api("/v1/models");
+  const data = await allModels();
   const select = $("#predict-model");
   const keep = select.value;
   select.replaceChildren(...data.models.filter((m) => m.active_version).map((m) =>

@@ -12,17 +12,22 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sqlalchemy import Boolean, Engine, Float, String, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
+from service.errors import NotFound
 from service.jobs.db import make_engine, migrate, reachable
 from service.jobs.models import Base
+from service.jobs.store import lock_version
 
 log = logging.getLogger("ovex.active")
 
+# checked under a version's lock before its activation is recorded: the version is still on disk
+Present = Callable[[], bool]
 LEGACY_FILE = "active.json"  # where activation choices lived before the database held them
 
 
@@ -60,35 +65,48 @@ class ActiveVersions:
             row = s.get(ActiveVersionRow, model)
             return None if row is None else row.version
 
-    def set(self, model: str, version: str) -> None:
-        """An explicit activation: overwrite whatever was recorded."""
-        for attempt in range(2):
-            now = time.time()
-            try:
-                with Session(self.engine) as s, s.begin():
-                    res = s.execute(
-                        update(ActiveVersionRow)
-                        .where(ActiveVersionRow.model == model)
-                        .values(version=version, explicit=True, updated_at=now)
-                    )
-                    if getattr(res, "rowcount", 0) == 0:
-                        s.add(ActiveVersionRow(model=model, version=version, explicit=True, updated_at=now))
-                return
-            except IntegrityError:  # a racing first insert of this model: the row exists now, update it
-                if attempt:
-                    raise
+    @contextlib.contextmanager
+    def version_lock(self, model: str, version: str, outcome: str = "") -> Iterator[Session]:
+        """A transaction holding the lock on `model` version `version` that activating it, deleting it and
+        recording a job that continues it all take (`lock_version`), in every process and replica. The
+        database lost: `Unavailable`, saying what did not happen (`outcome`)."""
+        with reachable(outcome), Session(self.engine) as s, s.begin():
+            lock_version(s, model, version)
+            yield s
 
-    def record_first(self, model: str, version: str) -> str:
-        """Record `version` unless a version is already recorded; returns the one that is (first wins)."""
-        try:
-            with Session(self.engine) as s, s.begin():
-                if (row := s.get(ActiveVersionRow, model)) is not None:
-                    return row.version
-                s.add(ActiveVersionRow(model=model, version=version, explicit=False, updated_at=time.time()))
-            return version
-        except IntegrityError:  # another process recorded its choice between our read and insert
-            recorded = self.get(model)
-            return version if recorded is None else recorded
+    @staticmethod
+    def recorded(s: Session, model: str) -> str | None:
+        """The active version of `model` as the transaction `s` sees it (one holding a version lock)."""
+        row = s.get(ActiveVersionRow, model)
+        return None if row is None else row.version
+
+    def set(self, model: str, version: str, present: Present | None = None) -> None:
+        """An explicit activation: overwrite whatever was recorded. Under the version's lock `present`
+        must still hold (the version was not deleted meanwhile), or nothing is recorded (`NotFound`)."""
+        outcome = f"version {version!r} of model {model!r} was not activated"
+        with self.version_lock(model, version, outcome) as s:
+            _still(present, model, version)
+            overwrite = (
+                update(ActiveVersionRow)
+                .where(ActiveVersionRow.model == model)
+                .values(version=version, explicit=True, updated_at=time.time())
+            )
+            if getattr(s.execute(overwrite), "rowcount", 0) == 0 and not _inserted(s, model, version, True):
+                # a racing first record of this model (another version's lock) won the insert: overwrite it
+                s.execute(overwrite)
+
+    def record_first(self, model: str, version: str, present: Present | None = None) -> str:
+        """Record `version` unless a version is already recorded; returns the one that is (first wins).
+        Like `set`, nothing is recorded for a version no longer `present` (`NotFound`)."""
+        outcome = f"version {version!r} of model {model!r} was not recorded as active"
+        with self.version_lock(model, version, outcome) as s:
+            if (chosen := self.recorded(s, model)) is not None:
+                return chosen
+            _still(present, model, version)
+            if _inserted(s, model, version, False):
+                return version
+            chosen = self.recorded(s, model)
+            return version if chosen is None else chosen
 
     def import_legacy_file(self, models_dir: Path) -> None:
         """Adopt the choices of an `active.json` written by an older ovex (once: the file is renamed)."""
@@ -110,3 +128,18 @@ class ActiveVersions:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _still(present: Present | None, model: str, version: str) -> None:
+    if present is not None and not present():
+        raise NotFound(f"version {version!r} of model {model!r} was deleted meanwhile; nothing was activated")
+
+
+def _inserted(s: Session, model: str, version: str, explicit: bool) -> bool:
+    """Insert the first row of `model`; False when another transaction inserted it first."""
+    try:
+        with s.begin_nested():
+            s.add(ActiveVersionRow(model=model, version=version, explicit=explicit, updated_at=time.time()))
+        return True
+    except IntegrityError:
+        return False

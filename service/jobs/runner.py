@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import shutil
@@ -24,13 +25,15 @@ from service.continual import trainer_inputs
 from service.jobs.config import JobsConfig
 from service.jobs.models import CANCELLED, FAILED, SUCCEEDED, DatasetRow, JobRow
 from service.jobs.store import JobStore
-from service.versions import next_version
-from trainer.durable import fsync_path, fsync_tree
+from service.versions import next_version, version_key
+from trainer.durable import commit_file, fsync_path, fsync_tree
 from trainer.errors import DataFormatError, OvexError, TrainingCancelled
 
 log = logging.getLogger("ovex.jobs")
 
 _PROGRESS_EVERY_S = 0.5
+# in a published version: the job that made it, so a re-run of the job never publishes a second version
+PUBLISHED_BY = "published_by.json"
 
 
 def dataset_path(cfg: JobsConfig, ds: DatasetRow) -> Path:
@@ -39,13 +42,18 @@ def dataset_path(cfg: JobsConfig, ds: DatasetRow) -> Path:
     return cfg.datasets_dir / f"{ds.checksum}{ext}"
 
 
-def publish(staging: Path, model_dir: Path) -> str:
+def publish(staging: Path, model_dir: Path, job_id: str) -> str:
     """Move a finished artifact to models_dir/<model>/<next version>; the rename is the commit point.
 
     Renaming a directory onto an existing non-empty one fails, so two jobs finishing at once for the same
-    model take different versions instead of overwriting each other.
+    model take different versions instead of overwriting each other. The artifact names the job that made
+    it (`PUBLISHED_BY`), so a later attempt of the job finds its version instead of publishing another.
     """
     model_dir.mkdir(parents=True, exist_ok=True)
+    tmp = staging / f"{PUBLISHED_BY}.tmp"
+    tmp.write_text(json.dumps({"job_id": job_id}) + "\n")
+    commit_file(tmp, staging / PUBLISHED_BY)
+    fsync_path(staging)
     source = staging
     for _ in range(1000):
         target = model_dir / str(next_version(model_dir))
@@ -65,6 +73,31 @@ def publish(staging: Path, model_dir: Path) -> str:
                 continue
             raise
     raise OvexError(f"could not find a free version under {model_dir}")
+
+
+def published_version(model_dir: Path, job_id: str) -> str | None:
+    """The version of the model that job `job_id` published, if one is on disk: an attempt of the job
+    published it, then lost the database (or its worker, or its lease) before the job record said so."""
+    if not model_dir.is_dir():
+        return None
+    for version in sorted((p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                          key=lambda p: version_key(p.name), reverse=True):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            if json.loads((version / PUBLISHED_BY).read_text()).get("job_id") == job_id:
+                return version.name
+    return None
+
+
+def _stored_metrics(version_dir: Path) -> dict[str, float]:
+    """The finite figures of a published version's metrics.json (what the job that made it reports)."""
+    try:
+        stored = json.loads((version_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(stored, dict):
+        return {}
+    return {str(k): float(v) for k, v in stored.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and _opt_float(v) is not None}
 
 
 class _Lease:
@@ -150,6 +183,13 @@ class _Hooks:
         return self.lease.cancel.is_set() or self.lease.lost.is_set() or self.shutdown.is_set()
 
 
+def _finish_extra(figures: dict[str, float], resumed: int | None) -> dict[str, Any]:
+    extra: dict[str, Any] = {"resumed_from_step": resumed}
+    if figures:
+        extra["metrics"] = figures
+    return extra
+
+
 def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
 
@@ -190,20 +230,29 @@ class JobRunner:
         lease.start()
         try:
             self.store.log(job_id, f"attempt {job.attempts} on worker {self.worker}")
+            model_dir = self.cfg.models_dir / job.model
+            earlier = published_version(model_dir, job_id) if job.attempts > 1 else None
+            if earlier is not None:
+                self._published(job, job_dir, earlier, _stored_metrics(model_dir / earlier), None)
+                return
             result = self._train(job, staging, checkpoints, hooks)
             resumed = _opt_int(getattr(result, "resumed_from_step", None))
             self._serving_index(job_id, staging, hooks)
             if hooks.should_stop():
                 raise TrainingCancelled("stop requested at the end of training")
-            version = publish(staging, self.cfg.models_dir / job.model)
             metrics = getattr(result, "metrics", None)
-            extra: dict[str, Any] = {"resumed_from_step": resumed}
-            if metrics:
-                extra["metrics"] = {str(k): float(v) for k, v in dict(metrics).items()}
+            figures = {str(k): float(v) for k, v in dict(metrics).items()} if metrics else {}
+            earlier = published_version(model_dir, job_id)  # by an attempt that lost its lease meanwhile
+            if earlier is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+                self._published(job, job_dir, earlier, figures, resumed)
+                return
+            version = publish(staging, model_dir, job_id)
             self.store.log(job_id, f"artifact published as {job.model} version {version}")
-            if self.store.finish(job_id, self.worker, SUCCEEDED, model_version=version, extra=extra):
+            if self.store.finish(job_id, self.worker, SUCCEEDED, model_version=version,
+                                 extra=_finish_extra(figures, resumed)):
                 shutil.rmtree(job_dir, ignore_errors=True)
-            else:  # lost the lease at the last moment: the version exists, but the job belongs elsewhere
+            else:  # lost the lease at the last moment: the attempt that holds the job now finishes with it
                 log.warning("job %s finished after losing its lease; version %s kept", job_id, version)
         except TrainingCancelled:
             self._stopped(job_id, job_dir)
@@ -215,6 +264,16 @@ class JobRunner:
             self._failed(job_id, job_dir, f"internal error ({type(e).__name__}); see the worker log")
         finally:
             lease.stop()
+
+    def _published(self, job: JobRow, job_dir: Path, version: str, figures: dict[str, float],
+                   resumed: int | None) -> None:
+        """An earlier attempt of this job published `version` and could not record it: the job ends with
+        that version, never a second one."""
+        self.store.log(job.id, f"version {version} of {job.model} was published by an earlier attempt of "
+                               "this job; the job finishes with it instead of publishing another")
+        if self.store.finish(job.id, self.worker, SUCCEEDED, model_version=version,
+                             extra=_finish_extra(figures, resumed)):
+            shutil.rmtree(job_dir, ignore_errors=True)
 
     def _public(self, message: str, job_dir: Path) -> str:
         """A log line or error as the job's record shows it to API clients: the server's directories named

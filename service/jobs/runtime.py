@@ -15,9 +15,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
+
+from sqlalchemy.orm import Session
 
 from service.jobs.config import JobsConfig
 from service.jobs.db import make_engine, migrate
@@ -35,7 +36,7 @@ class Registry(Protocol):
 
     def load_version(self, name: str, version: str, activate: bool = False) -> Any: ...
 
-    before_delete: Callable[[str, str], AbstractContextManager[object]] | None
+    before_delete: Callable[[Session, str, str], None] | None
 
 
 class JobsRuntime:

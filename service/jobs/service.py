@@ -12,10 +12,12 @@ import json
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from sqlalchemy.orm import Session
 
 from service.continual import resolve_base
 from service.errors import Conflict, Invalid, NotFound, Unavailable
@@ -162,19 +164,16 @@ class JobsService:
             raise NotFound(f"base: version {version!r} of model {model!r} was deleted while the job was "
                            "submitted; continue another version")
 
-    @contextlib.contextmanager
-    def keep_bases(self, model: str, version: str) -> Iterator[None]:
-        """Held by the registry while it deletes a version: refuses one that a queued or running job
-        continues (the job would fail, or fail to resume), and keeps any job from being recorded on it
-        until it is gone (`JobStore.version_lock`). The database down: unknown, so it is kept (503)."""
-        with self.store.version_lock(model, version) as s:
-            jobs = self.store.continuing(s, model, version)
-            if jobs:
-                raise Conflict(
-                    f"version {version!r} of model {model!r} is the base of {len(jobs)} queued or running "
-                    f"job(s) ({', '.join(jobs)}); cancel them or wait until they end"
-                )
-            yield
+    def keep_bases(self, s: Session, model: str, version: str) -> None:
+        """Called by the registry while it deletes a version, in the transaction `s` holding the version's
+        lock (`lock_version`, which recording a job on it takes too): refuses one that a queued or running
+        job continues (the job would fail, or fail to resume)."""
+        jobs = self.store.continuing(s, model, version)
+        if jobs:
+            raise Conflict(
+                f"version {version!r} of model {model!r} is the base of {len(jobs)} queued or running "
+                f"job(s) ({', '.join(jobs)}); cancel them or wait until they end"
+            )
 
     def get(self, job_id: str) -> JobRow:
         job = self.store.get_job(job_id)

@@ -71,17 +71,11 @@ class JobStore:
 
     @contextlib.contextmanager
     def version_lock(self, model: str, version: str) -> Iterator[Session]:
-        """A transaction holding the lock that deleting `model` version `version` and recording a job that
-        continues it both take, in every process and replica: neither acts on what the other is half-way
-        through. PostgreSQL: an advisory lock on the pair; SQLite: the database's write lock, taken by a
-        write that changes nothing."""
+        """A transaction holding `lock_version`: recording a job that continues `model` version `version`
+        and deleting that version (`ActiveVersions.version_lock`) never act on what the other is half-way
+        through."""
         with self.session() as s:
-            if s.get_bind().dialect.name == "postgresql":
-                key = int.from_bytes(hashlib.blake2b(f"{model}/{version}".encode(), digest_size=8).digest(),
-                                     "big", signed=True)
-                s.execute(text("SELECT pg_advisory_xact_lock(CAST(:k AS BIGINT))"), {"k": key})
-            else:
-                _lock_writes(s)
+            lock_version(s, model, version)
             yield s
 
     # -- datasets -------------------------------------------------------------------------------
@@ -479,6 +473,18 @@ class JobStore:
             )
             if _rowcount(res) == 1:
                 self._event(s, job_id, "activated", {"model_version": version})
+
+
+def lock_version(s: Session, model: str, version: str) -> None:
+    """Take, in the transaction `s`, the lock that every act on one model version (delete it, activate it,
+    record a job that continues it) takes, in every process and replica, until `s` ends. PostgreSQL: an
+    advisory lock on the pair; SQLite: the database's write lock, taken by a write that changes nothing."""
+    if s.get_bind().dialect.name == "postgresql":
+        key = int.from_bytes(hashlib.blake2b(f"{model}/{version}".encode(), digest_size=8).digest(),
+                             "big", signed=True)
+        s.execute(text("SELECT pg_advisory_xact_lock(CAST(:k AS BIGINT))"), {"k": key})
+    else:
+        _lock_writes(s)
 
 
 def _lock_writes(s: Session) -> None:

@@ -396,3 +396,30 @@ def test_answers_say_how_many_input_features_the_model_knows(server: Any) -> Non
     assert [p["known_features"] for p in r.json()["predictions"]] == [2, 0]
     schema = httpx.get(f"{server.url}/openapi.json").json()["components"]["schemas"]["PredictionOut"]
     assert "nothing was recognised" in schema["properties"]["known_features"]["description"]
+
+
+def test_console_pages_the_older_versions_of_a_model(browser: Any, server: Any) -> None:
+    """A model with more versions than the listing shows: the card says how many there are, and "Show older
+    versions" fetches the rest a page at a time, above the newest, each with its buttons."""
+    import os
+
+    many = 25
+    for v in range(1, many + 1):
+        shutil.copytree(server.root / "models" / "sparse" / "1", server.root / "models" / "crowded" / str(v),
+                        copy_function=os.link)
+    wait_for(lambda: httpx.get(f"{server.url}/v1/models/crowded").json()["active_version"] == str(many),
+             timeout=60, what="the crowded model to load")
+    open_page(browser, server.url, "models")
+    card = wait_for(lambda: css(browser, "#model-crowded"), what="the crowded model").find_element(
+        "xpath", "ancestor::article")
+    shown = [r.get_attribute("data-version") for r in card.find_elements("css selector", "tbody tr")]
+    assert shown == [str(v) for v in range(many - 19, many + 1)]  # the newest 20, oldest first
+    assert f"newest 20 of {many} versions" in card.text
+    older = "button[aria-label='Show older versions of crowded']"
+    card.find_element("css selector", older).click()
+    wait_for(lambda: len(card.find_elements("css selector", "tbody tr")) == many, what="the older versions")
+    shown = [r.get_attribute("data-version") for r in card.find_elements("css selector", "tbody tr")]
+    assert shown == [str(v) for v in range(1, many + 1)]
+    assert f"all {many} versions" in card.text
+    assert not card.find_element("css selector", older).is_displayed()
+    assert card.find_element("css selector", "button[aria-label='Activate crowded version 1']")

@@ -16,6 +16,7 @@ import pytest
 from service import registry as registry_module
 from service.errors import Conflict, NotFound
 from service.jobs.active import ActiveVersions
+from service.jobs.config import JobsConfig
 from service.jobs.models import DatasetRow
 from service.jobs.runtime import JobsRuntime
 from service.jobs.service import JobRequest
@@ -60,22 +61,36 @@ def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]
     return t, out
 
 
+class _Gate(threading.Event):
+    """Set to let a paused thread go on; `reached` is set when it got there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached = threading.Event()
+
+
+def _paused_delete(monkeypatch: pytest.MonkeyPatch) -> _Gate:
+    """Deletes pause just before the version is renamed, after every check, until the gate is set."""
+    gate, real_retire = _Gate(), registry_module.retire
+
+    def paused_retire(model_dir: Path, version: str) -> None:
+        gate.reached.set()
+        assert gate.wait(60)
+        real_retire(model_dir, version)
+
+    monkeypatch.setattr(registry_module, "retire", paused_retire)
+    return gate
+
+
 def test_a_job_is_never_queued_on_a_version_being_deleted(
     tmp_path: Path, backend: Backend, trained: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runtime, registry = _setup(tmp_path, backend, trained)
     try:
-        reached, go = threading.Event(), threading.Event()
         real_retire = registry_module.retire
-
-        def paused_retire(model_dir: Path, version: str) -> None:  # the delete has checked for jobs
-            reached.set()
-            assert go.wait(60)
-            real_retire(model_dir, version)
-
-        monkeypatch.setattr(registry_module, "retire", paused_retire)
+        go = _paused_delete(monkeypatch)  # at the point the delete has checked for jobs
         deleter, deleted = _in_thread(lambda: registry.delete_version("m", "2"))
-        assert reached.wait(60)
+        assert go.reached.wait(60)
         req = JobRequest("m", "ds_train", None, TrainParams(epochs=1), False,
                          {"model": "m", "version": "2", "replay_dataset": None})
         submitter, submitted = _in_thread(lambda: runtime.service.submit(req))
@@ -146,5 +161,68 @@ def test_a_job_is_never_recorded_on_a_dataset_deleted_meanwhile(
         assert error.loc is not None and error.loc[-1] == field and "ds_other" in error.message
         assert runtime.store.list_jobs(limit=10)[0] == []
     finally:
+        runtime.stop()
+        registry.store.close()
+
+
+def _replica(registry: ModelRegistry) -> ModelRegistry:
+    """A second serving process on the same models and database (its own connections)."""
+    return ModelRegistry(registry.settings, ActiveVersions.for_url(JobsConfig(registry.settings).db_url))
+
+
+def test_the_active_version_is_never_deleted_by_a_racing_activation(
+    tmp_path: Path, backend: Backend, trained: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another replica activates a version between a delete's check ("is it active?") and its rename: the
+    activation waits for the delete, finds the version gone and records nothing (404); and an activation
+    recorded first makes the delete a 409. Either way the recorded active version stays on disk."""
+    runtime, registry = _setup(tmp_path, backend, trained)
+    other = _replica(registry)
+    try:
+        other.activate("m", "1")
+        real_retire = registry_module.retire
+        go = _paused_delete(monkeypatch)  # at the point the delete has checked "not active"
+        deleter, deleted = _in_thread(lambda: registry.delete_version("m", "2"))
+        assert go.reached.wait(60)
+        activator, activated = _in_thread(lambda: other.activate("m", "2"))
+        activator.join(5)  # without a lock both take, the activation is recorded now
+        go.set()
+        deleter.join(60)
+        activator.join(60)
+        assert not deleter.is_alive() and not activator.is_alive()
+        assert "error" not in deleted, deleted
+        assert isinstance(activated.get("error"), NotFound), activated
+        assert "'2'" in activated["error"].message and str(tmp_path) not in activated["error"].message
+        assert registry.store.get("m") == "1" and other.serving("m").version == "1"  # type: ignore[union-attr]
+        assert (tmp_path / "models" / "m" / "1").is_dir() and not (tmp_path / "models" / "m" / "2").exists()
+
+        # the other order: the activation holds the lock first, the delete waits and then refuses
+        shutil.copytree(trained, tmp_path / "models" / "m" / "3")
+        monkeypatch.setattr(registry_module, "retire", real_retire)
+        reached, go = threading.Event(), threading.Event()
+        real_present = other._present
+
+        def paused_present(name: str, version: str) -> Callable[[], bool]:
+            def check() -> bool:  # under the version's lock, before the activation is recorded
+                reached.set()
+                assert go.wait(60)
+                return real_present(name, version)()
+            return check
+
+        monkeypatch.setattr(other, "_present", paused_present)
+        activator, activated = _in_thread(lambda: other.activate("m", "3"))
+        assert reached.wait(60)
+        deleter, deleted = _in_thread(lambda: registry.delete_version("m", "3"))
+        deleter.join(2)
+        assert deleter.is_alive()  # waiting for the activation's lock
+        go.set()
+        activator.join(60)
+        deleter.join(60)
+        assert "error" not in activated, activated
+        assert isinstance(deleted.get("error"), Conflict), deleted
+        assert "active one" in deleted["error"].message
+        assert registry.store.get("m") == "3" and (tmp_path / "models" / "m" / "3").is_dir()
+    finally:
+        other.store.close()
         runtime.stop()
         registry.store.close()

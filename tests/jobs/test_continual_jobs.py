@@ -318,23 +318,24 @@ def test_a_continual_job_survives_a_killed_server_and_resumes_from_its_checkpoin
 
 
 def test_a_version_is_kept_when_the_job_database_cannot_tell(tmp_path: Path) -> None:
-    """Whether a job still needs a version is unknown while the database is down: keep it, answer 503."""
+    """Whether a job still needs a version, or another replica activated it, is unknown while the database
+    is down: keep it, answer 503."""
     import pytest
 
     from service.errors import Unavailable
-    from service.jobs.config import JobsConfig
     from service.jobs.db import make_engine
-    from service.jobs.service import JobsService
-    from service.jobs.store import JobStore
+    from service.registry import ModelRegistry
     from service.settings import Settings
 
     (tmp_path / "ovex.db").mkdir()  # SQLite cannot open its file: a real driver error
-    store = JobStore(make_engine(f"sqlite:///{tmp_path / 'ovex.db'}"))
-    jobs = JobsService(JobsConfig(Settings(data_dir=str(tmp_path))), store)
-    down = r"the job database is unavailable \(OperationalError\); retry"
-    with pytest.raises(Unavailable, match=down) as e, jobs.keep_bases("m", "1"):
-        pass
+    (tmp_path / "models" / "m" / "1").mkdir(parents=True)
+    registry = ModelRegistry(Settings(data_dir=str(tmp_path), models_dir=str(tmp_path / "models")),
+                             ActiveVersions(make_engine(f"sqlite:///{tmp_path / 'ovex.db'}")))
+    down = r"database is unavailable \(OperationalError\): version '1' of model 'm' was not deleted; retry"
+    with pytest.raises(Unavailable, match=down) as e:
+        registry.delete_version("m", "1")
     assert str(tmp_path) not in e.value.message and e.value.headers == {"Retry-After": "2"}
+    assert (tmp_path / "models" / "m" / "1").is_dir()
 
 
 def test_a_stored_base_that_cannot_be_read_is_a_409_as_everywhere_else(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +101,65 @@ def test_a_lost_job_database_is_a_503_and_the_service_recovers(
     assert srv.final_state(again) == "succeeded", srv.log_tail()
     assert srv.job(again)["model_version"] == "2"
     assert httpx.get(srv.base + "/healthz").status_code == 200
+
+
+def test_a_job_that_published_before_the_database_went_down_never_publishes_twice(
+    tmp_path: Path, own_postgres: Postgres, synth_files: dict[str, Path], monkeypatch: Any
+) -> None:
+    """The database goes down right after a job's version is on disk, before the job's record says so: the
+    attempt dies, the job is re-queued once the database is back, and its next attempt finishes with that
+    version instead of training and publishing a second one."""
+    import hashlib
+    import shutil
+
+    import pytest
+
+    from service.errors import Unavailable
+    from service.jobs import runner as runner_module
+    from service.jobs.models import DatasetRow
+    from service.jobs.runner import JobRunner
+    from service.jobs.runtime import JobsRuntime
+    from service.settings import Settings
+    from trainer.params import TrainParams
+
+    settings = Settings(data_dir=tmp_path / "data", models_dir=tmp_path / "models", db_url=own_postgres.url)
+    runtime = JobsRuntime(settings, None)
+    store, cfg = runtime.store, runtime.cfg
+    try:
+        checksum = hashlib.sha256(synth_files["train"].read_bytes()).hexdigest()
+        shutil.copy(synth_files["train"], cfg.datasets_dir / f"{checksum}.txt")
+        store.add_dataset(DatasetRow(id="ds_t", name="t", checksum=checksum, format="xc", filename="t",
+                                     size_bytes=1, rows=600, features=300, labels=40, created_at=time.time()))
+        job = store.create_job(model="m", train_dataset="ds_t", test_dataset=None, activate=False,
+                               params=TrainParams(**TINY).to_json_dict())
+        real_publish = runner_module.publish
+
+        def publish_then_outage(*args: Any) -> str:
+            version = real_publish(*args)
+            own_postgres.stop()  # the version is on disk; nothing after it reaches the database
+            return version
+
+        monkeypatch.setattr(runner_module, "publish", publish_then_outage)
+        first = store.claim_next("w1")
+        assert first is not None and first.id == job.id
+        with pytest.raises(Unavailable):  # the worker logs it; the job stays 'running' in the database
+            JobRunner(cfg, store, "w1", threading.Event()).run(first)
+        assert sorted(p.name for p in (tmp_path / "models" / "m").iterdir()) == ["1"]
+
+        assert own_postgres.start() is None
+        monkeypatch.setattr(runner_module, "publish", real_publish)
+        assert [r.job_id for r in store.reap_stale(lease_s=0, max_attempts=3)] == [job.id]  # re-queued
+        again = store.claim_next("w2")
+        assert again is not None and again.id == job.id and again.attempts == 2
+        JobRunner(cfg, store, "w2", threading.Event()).run(again)
+
+        done = store.get_job(job.id)
+        assert done is not None and (done.state, done.model_version) == ("succeeded", "1"), done.error
+        assert sorted(p.name for p in (tmp_path / "models" / "m").iterdir()) == ["1"]  # no second version
+        stored = json.loads((tmp_path / "models" / "m" / "1" / "metrics.json").read_text())
+        assert done.metrics is not None and done.metrics["steps"] == stored["steps"]  # what version 1 stored
+        lines = [e.data.get("message", "") for e in store.events_since(job.id, 0)]
+        assert any("published by an earlier attempt" in x for x in lines), lines
+        assert not cfg.job_dir(job.id).exists()
+    finally:
+        runtime.stop()

@@ -16,7 +16,7 @@ from service.api.errors import status_for
 from service.errors import DomainError
 from service.jobs import budget
 from service.jobs.datasets import receive_file
-from service.jobs.runner import publish
+from service.jobs.runner import publish, published_version
 from service.versions import next_version, retire
 from trainer.params import MAX_BATCH, MAX_NEGATIVES, TrainParams
 
@@ -83,8 +83,9 @@ def test_publish_takes_the_next_free_version(tmp_path: Path) -> None:
         staging = tmp_path / f"staging-{expected}"
         staging.mkdir()
         (staging / "config.json").write_text(expected)
-        assert publish(staging, models) == expected
+        assert publish(staging, models, f"job_{expected}") == expected
         assert (models / expected / "config.json").read_text() == expected and not staging.exists()
+        assert published_version(models, f"job_{expected}") == expected  # a re-run of the job finds it
     (models / "10").mkdir()
     (models / "10" / "x").write_text("")
     (models / "beta").mkdir()
@@ -96,7 +97,8 @@ def test_publish_takes_the_next_free_version(tmp_path: Path) -> None:
     assert next_version(models) == 11
     staging = tmp_path / "staging-next"
     staging.mkdir()
-    assert publish(staging, models) == "11"
+    assert publish(staging, models, "job_next") == "11"
+    assert published_version(models, "job_other") is None
 
 
 def test_memory_estimate_by_hand_linear_adam() -> None:

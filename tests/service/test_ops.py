@@ -18,7 +18,7 @@ def test_healthz_up_with_no_model_and_not_ready(tmp_path: Path) -> None:
             assert ready.status_code == 503 and ready.json()["ready"] is False
             r = c.post("/v1/predict", json={"inputs": [{"text": "x"}]})
             assert r.status_code == 503 and "no model" in r.json()["detail"]
-            assert c.get("/v1/models").json() == {"default": None, "models": []}
+            assert c.get("/v1/models").json() == {"default": None, "models": [], "next_cursor": None}
     finally:
         stop_server(srv)
 
@@ -71,6 +71,7 @@ def test_openapi_and_docs(server: Server) -> None:
         "/v1/models/{name}/predict",
         "/v1/models",
         "/v1/models/{name}",
+        "/v1/models/{name}/versions",
         "/v1/models/{name}/versions/{version}/activate",
         "/healthz",
         "/readyz",

@@ -22,6 +22,7 @@ from .models import (
     DatasetInfo,
     Job,
     ModelInfo,
+    ModelVersion,
     PredictInput,
     PredictResponse,
     inputs_to_wire,
@@ -160,8 +161,14 @@ def predict(
     return Request("POST", path, idempotent=True, json=body)
 
 
-def list_models() -> Request:
-    return Request("GET", "/v1/models", idempotent=True)
+def list_models(limit: int | None = None, cursor: str | None = None, versions: int | None = None) -> Request:
+    params = _page_params(limit, cursor, versions=versions)
+    return Request("GET", "/v1/models", idempotent=True, params=params)
+
+
+def list_versions(name: str, limit: int | None = None, cursor: str | None = None) -> Request:
+    params = _page_params(limit, cursor)
+    return Request("GET", f"/v1/models/{seg(name)}/versions", idempotent=True, params=params)
 
 
 def get_model(name: str) -> Request:
@@ -279,7 +286,6 @@ def events_path(job_id: str | int) -> str:
 
 
 PARSE_PREDICT = as_model(PredictResponse)
-PARSE_MODELS = as_list(ModelInfo, "models")
 PARSE_MODEL = as_model(ModelInfo)
 
 
@@ -311,5 +317,7 @@ def no_content(r: httpx.Response) -> None:
     return None
 
 
+PAGE_MODELS = as_page(ModelInfo, "models")
+PAGE_VERSIONS = as_page(ModelVersion, "versions")
 PAGE_DATASETS = as_page(DatasetInfo, "datasets")
 PAGE_JOBS = as_page(Job, "jobs")

@@ -19,6 +19,7 @@ from .models import (
     Job,
     JobEvent,
     ModelInfo,
+    ModelVersion,
     PredictInput,
     PredictResponse,
 )
@@ -89,6 +90,20 @@ class AsyncClient:
     async def _call(self, req: _api.Request, parse: Callable[[httpx.Response], T]) -> T:
         return parse(await self._send(req))
 
+    async def _pages(
+        self,
+        page: Callable[[str | None], _api.Request],
+        parse: Callable[[httpx.Response], tuple[list[T], str | None]],
+    ) -> AsyncIterator[T]:
+        """Every item of a paged listing: `page(cursor)` asks for one page, from the first to the last."""
+        cursor: str | None = None
+        while True:
+            items, cursor = await self._call(page(cursor), parse)
+            for item in items:
+                yield item
+            if cursor is None:
+                return
+
     # -- health -----------------------------------------------------------------------------------
 
     async def health(self) -> Any:
@@ -127,11 +142,26 @@ class AsyncClient:
     # -- models -----------------------------------------------------------------------------------
 
     async def list_models(self) -> list[ModelInfo]:
-        return await self._call(_api.list_models(), _api.PARSE_MODELS)
+        """Every model, by name (fetched a page at a time), each with its newest versions."""
+        return [m async for m in self.iter_models()]
+
+    async def iter_models(self, *, page_size: int = 100, versions: int | None = None
+                          ) -> AsyncIterator[ModelInfo]:
+        async for item in self._pages(lambda c: _api.list_models(page_size, c, versions), _api.PAGE_MODELS):
+            yield item
 
     async def default_model(self) -> str | None:
         """Name of the model that answers `predict` calls made without a model name."""
-        return await self._call(_api.list_models(), _api.PARSE_DEFAULT)
+        return await self._call(_api.list_models(1, None, 0), _api.PARSE_DEFAULT)
+
+    async def list_versions(self, name: str, *, limit: int | None = None, cursor: str | None = None
+                            ) -> list[ModelVersion]:
+        """One page of a model's versions, newest first; `iter_versions` walks every page."""
+        return (await self._call(_api.list_versions(name, limit, cursor), _api.PAGE_VERSIONS))[0]
+
+    async def iter_versions(self, name: str, *, page_size: int = 100) -> AsyncIterator[ModelVersion]:
+        async for item in self._pages(lambda c: _api.list_versions(name, page_size, c), _api.PAGE_VERSIONS):
+            yield item
 
     async def get_model(self, name: str) -> ModelInfo:
         return await self._call(_api.get_model(name), _api.PARSE_MODEL)
@@ -171,13 +201,8 @@ class AsyncClient:
         return await self._call(_api.list_datasets(limit, cursor), _api.PARSE_DATASETS)
 
     async def iter_datasets(self, *, page_size: int = 100) -> AsyncIterator[DatasetInfo]:
-        cursor: str | None = None
-        while True:
-            items, cursor = await self._call(_api.list_datasets(page_size, cursor), _api.PAGE_DATASETS)
-            for item in items:
-                yield item
-            if cursor is None:
-                return
+        async for item in self._pages(lambda c: _api.list_datasets(page_size, c), _api.PAGE_DATASETS):
+            yield item
 
     async def delete_dataset(self, dataset_id: str | int) -> None:
         await self._call(_api.delete_dataset(dataset_id), _api.no_content)
@@ -219,14 +244,8 @@ class AsyncClient:
     async def iter_jobs(
         self, state: str | None = None, *, model: str | None = None, page_size: int = 100
     ) -> AsyncIterator[Job]:
-        cursor: str | None = None
-        while True:
-            req = _api.list_jobs(state, model, page_size, cursor)
-            items, cursor = await self._call(req, _api.PAGE_JOBS)
-            for item in items:
-                yield item
-            if cursor is None:
-                return
+        async for item in self._pages(lambda c: _api.list_jobs(state, model, page_size, c), _api.PAGE_JOBS):
+            yield item
 
     async def delete_job(self, job_id: str | int) -> None:
         await self._call(_api.delete_job(job_id), _api.no_content)

@@ -386,6 +386,8 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
         else:
             for m in models:
                 versions = ",".join(v.version for v in m.versions)
+                if m.n_versions is not None and m.n_versions > len(m.versions):
+                    versions += f" (the newest {len(m.versions)} of {m.n_versions})"
                 print(f"{m.name}\tactive {m.active_version}\tversions {versions}")
         return 0
     if args.action == "show":

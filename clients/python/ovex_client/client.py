@@ -18,6 +18,7 @@ from .models import (
     Job,
     JobEvent,
     ModelInfo,
+    ModelVersion,
     PredictInput,
     PredictResponse,
 )
@@ -93,6 +94,19 @@ class Client:
     def _call(self, req: _api.Request, parse: Callable[[httpx.Response], T]) -> T:
         return parse(self._send(req))
 
+    def _pages(
+        self,
+        page: Callable[[str | None], _api.Request],
+        parse: Callable[[httpx.Response], tuple[list[T], str | None]],
+    ) -> Iterator[T]:
+        """Every item of a paged listing: `page(cursor)` asks for one page, from the first to the last."""
+        cursor: str | None = None
+        while True:
+            items, cursor = self._call(page(cursor), parse)
+            yield from items
+            if cursor is None:
+                return
+
     # -- health -----------------------------------------------------------------------------------
 
     def health(self) -> Any:
@@ -141,11 +155,26 @@ class Client:
     # -- models -----------------------------------------------------------------------------------
 
     def list_models(self) -> list[ModelInfo]:
-        return self._call(_api.list_models(), _api.PARSE_MODELS)
+        """Every model, by name (fetched a page at a time), each with its newest versions."""
+        return list(self.iter_models())
+
+    def iter_models(self, *, page_size: int = 100, versions: int | None = None) -> Iterator[ModelInfo]:
+        """Every model, by name, a page at a time; each shows its newest `versions` versions (server
+        default: 20) and `n_versions`; `iter_versions` walks all of one model's."""
+        yield from self._pages(lambda c: _api.list_models(page_size, c, versions), _api.PAGE_MODELS)
 
     def default_model(self) -> str | None:
         """Name of the model that answers `predict` calls made without a model name."""
-        return self._call(_api.list_models(), _api.PARSE_DEFAULT)
+        return self._call(_api.list_models(1, None, 0), _api.PARSE_DEFAULT)
+
+    def list_versions(self, name: str, *, limit: int | None = None, cursor: str | None = None
+                      ) -> list[ModelVersion]:
+        """One page of a model's versions, newest first; `iter_versions` walks every page."""
+        return self._call(_api.list_versions(name, limit, cursor), _api.PAGE_VERSIONS)[0]
+
+    def iter_versions(self, name: str, *, page_size: int = 100) -> Iterator[ModelVersion]:
+        """Every version of a model, newest first, fetched a page at a time."""
+        yield from self._pages(lambda c: _api.list_versions(name, page_size, c), _api.PAGE_VERSIONS)
 
     def get_model(self, name: str) -> ModelInfo:
         return self._call(_api.get_model(name), _api.PARSE_MODEL)
@@ -181,12 +210,7 @@ class Client:
 
     def iter_datasets(self, *, page_size: int = 100) -> Iterator[DatasetInfo]:
         """Every dataset, newest first, fetched a page at a time."""
-        cursor: str | None = None
-        while True:
-            items, cursor = self._call(_api.list_datasets(page_size, cursor), _api.PAGE_DATASETS)
-            yield from items
-            if cursor is None:
-                return
+        yield from self._pages(lambda c: _api.list_datasets(page_size, c), _api.PAGE_DATASETS)
 
     def delete_dataset(self, dataset_id: str | int) -> None:
         """Remove a dataset and its file; 409 (`Conflict`) while a job still names it."""
@@ -232,12 +256,7 @@ class Client:
         self, state: str | None = None, *, model: str | None = None, page_size: int = 100
     ) -> Iterator[Job]:
         """Every job (matching the filters), newest first, fetched a page at a time."""
-        cursor: str | None = None
-        while True:
-            items, cursor = self._call(_api.list_jobs(state, model, page_size, cursor), _api.PAGE_JOBS)
-            yield from items
-            if cursor is None:
-                return
+        yield from self._pages(lambda c: _api.list_jobs(state, model, page_size, c), _api.PAGE_JOBS)
 
     def delete_job(self, job_id: str | int) -> None:
         """Remove an ended job with its logs and checkpoints; 409 while it is queued or running."""

@@ -126,6 +126,9 @@ class ModelInfo(_Answer):
     retrieval: str | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
     versions: list[ModelVersion] = Field(default_factory=list)
+    # the model's newest versions are shown; how many it has, and where the older ones continue
+    n_versions: int | None = None
+    versions_cursor: str | None = None
 
     @field_validator("versions", mode="before")
     @classmethod

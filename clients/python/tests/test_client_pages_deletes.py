@@ -78,3 +78,53 @@ def test_async_pages_and_deletes() -> None:
 
     _check(seen, asyncio.run(go()))
 
+
+
+def _models_server(seen: list[httpx.Request]) -> httpx.MockTransport:
+    """Models over two pages (an older server's answer, without a cursor, is one page); a model's versions
+    over two pages."""
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append(req)
+        path, cursor = req.url.path, req.url.params.get("cursor")
+        if path == "/v1/models":
+            if cursor == "m1":
+                return httpx.Response(200, json={"default": "a", "models": [{"name": "b", "versions": []}],
+                                                 "next_cursor": None})
+            first = {"name": "a", "active_version": "9", "versions": ["8", "9"], "n_versions": 9,
+                     "versions_cursor": "v8"}
+            return httpx.Response(200, json={"default": "a", "models": [first], "next_cursor": "m1"})
+        if path == "/v1/models/a/versions":
+            if cursor == "v8":
+                return httpx.Response(200, json={"versions": [{"version": "7"}], "next_cursor": None})
+            return httpx.Response(200, json={"versions": [{"version": "9"}, {"version": "8"}],
+                                             "next_cursor": "v8"})
+        return httpx.Response(404, json={"detail": "no"})
+
+    return httpx.MockTransport(handler)
+
+
+def test_models_and_versions_are_walked_page_by_page() -> None:
+    """`list_models` returns every model however many pages the server cuts them into; `iter_versions`
+    walks a model's versions newest first; both clients."""
+    seen: list[httpx.Request] = []
+    with Client("http://ovex.test", "k", transport=_models_server(seen)) as c:
+        models = c.list_models()
+        versions = [v.version for v in c.iter_versions("a", page_size=2)]
+        page = c.list_versions("a", limit=2)
+        assert c.default_model() == "a"
+
+    async def go() -> tuple[list[str], list[str]]:
+        async with AsyncClient("http://ovex.test", "k", transport=_models_server([])) as ac:
+            names = [m.name for m in await ac.list_models()]
+            return names, [v.version async for v in ac.iter_versions("a", page_size=2)]
+
+    assert [m.name for m in models] == ["a", "b"] and models[0].n_versions == 9
+    assert models[0].versions_cursor == "v8" and [v.version for v in models[0].versions] == ["8", "9"]
+    assert versions == ["9", "8", "7"] and [v.version for v in page] == ["9", "8"]
+    assert asyncio.run(go()) == (["a", "b"], ["9", "8", "7"])
+    listed = [r.url.params.get("cursor") for r in seen if r.url.path == "/v1/models"]
+    assert listed[:2] == [None, "m1"]
+    walked = [(r.url.params.get("cursor"), r.url.params.get("limit")) for r in seen
+              if r.url.path == "/v1/models/a/versions"]
+    assert walked == [(None, "2"), ("v8", "2"), (None, "2")]
