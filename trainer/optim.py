@@ -81,13 +81,13 @@ class RowAdam(_RowOptimizer):
         super().__init__()
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
         self._tables: dict[torch.device, torch.Tensor] = {}  # catch_up_table on each device (eager path)
-        self._unzeroed: set[str] = set()  # names whose never-updated rows still hold whatever memory held
+        self._pending_zero: set[str] = set()  # names whose never-updated rows hold whatever memory held
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """The state, never-updated rows' moments zeroed (in place, once: they are touched from then on)."""
-        for name in self._unzeroed:
+        for name in self._pending_zero:
             self.state[f"{name}.mv"][self.state[f"{name}.last"] == 0] = 0.0
-        self._unzeroed.clear()
+        self._pending_zero.clear()
         return super().state_tensors()
 
     def _ensure(self, name: str, param: torch.Tensor) -> None:
@@ -95,7 +95,7 @@ class RowAdam(_RowOptimizer):
             rows = param.reshape(param.shape[0] if param.dim() > 0 else 1, -1)
             # not zeroed here: each row is at its first update (see the module's docstring)
             self.state[f"{name}.mv"] = _unzeroed((rows.shape[0], 2, rows.shape[1]), param)
-            self._unzeroed.add(name)
+            self._pending_zero.add(name)
             # the global step at which each row was last updated (0 = never) and the global step count
             self.state[f"{name}.last"] = torch.zeros(rows.shape[0], dtype=torch.float64, device=param.device)
             self.state[f"{name}.step"] = torch.zeros(1, dtype=torch.float64)
@@ -111,7 +111,7 @@ class RowAdam(_RowOptimizer):
                 tensors[f"{name}.last"] = torch.where(t > 0, step, 0.0).to(torch.float64)
                 tensors[f"{name}.step"] = torch.tensor([step], dtype=torch.float64)
         super().load_state_tensors(tensors)
-        self._unzeroed.clear()
+        self._pending_zero.clear()
 
     @torch.no_grad()
     def step(
