@@ -352,6 +352,7 @@ class WarmStart:
     label_names: list[str]
     featurizer: Any  # the base's; `featurizer_for` grows its vocabulary with the rows a run trains on
     replay_ds: Dataset | None = None
+    params: TrainParams | None = None  # the run's: the caller's merged with the base's (`continual_params`)
     seen: np.ndarray | None = None  # per training row: the base trained on it
     hashes: np.ndarray | None = None  # fingerprints of the training rows
     new_labels: np.ndarray | None = None  # bool [K]: labels the base has no positive row for
@@ -599,23 +600,27 @@ def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None,
     run = base.params if params is None else continual_params(base.params, params, name, base.featurizer.kind)
     _grow_checked(base, train_ds, space, run, name)
     names, index = space.names, space.index
-    train_ds = in_label_space(_widen_features(train_ds, base.n_features), names, refuse="", index=index)
+
+    def moved(ds: Dataset, refuse: str | None) -> Dataset:
+        return in_label_space(_widen_features(ds, base.n_features), names, refuse=refuse, index=index)
+
+    def checked(ds: Dataset, what: str) -> Dataset:
+        """A test or replay set, checked against the grown space before it is moved into it."""
+        _check_header(ds, space, what)
+        _check_naming(space, ds, name)
+        return ds
+
+    train_ds = moved(train_ds, "")
     if test_ds is not None:  # a JSONL test label the grown model lacks counts as a miss; XC ids must fit
-        _check_header(test_ds, space, "a test set")
-        _check_naming(space, test_ds, name)
-        test_ds = in_label_space(_widen_features(test_ds, base.n_features), names,
-                                 refuse=None if test_ds.is_text else "", index=index)
+        test_ds = moved(checked(test_ds, "a test set"), None if test_ds.is_text else "")
     if replay_ds is not None:
-        _check_header(replay_ds, space, "a replay set")
-        _check_naming(space, replay_ds, name)
-        why = (" (nor in the training data): replay rows are rows the base trained on; rows of a new label "
-               "go in the training data")
-        replay_ds = in_label_space(_widen_features(replay_ds, base.n_features), names, refuse=why,
-                                   index=index)
+        replay_ds = moved(checked(replay_ds, "a replay set"),
+                          " (nor in the training data): replay rows are rows the base trained on; rows of a "
+                          "new label go in the training data")
     new_labels = np.zeros(len(names), dtype=bool)
     new_labels[base.n_labels:] = True
     if base.label_counts is not None:
         new_labels[: base.n_labels] |= base.label_counts <= 0
     warm = WarmStart(base=base, name=name, label_names=names, featurizer=base.featurizer, replay_ds=replay_ds,
-                     new_labels=new_labels)
+                     params=run, new_labels=new_labels)
     return warm, train_ds, test_ds

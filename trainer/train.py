@@ -31,7 +31,6 @@ from trainer.collectives import RankGroup, in_launched_rank, join_group, rank_de
 from trainer.continual import (
     WarmStart,
     check_out_dir,
-    continual_params,
     row_fingerprints,
     split_metrics,
     warm_start,
@@ -487,7 +486,8 @@ def train(
     if base is not None:
         warm, train_ds, test_ds = warm_start(base, train_ds, test_ds, base_name=base_name,
                                              replay_ds=replay_ds, params=params)
-        params = continual_params(warm.base.params, params, warm.name, warm.base.featurizer.kind)
+        assert warm.params is not None
+        params = warm.params
         hooks.on_log(f"continuing {warm.name}: {warm.n_base_labels} labels, "
                      f"{len(warm.label_names) - warm.n_base_labels} new")
     if test_ds is not None:  # before any step (on each rank): a refit scores it only after a selection run
