@@ -16,6 +16,7 @@ import torch
 
 import trainer.capacity as capacity
 from service.cli import main
+from tests.test_continual import _cli
 from trainer.data import Dataset
 from trainer.errors import DataFormatError
 from trainer.model import ModelShape, XCModel
@@ -24,11 +25,6 @@ from trainer.params import TrainParams
 FAST = ["--dim", "8", "--batch-size", "16", "--negatives", "4", "--group-size", "2", "--epochs", "1",
         "--quiet"]
 ROWS = "0 0:1 1:1\n1 2:1\n0,1 3:1 4:1\n"
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True,
-                          timeout=300, check=False)
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "adagrad"])

@@ -5,7 +5,6 @@ tiny file system): the ovex command runs in a subprocess whose writes fail with 
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import re
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from service.cli import main
+from tests.test_continual_inputs import _tree_hash
 
 FAST = ["--dim", "8", "--batch-size", "16", "--negatives", "4", "--group-size", "2", "--epochs", "1",
         "--quiet"]
@@ -41,11 +41,6 @@ _FULL_DISK = textwrap.dedent("""
 """)
 
 
-def _tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
     path = tmp_path / "d.txt"
@@ -61,7 +56,7 @@ def test_a_full_disk_at_the_final_save_is_one_line_and_keeps_what_was_there(
     out = tmp_path / "models" / "m"
     if existing:
         assert main(["train", "--train", str(data), "--out", str(out), *FAST]) == 0
-    before = _tree(tmp_path / "models") if existing else {}
+    before = _tree_hash(tmp_path / "models") if existing else {}
     script = tmp_path / "full_disk.py"
     script.write_text(_FULL_DISK)
     args = ["train", "--train", str(data), "--out", str(out), *FAST]
@@ -73,7 +68,7 @@ def test_a_full_disk_at_the_final_save_is_one_line_and_keeps_what_was_there(
     # no temp directory left beside it, and what was at --out (a model, or nothing) is as it was
     left = sorted(p.name for p in (tmp_path / "models").iterdir()) if (tmp_path / "models").exists() else []
     assert left == (["m"] if existing else [])
-    assert (_tree(tmp_path / "models") if existing else {}) == before
+    assert (_tree_hash(tmp_path / "models") if existing else {}) == before
 
 
 def test_a_failed_rename_puts_the_previous_model_back(
@@ -83,7 +78,7 @@ def test_a_failed_rename_puts_the_previous_model_back(
     old one goes back rather than staying hidden in a temp directory."""
     out = tmp_path / "models" / "m"
     assert main(["train", "--train", str(data), "--out", str(out), *FAST]) == 0
-    before = _tree(tmp_path / "models")
+    before = _tree_hash(tmp_path / "models")
     real = os.replace
 
     def failing(src: str | Path, dst: str | Path) -> None:
@@ -95,7 +90,7 @@ def test_a_failed_rename_puts_the_previous_model_back(
     assert main(["train", "--train", str(data), "--out", str(out), *FAST]) == 2
     assert capsys.readouterr().err == f"error: {out}: cannot write the model here: {os.strerror(errno.EIO)}\n"
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["m"]
-    assert _tree(tmp_path / "models") == before
+    assert _tree_hash(tmp_path / "models") == before
 
 
 def test_a_full_disk_at_a_checkpoint_is_one_line_and_leaves_no_partial_checkpoint(
@@ -160,11 +155,11 @@ def test_a_full_disk_at_a_checkpoint_of_two_ranks_leaves_no_partial_checkpoint(
     # resumes from them for a second epoch
     ok = run("m1", "1", "")
     assert ok.returncode == 0, ok.stderr[-3000:]
-    kept = _tree(ckpt)
+    kept = _tree_hash(ckpt)
     assert sorted({name.split("/")[0] for name in kept}) == ["latest.json", "step-000000003"]
     proc = run("m2", "2", fail_ranks)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert _tree(ckpt) == kept  # no .step-*.partial beside it, the last complete checkpoint unchanged
+    assert _tree_hash(ckpt) == kept  # no .step-*.partial beside it, the last complete checkpoint unchanged
     last = proc.stderr.rstrip().splitlines()[-1]
     ranks = "1" if fail_ranks == "1" else "[01]"
     assert re.fullmatch(f"error: rank {ranks} of 2 failed: {re.escape(str(ckpt))}: no space left on device "

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import ApiKey
+from service.api.datasets import Limit
 from service.api.deps import RegistryDep
 from service.api.schemas import (
     ActivateResponse,
@@ -28,7 +29,6 @@ router = APIRouter(tags=["models"])
 VERSION_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (401, 403, 404)}
 
 
-Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description="most items on one page")]
 Cursor = Annotated[
     str | None, Query(max_length=400, description="`next_cursor` of the previous page; omitted: the first")
 ]

@@ -62,8 +62,7 @@ class ActiveVersions:
 
     def get(self, model: str) -> str | None:
         with reachable(), Session(self.engine) as s:
-            row = s.get(ActiveVersionRow, model)
-            return None if row is None else row.version
+            return self.recorded(s, model)
 
     @contextlib.contextmanager
     def version_lock(self, model: str, version: str, outcome: str = "") -> Iterator[Session]:

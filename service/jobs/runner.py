@@ -225,7 +225,7 @@ class JobRunner:
         lease = _Lease(self.store, job_id, self.worker, self.cfg.settings.job_heartbeat_s)
         job_dir = self.cfg.job_dir(job_id)
         hooks = _Hooks(self.store, job_id, self.worker, lease, self.shutdown,
-                       lambda message: self._public(message, job_dir))
+                       lambda message: self._without_paths(message, job_dir))
         staging, checkpoints = job_dir / "artifact", job_dir / "checkpoints"
         lease.start()
         try:
@@ -249,15 +249,13 @@ class JobRunner:
                 return
             version = publish(staging, model_dir, job_id)
             self.store.log(job_id, f"artifact published as {job.model} version {version}")
-            if self.store.finish(job_id, self.worker, SUCCEEDED, model_version=version,
-                                 extra=_finish_extra(figures, resumed)):
-                shutil.rmtree(job_dir, ignore_errors=True)
-            else:  # lost the lease at the last moment: the attempt that holds the job now finishes with it
+            if not self._succeed(job, job_dir, version, figures, resumed):
+                # lost the lease at the last moment: the attempt that holds the job now finishes with it
                 log.warning("job %s finished after losing its lease; version %s kept", job_id, version)
         except TrainingCancelled:
             self._stopped(job_id, job_dir)
         except OvexError as e:
-            self._failed(job_id, job_dir, self._public(str(e), job_dir))
+            self._failed(job_id, job_dir, self._without_paths(str(e), job_dir))
         except Exception as e:
             # the traceback names server paths: it goes to the worker's log, the job gets the kind only
             log.exception("job %s: internal error", job_id)
@@ -271,11 +269,18 @@ class JobRunner:
         that version, never a second one."""
         self.store.log(job.id, f"version {version} of {job.model} was published by an earlier attempt of "
                                "this job; the job finishes with it instead of publishing another")
-        if self.store.finish(job.id, self.worker, SUCCEEDED, model_version=version,
-                             extra=_finish_extra(figures, resumed)):
-            shutil.rmtree(job_dir, ignore_errors=True)
+        self._succeed(job, job_dir, version, figures, resumed)
 
-    def _public(self, message: str, job_dir: Path) -> str:
+    def _succeed(self, job: JobRow, job_dir: Path, version: str, figures: dict[str, float],
+                 resumed: int | None) -> bool:
+        """Record the job as succeeded on `version` and remove its files; False if it lost its lease."""
+        done = self.store.finish(job.id, self.worker, SUCCEEDED, model_version=version,
+                                 extra=_finish_extra(figures, resumed))
+        if done:
+            shutil.rmtree(job_dir, ignore_errors=True)
+        return done
+
+    def _without_paths(self, message: str, job_dir: Path) -> str:
         """A log line or error as the job's record shows it to API clients: the server's directories named
         by what they hold (a full disk while writing the model says where it was writing)."""
         named = [(job_dir / "artifact", "the job's new model"),
