@@ -87,12 +87,14 @@ async function readiness() {
 // ------------------------------------------------------------------------------------- models
 const METRIC_KEYS = ["p@1", "p@3", "p@5", "ndcg@5", "psp@5"];
 
-// Every model, a page at a time (the server bounds a page, and each model's versions to its newest).
-async function allModels() {
+// Every model, a page at a time (the server bounds a page, and each model's versions to its newest);
+// `versions`: how many of each model's newest versions to list (null: the server's default).
+async function allModels(versions = null) {
   let cursor = null;
   const out = { default: null, models: [] };
+  const shown = versions === null ? "" : `&versions=${versions}`;
   do {
-    const page = await api(`/v1/models?limit=1000${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`);
+    const page = await api(`/v1/models?limit=1000${shown}${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`);
     out.default = page.default;
     out.models.push(...page.models);
     cursor = page.next_cursor ?? null;
@@ -515,7 +517,7 @@ async function openJob(id) {
 
 // ------------------------------------------------------------------------------------- predict
 async function loadPredict() {
-  const data = await allModels();
+  const data = await allModels(0);  // the active versions only: no version list to read
   const select = $("#predict-model");
   const keep = select.value;
   select.replaceChildren(...data.models.filter((m) => m.active_version).map((m) =>
