@@ -25,7 +25,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from continual import PhaseHooks, base_split, old_p_at, p_at, score  # noqa: E402
+from continual import PhaseHooks, base_split, median_time, old_p_at, p_at, score, timed  # noqa: E402
 
 from trainer import optim  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
@@ -61,12 +60,8 @@ def child(args: argparse.Namespace) -> None:
         ds, base = base_split(tr, args.seed)[0], None
     else:
         ds, base = tr, (d / "base" if args.run.startswith("continual") else None)
-    t0, c0 = time.perf_counter(), time.process_time()
-    train(params, ds, None, out_dir=d / args.run, hooks=hooks, base=base)
-    t1 = time.perf_counter()
-    print(json.dumps({"wall_s": t1 - t0, "cpu_s": time.process_time() - c0, "phases": hooks.phases(t0, t1),
-                      "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-                      "load": os.getloadavg()[0]}))
+    _, t = timed(lambda: train(params, ds, None, out_dir=d / args.run, hooks=hooks, base=base), hooks)
+    print(json.dumps({**t, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
 
 
 def run_child(run: str, args: argparse.Namespace, d: Path) -> dict[str, Any]:
@@ -112,11 +107,7 @@ def main() -> None:
         for run, ts in timings.items():
             top = tops[run] if run in tops else score(d / run, test)
             runs[run] = {
-                "wall_s": float(np.median([t["wall_s"] for t in ts])),
-                "cpu_s": float(np.median([t["cpu_s"] for t in ts])),
-                "peak_rss_gb": float(max(t["peak_rss_gb"] for t in ts)),
-                "phases": {k: float(np.median([t["phases"][k] for t in ts])) for k in ts[0]["phases"]},
-                "wall_s_each": [round(t["wall_s"], 3) for t in ts], "load_max": max(t["load"] for t in ts),
+                **median_time(ts), "peak_rss_gb": float(max(t["peak_rss_gb"] for t in ts)),
                 "new": p_at(top, y, new_rows), "old": old_p_at(top, y, old_rows, held),
                 "all": p_at(top, y, np.arange(test.n_rows)),
             }
