@@ -46,7 +46,7 @@ __all__ = [
 
 # The fields that fix the shape of the model or its input rows: a continual run takes them from the base.
 ARCHITECTURE_FIELDS = ("loss", "dim", "encoder", "hidden", "pieces", "tfidf", "l2", "hash_size",
-                       "max_vocab", "min_df")
+                       "max_vocab", "min_df", "ngrams")
 # How a run continues, not what the model is: today's defaults apply unless the caller sets them, never the
 # values a base happened to be trained under; so do where and how the base ran (its device, its ranks, its
 # model selection on held-out rows), which are no part of the model
@@ -67,7 +67,7 @@ def _unused_by(base: TrainParams, featurizer_kind: str | None) -> dict[str, str]
     changes nothing, so it is no conflict with the base's and is refused for what it is."""
     if featurizer_kind == "sparse":
         why = "the base model takes sparse features (XC data) and this is a setting of text featurizers"
-        return dict.fromkeys(("hash_size", "max_vocab", "min_df"), why)
+        return dict.fromkeys(("hash_size", "max_vocab", "min_df", "ngrams"), why)
     if base.hash_size > 0:
         why = f"the base model hashes words into hash_size={base.hash_size} buckets and has no vocabulary"
         return dict.fromkeys(("max_vocab", "min_df"), why)

@@ -119,6 +119,12 @@ class TrainParams(BaseModel):
     l2: bool = Field(default=True, description="L2-normalise each input row")
     hash_size: int = Field(default=0, ge=0, le=1 << 26, description="text: hash buckets (0 = vocab)")
     max_vocab: int = Field(default=200_000, ge=1, le=1 << 26, description="text: vocabulary size cap")
+    # word pairs carry what single words miss ("an artist" says which noun a gloss is about): P@1 on the
+    # WordNet texts rises with them (docs/training.md); XC feature files are not affected
+    ngrams: int = Field(
+        default=2, ge=1, le=2, description="text: word n-grams in the vocabulary (1 = words, 2 = words and "
+        "adjacent word pairs)"
+    )
     min_df: int = Field(
         default=1, ge=1, le=1_000_000_000, description="text: minimum document frequency of a vocabulary term"
     )
@@ -243,9 +249,10 @@ class TrainParams(BaseModel):
     def from_json_dict(cls, data: dict[str, Any]) -> TrainParams:
         """Parse params of a saved artifact or stored job; turns validation errors into `ParamsError`.
 
-        Params written before `group_size` existed describe pairwise OVE, so a missing one reads as 1.
+        Params written before `group_size` existed describe pairwise OVE, and those written before `ngrams`
+        existed single words, so a missing one reads as 1.
         """
         try:
-            return cls.model_validate({"group_size": 1, **data})
+            return cls.model_validate({"group_size": 1, "ngrams": 1, **data})
         except Exception as exc:  # pydantic.ValidationError, but keep the message user-readable
             raise ParamsError(f"invalid training parameters: {exc}") from exc

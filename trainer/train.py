@@ -228,6 +228,7 @@ def fit_featurizer(params: TrainParams, ds: Dataset) -> Any:
         hash_size=params.hash_size or None,
         max_vocab=params.max_vocab,
         min_df=params.min_df,
+        ngrams=params.ngrams,
     )
 
 

@@ -1,0 +1,125 @@
+"""bench/real.py: its tail and bucket metrics against a plain-Python oracle, its crash rows, and one small
+run end to end (bench/ is not a package, so the script is loaded by path)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "real.py"
+DATA = ROOT.parent / "shared" / "data"
+
+
+def _load() -> ModuleType:
+    name = "ovex_bench_real"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+real = _load()
+
+
+def oracle(top: list[list[int]], rows: list[set[int]], counts: list[int], n_labels: int) -> dict[str, Any]:
+    """The definitions, one row and one slot at a time."""
+    count = [counts[j] if j < len(counts) else 0 for j in range(n_labels)]
+    tail = {j for j in range(n_labels) if 1 <= count[j] <= 5}
+    out: dict[str, Any] = {}
+    with_tail = [i for i, r in enumerate(rows) if r & tail]
+    out["tail_rows"] = len(with_tail)
+    for k in (1, 5):
+        shares = []
+        for i in with_tail:
+            slots = (top[i] + [-1] * 5)[:k]
+            shares.append(sum(1 for j in slots if j >= 0 and j in rows[i] and j in tail) / k)
+        out[f"tail_p@{k}"] = sum(shares) / len(shares) if shares else None
+    buckets = {"1-5": (1, 5), "6-20": (6, 20), "21-100": (21, 100), ">100": (101, 10**9)}
+    out["rows"] = {}
+    for name, (lo, hi) in buckets.items():
+        hits = []
+        for i, r in enumerate(rows):
+            known = [count[j] for j in r if count[j] > 0]
+            if known and lo <= min(known) <= hi:
+                first = top[i][0] if top[i] else -1
+                hits.append(1.0 if first in r else 0.0)
+        out["rows"][name] = len(hits)
+        out[f"p@1[{name}]"] = sum(hits) / len(hits) if hits else None
+    return out
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[list[list[int]], list[set[int]], list[int], int]:
+    n_labels = draw(st.integers(1, 8))
+    n_rows = draw(st.integers(0, 12))
+    width = draw(st.integers(1, 7))  # fewer than 5 columns are padded, more are cut
+    label = st.integers(0, n_labels - 1)
+    rows = draw(st.lists(st.sets(label, max_size=n_labels), min_size=n_rows, max_size=n_rows))
+    top = draw(st.lists(st.lists(st.integers(-1, n_labels - 1), min_size=width, max_size=width),
+                        min_size=n_rows, max_size=n_rows))
+    counts = draw(st.lists(st.sampled_from([0, 1, 2, 5, 6, 20, 21, 100, 101, 150]), max_size=n_labels))
+    return top, rows, counts, n_labels
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases())
+def test_tail_metrics_match_the_oracle(case: tuple[list[list[int]], list[set[int]], list[int], int]) -> None:
+    top, rows, counts, n_labels = case
+    y = sp.lil_matrix((len(rows), n_labels), dtype=np.float32)
+    for i, r in enumerate(rows):
+        for j in r:
+            y[i, j] = 1.0
+    top_arr = np.array(top, dtype=np.int64).reshape(len(rows), -1) if rows else np.zeros((0, 5), np.int64)
+    got = real.tail_metrics(top_arr, sp.csr_matrix(y), np.array(counts, dtype=np.int64))
+    want = oracle(top if rows else [], rows, counts, n_labels)
+    assert got["rows"] == want["rows"]
+    assert got["tail_rows"] == want["tail_rows"]
+    for key, value in want.items():
+        if key == "rows":
+            continue
+        assert (got[key] is None) == (value is None), key
+        if value is not None:
+            assert got[key] == pytest.approx(value), key
+
+
+def test_child_status_names_the_signal_or_the_last_line() -> None:
+    assert real.child_status(-11, "") == "crashed: signal 11 (SIGSEGV)"
+    assert real.child_status(1, "Traceback ...\n  File x\nValueError: bad\n\n") == "failed: ValueError: bad"
+    assert real.child_status(2, "") == "failed: (no output)"
+
+
+@pytest.mark.skipif(not (DATA / "bibtex_train.txt").exists(), reason="needs ../shared/data (Bibtex)")
+def test_bibtex_popularity_and_omikuji_end_to_end(tmp_path: Path) -> None:
+    pytest.importorskip("omikuji")
+    out = tmp_path / "real"
+    cmd = [sys.executable, str(SCRIPT), "--sets", "bibtex", "--methods", "popularity", "omikuji",
+           "--seeds", "0", "--out", str(out)]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=120)
+    result = json.loads(out.with_suffix(".json").read_text())
+    runs = {r["method"]: r for r in result["runs"]}
+    assert set(runs) == {"popularity", "omikuji"}
+    for r in runs.values():
+        assert r["status"] == "ok" and r["set"] == "bibtex" and r["seed"] == 0
+        assert {"p@1", "p@5", "psp@5", "tail_p@1", "p@1[>100]"} <= set(r["metrics"])
+        assert r["peak_rss_mb"] > 0 and r["predict_rows_per_s"] > 0
+    assert runs["omikuji"]["metrics"]["p@1"] > runs["popularity"]["metrics"]["p@1"] + 0.3
+    assert set(result["summary"]["bibtex"]) == {"popularity", "omikuji"}
+    for key in ("commit", "dirty", "date", "machine", "loadavg_before", "loadavg_after", "torch", "command"):
+        assert key in result
+    assert "## bibtex" in out.with_suffix(".md").read_text()
