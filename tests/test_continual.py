@@ -102,7 +102,7 @@ def test_held_out_rows_add_no_words_to_the_vocabulary(tmp_path: Path, refit: boo
 
     rows = [{"text": f"alpha beta doc{i}", "labels": ["a"]} for i in range(20)]
     (tmp_path / "base.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    train(_params(epochs=1), read_jsonl(tmp_path / "base.jsonl"), None, out_dir=tmp_path / "v1",
+    train(_params(epochs=1, min_df=1), read_jsonl(tmp_path / "base.jsonl"), None, out_dir=tmp_path / "v1",
           hooks=QuietHooks())
     new = [{"text": f"gamma only{i}", "labels": ["a" if i % 2 else "b"]} for i in range(20)]
     (tmp_path / "new.jsonl").write_text("".join(json.dumps(r) + "\n" for r in new))

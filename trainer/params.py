@@ -66,10 +66,11 @@ class TrainParams(BaseModel):
     negatives: int = Field(
         default=1024, ge=1, le=MAX_NEGATIVES, description="negatives drawn per step (shared)"
     )
-    # groups of 128 beat pairs on Bibtex, Corel5k and the 10^6-label synthetic set at the same step cost
-    # (docs/training.md, with the figures and their bench/results files)
+    # groups beat pairs on every set at the same step cost, and groups of 512 beat groups of 128 on WordNet,
+    # Bibtex and the planted 10^5-label set while Corel5k loses a little (docs/training.md, with the figures
+    # and their bench/results files)
     group_size: int = Field(
-        default=128,
+        default=512,
         ge=1,
         le=MAX_NEGATIVES,
         description="ove: compare each positive with groups of this many sampled negatives under a "
@@ -125,8 +126,10 @@ class TrainParams(BaseModel):
         default=2, ge=1, le=2, description="text: word n-grams in the vocabulary (1 = words, 2 = words and "
         "adjacent word pairs)"
     )
+    # a term in one training text (most word pairs) identifies that text, not a label: dropping them costs
+    # nothing on WordNet and shrinks its vocabulary by a third (docs/training.md)
     min_df: int = Field(
-        default=1, ge=1, le=1_000_000_000, description="text: minimum document frequency of a vocabulary term"
+        default=2, ge=1, le=1_000_000_000, description="text: minimum document frequency of a vocabulary term"
     )
     # continual training (`train --init-from`): only used when a run starts from a base model
     continual_epochs: int = Field(
