@@ -105,21 +105,26 @@ def test_child_status_names_the_signal_or_the_last_line() -> None:
 
 
 @pytest.mark.skipif(not (DATA / "bibtex_train.txt").exists(), reason="needs ../shared/data (Bibtex)")
-def test_bibtex_popularity_and_omikuji_end_to_end(tmp_path: Path) -> None:
-    pytest.importorskip("omikuji")
+def test_bibtex_end_to_end_through_ovex_train(tmp_path: Path) -> None:
+    """ovex through its console command (and omikuji where the bench extras are installed) against the
+    popularity floor, each in its own process, into one results file."""
+    peers = ["omikuji"] if importlib.util.find_spec("omikuji") is not None else []
     out = tmp_path / "real"
-    cmd = [sys.executable, str(SCRIPT), "--sets", "bibtex", "--methods", "popularity", "omikuji",
+    cmd = [sys.executable, str(SCRIPT), "--sets", "bibtex", "--methods", "popularity", "ovex", *peers,
            "--seeds", "0", "--out", str(out)]
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=120)
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=240)
     result = json.loads(out.with_suffix(".json").read_text())
     runs = {r["method"]: r for r in result["runs"]}
-    assert set(runs) == {"popularity", "omikuji"}
+    assert set(runs) == {"popularity", "ovex", *peers}
     for r in runs.values():
         assert r["status"] == "ok" and r["set"] == "bibtex" and r["seed"] == 0
         assert {"p@1", "p@5", "psp@5", "tail_p@1", "p@1[>100]"} <= set(r["metrics"])
         assert r["peak_rss_mb"] > 0 and r["predict_rows_per_s"] > 0
-    assert runs["omikuji"]["metrics"]["p@1"] > runs["popularity"]["metrics"]["p@1"] + 0.3
-    assert set(result["summary"]["bibtex"]) == {"popularity", "omikuji"}
+        assert r["train_wall_s"] >= 0 and r["train_cpu_s"] >= 0
+    for method in ("ovex", *peers):
+        assert runs[method]["metrics"]["p@1"] > runs["popularity"]["metrics"]["p@1"] + 0.3, method
+    assert runs["ovex"]["unmapped_model_labels"] == 0 and runs["ovex"]["train_wall_s"] > 0
+    assert set(result["summary"]["bibtex"]) == {"popularity", "ovex", *peers}
     for key in ("commit", "dirty", "date", "machine", "loadavg_before", "loadavg_after", "torch", "command"):
         assert key in result
     assert "## bibtex" in out.with_suffix(".md").read_text()
