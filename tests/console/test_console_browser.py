@@ -386,7 +386,7 @@ def test_answers_say_how_many_input_features_the_model_knows(server: Any) -> Non
     model = load_artifact(server.models_dir / "demo" / "1")
     texts = ["rocket orbit planet", "hello world", "rocket rocket zebra", "guitar HELLO"]
     expected = np.diff(model.featurizer.transform_texts(texts).indptr).tolist()
-    assert expected == [3, 0, 1, 1]
+    assert expected == [5, 0, 1, 1]  # three words of the demo's vocabulary and their two pairs
     r = httpx.post(f"{server.url}/v1/predict", json={"inputs": [{"text": t} for t in texts]})
     assert r.status_code == 200, r.text
     assert [p["known_features"] for p in r.json()["predictions"]] == expected
