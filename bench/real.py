@@ -484,7 +484,13 @@ def markdown(result: dict[str, Any]) -> str:
     head = ["method", "P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@5", "tail P@1", "tail P@5",
             "train wall s", "train CPU s", "peak RSS MB", "predict rows/s"]
     for name, by_label in result["summary"].items():
-        lines += [f"## {name}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += [f"## {name}", ""]
+        sizes = next((r for r in result["runs"] if r["set"] == name and r["status"] == "ok"), None)
+        if sizes is not None:
+            lines += [f"Label space: {sizes['n_train_labels']:,} labels from the training file, "
+                      f"{sizes['n_labels']:,} with those only test rows have; "
+                      f"{sizes['n_test']:,} test rows.", ""]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for label, s in by_label.items():
             if not s["ok"]:
                 lines.append(f"| {label} | {s['failures'][0]} ({len(s['failures'])} of {s['seeds']} seeds) |"
