@@ -219,8 +219,11 @@ def build_demo_model(
         Y=yt, n_features=0, n_labels=labels, texts=rows_to_texts(xt, vocab), label_names=names,
         path="<demo test>",
     )
+    # the demo's words are drawn independently, so word pairs carry nothing: words alone, in the groups the
+    # demo was set up with (the README shows this model's answers)
     params = TrainParams(
-        dim=64, epochs=3, negatives=256, batch_size=128, lr=0.02, seed=seed, device="cpu", min_df=1
+        dim=64, epochs=3, negatives=256, batch_size=128, lr=0.02, seed=seed, device="cpu", min_df=1,
+        ngrams=1, group_size=128,
     )
     out = models_dir / "demo" / "1"
     train(params, train_ds, test_ds, out_dir=out)
