@@ -47,7 +47,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -60,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from real import _git, machine  # noqa: E402
+from real import _git, _version, machine  # noqa: E402
 
 import trainer.featurize  # noqa: E402
 import trainer.optim  # noqa: E402
@@ -515,13 +514,6 @@ def cpu_flags() -> list[str]:
             have = set(line.split(":", 1)[1].split())
             return [f for f in CPU_FLAGS if f in have]
     return []
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def parse_overrides(items: list[str]) -> dict[str, str]:
