@@ -103,9 +103,6 @@ class Recorder:
 
     window: Window
     marks: dict[str, tuple[float, float]] = field(default_factory=dict)  # first occurrence of each
-    fit_s: float = 0.0
-    transform_s: list[float] = field(default_factory=list)
-    save_s: float = 0.0
     epoch_data_s: list[float] = field(default_factory=list)
     step_s: list[float] = field(default_factory=list)
     step_cpu_s: list[float] = field(default_factory=list)
@@ -158,29 +155,14 @@ def instrumented(rec: Recorder) -> Iterator[None]:
     adam0, adagrad0 = trainer.optim.RowAdam.step, trainer.optim.RowAdagrad.step
     adam_rows0, adagrad_rows0 = trainer.row_kernels.adam_rows, trainer.row_kernels.adagrad_rows
 
-    def fit_featurizer(*args: Any, **kwargs: Any) -> Any:
-        rec.mark("fit_start")
-        t0 = time.perf_counter()
-        out = fit0(*args, **kwargs)
-        rec.fit_s += time.perf_counter() - t0
-        rec.mark("fit_end")
-        return out
-
-    def transform(self: Any, ds: Dataset) -> Any:
-        rec.mark("transform_start")
-        t0 = time.perf_counter()
-        out = transform0(self, ds)
-        rec.transform_s.append(time.perf_counter() - t0)
-        rec.mark("transform_end")
-        return out
-
-    def save_model(*args: Any, **kwargs: Any) -> Any:
-        rec.mark("save_start")
-        t0 = time.perf_counter()
-        out = save0(*args, **kwargs)
-        rec.save_s += time.perf_counter() - t0
-        rec.mark("save_end")
-        return out
+    def marked(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """`orig` with the phase marks `<name>_start` / `<name>_end` around its first call."""
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            rec.mark(f"{name}_start")
+            out = orig(*args, **kwargs)
+            rec.mark(f"{name}_end")
+            return out
+        return wrapped
 
     def epoch_init(self: Any, *args: Any, **kwargs: Any) -> None:
         rec.mark("epochs_start")
@@ -243,9 +225,9 @@ def instrumented(rec: Recorder) -> Iterator[None]:
         return wrapped
 
     patches = [
-        mock.patch.object(tt, "fit_featurizer", fit_featurizer),
-        mock.patch.object(trainer.featurize.Featurizer, "transform", transform),
-        mock.patch.object(tt, "_save_model", save_model),
+        mock.patch.object(tt, "fit_featurizer", marked("fit", fit0)),
+        mock.patch.object(trainer.featurize.Featurizer, "transform", marked("transform", transform0)),
+        mock.patch.object(tt, "_save_model", marked("save", save0)),
         mock.patch.object(tt.EpochData, "__init__", epoch_init),
         mock.patch.object(tt.Stepper, "step", step),
         mock.patch.object(tt, "shard_candidates", shard_candidates),
