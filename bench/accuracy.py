@@ -58,14 +58,6 @@ RESULTS = ROOT / "bench" / "results"
 Top = np.ndarray  # [n, K] int64 label ids, -1 = padding
 
 
-def _pad(rows: list[list[int]], k: int = K) -> Top:
-    top = np.full((len(rows), k), -1, dtype=np.int64)
-    for i, r in enumerate(rows):
-        r = list(r)[:k]
-        top[i, : len(r)] = r
-    return top
-
-
 def _l2(x: sp.csr_matrix) -> sp.csr_matrix:
     norms = np.sqrt(np.asarray(x.multiply(x).sum(axis=1)).ravel())
     norms[norms == 0] = 1.0
@@ -103,7 +95,7 @@ def run_omikuji(tr: Dataset, te: Dataset, seed: int, train_path: Path) -> Top:
         a, b = x.indptr[i], x.indptr[i + 1]
         pairs = list(zip(x.indices[a:b].tolist(), x.data[a:b].tolist(), strict=True))
         rows.append([label for label, _ in model.predict(pairs, top_k=K)])
-    return _pad(rows)
+    return xc_metrics.top_from_lists(rows, K)
 
 
 def _napkinxc(kind: str) -> Callable[[Dataset, Dataset, int, Path], Top]:
@@ -118,7 +110,7 @@ def _napkinxc(kind: str) -> Callable[[Dataset, Dataset, int, Path], Top]:
                 model = models.OVR(tmp, threads=1)
             model.fit(sp.csr_matrix(tr.X, dtype=np.float32), _label_lists(sp.csr_matrix(tr.Y)))
             rows = model.predict(sp.csr_matrix(te.X, dtype=np.float32), top_k=K)
-        return _pad([[int(r) for r in row] for row in rows])
+        return xc_metrics.top_from_lists([[int(r) for r in row] for row in rows], K)
 
     return run
 

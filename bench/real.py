@@ -214,14 +214,6 @@ def _peak_rss_mb() -> float:
     return float("nan")
 
 
-def _pad(rows: list[list[int]]) -> np.ndarray:
-    top = np.full((len(rows), K), -1, dtype=np.int64)
-    for i, r in enumerate(rows):
-        r = list(r)[:K]
-        top[i, : len(r)] = r
-    return top
-
-
 def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -313,7 +305,7 @@ def run_omikuji(b: Bench, set_name: str, seed: int, work: Path) -> dict[str, Any
     t0 = time.perf_counter()
     rows = [[label for label, _ in model.predict(p, top_k=K)] for p in pairs]
     res["predict_s"] = time.perf_counter() - t0
-    res["top"] = _pad(rows)  # omikuji's ids are the XC file's: the shared ids
+    res["top"] = xc_metrics.top_from_lists(rows, K)  # omikuji's ids are the XC file's: the shared ids
     return res
 
 
@@ -333,7 +325,7 @@ def run_napkinxc(b: Bench, set_name: str, seed: int, work: Path) -> dict[str, An
     t0 = time.perf_counter()
     rows = model.predict(xte, top_k=K)
     res["predict_s"] = time.perf_counter() - t0
-    res["top"] = _pad([[int(r) for r in row] for row in rows])
+    res["top"] = xc_metrics.top_from_lists([[int(r) for r in row] for row in rows], K)
     return res
 
 

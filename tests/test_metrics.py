@@ -152,3 +152,14 @@ def test_psp_with_equal_propensities_is_hits_over_attainable(
     attainable = np.minimum(np.diff(Yc.indptr), k).sum()
     expected = hits(top, Yc, k).sum() / attainable if attainable else 0.0
     assert psp_at_k(top, Yc, prop, k) == pytest.approx(expected)
+
+
+def test_top_from_lists_cuts_and_pads_ranked_lists() -> None:
+    from trainer.metrics import top_from_lists
+
+    top = top_from_lists([[4, 2, 9, 1, 7, 3], [5], []], 5)
+    assert top.dtype == np.int64 and top.tolist() == [[4, 2, 9, 1, 7], [5, -1, -1, -1, -1], [-1] * 5]
+    y = sp.csr_matrix(np.array([[0, 0, 0, 0, 0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 0, 1, 0, 0, 0, 0],
+                                [1, 0, 0, 0, 0, 0, 0, 0, 0, 0]]))
+    assert hits(top, y).tolist()[0] == [False, False, False, False, True]  # padding never matches
+    assert top_from_lists([], 3).shape == (0, 3)

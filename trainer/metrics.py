@@ -24,6 +24,7 @@ __all__ = [
     "precision_at_k",
     "propensities",
     "psp_at_k",
+    "top_from_lists",
 ]
 
 DEFAULT_KS = (1, 3, 5)
@@ -49,6 +50,16 @@ def _as_top(top_ids: np.ndarray, n_rows: int, k: int) -> np.ndarray:
         pad = np.full((n_rows, k - top.shape[1]), -1, dtype=np.int64)
         top = np.hstack([top, pad])
     return top[:, :k]
+
+
+def top_from_lists(rows: list[list[int]], k: int) -> np.ndarray:
+    """Ranked label lists of any lengths (a peer's predictions) as the [n, k] int64 ids the metrics take:
+    cut to k, short lists padded with -1."""
+    top = np.full((len(rows), k), -1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        r = list(r)[:k]
+        top[i, : len(r)] = r
+    return top
 
 
 def hits(top_ids: np.ndarray, Y: sp.spmatrix, k: int | None = None) -> np.ndarray:
