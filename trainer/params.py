@@ -127,7 +127,7 @@ class TrainParams(BaseModel):
         "adjacent word pairs)"
     )
     # a term in one training text (most word pairs) identifies that text, not a label: dropping them costs
-    # nothing on WordNet and shrinks its vocabulary by a third (docs/training.md)
+    # nothing on WordNet and keeps its words and pairs under the vocabulary cap (docs/training.md)
     min_df: int = Field(
         default=2, ge=1, le=1_000_000_000, description="text: minimum document frequency of a vocabulary term"
     )
