@@ -187,7 +187,7 @@ def run_steps(options: dict[str, Any], device: str = "cpu") -> dict[str, Any]:
     stepper = Stepper(model, get_loss(params.loss), params, sampler, group, shard)
     stepper.table_optim = RecordingAdagrad(shard.lo)
     ep = EpochData(x, y, np.arange(N_ROWS), dev)
-    losses = [stepper.step(ep, 0, N_ROWS, 0.05) for _ in range(3)]
+    losses = [float(stepper.step(ep, 0, N_ROWS, 0.05)) for _ in range(3)]
     hidden = {k: v.detach().cpu().numpy().copy() for k, v in model.hidden.state_dict().items()}
     return {"rank": group.rank, "losses": losses, "grads": stepper.table_optim.seen, "hidden": hidden,
             "input": model.input_weight.detach().cpu().numpy().copy(),

@@ -51,8 +51,8 @@ ARCHITECTURE_FIELDS = ("loss", "dim", "encoder", "hidden", "pieces", "tfidf", "l
 # values a base happened to be trained under; so do where and how the base ran (its device, its ranks, its
 # model selection on held-out rows), which are no part of the model
 _RESET_FIELDS = ("stop_epoch", "continual_epochs", "continual_schedule", "continual_lr", "replay",
-                 "new_label_lr", "new_label_negatives", "new_label_init", "device", "nproc_per_node",
-                 "valid_fraction", "refit", "patience")
+                 "new_label_lr", "new_label_negatives", "new_label_init", "device", "precision",
+                 "nproc_per_node", "valid_fraction", "refit", "patience")
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)

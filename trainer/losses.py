@@ -25,7 +25,7 @@ import importlib
 import importlib.util
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -53,6 +53,17 @@ class Candidates:
     # `ove` compares each positive with groups of this many sampled columns: columns [0, n_sampled) come
     # in random order and are cut into consecutive groups (1 = one-vs-each pairs)
     group_size: int = 1
+    # int64 [2, n]: `masked_negative_pairs`, when worked out ahead (on the host, for a GPU step)
+    masked: torch.Tensor | None = None
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor field that is set, by name (what a move to another device carries)."""
+        named = ((f.name, getattr(self, f.name)) for f in fields(self))
+        return {name: value for name, value in named if isinstance(value, torch.Tensor)}
+
+    def with_tensors(self, tensors: dict[str, torch.Tensor]) -> Candidates:
+        """A copy with those tensor fields replaced (the same tensors on another device)."""
+        return replace(self, **tensors)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -261,7 +272,7 @@ def _masked_margins(
     z = s_neg.index_select(0, pos_rows)
     z.sub_(s_pos.unsqueeze(1))
     if mask_p.numel():
-        z.index_put_((mask_p, mask_j), z.new_tensor(-math.inf))
+        z.index_put_((mask_p, mask_j), z.new_full((), -math.inf))  # a fill, not a copy from the host
     return z
 
 
@@ -361,7 +372,7 @@ def ove_loss(batch: CandidateBatch) -> torch.Tensor:
     n = c.n_sampled
     if c.pos_rows.numel() == 0:
         return batch.scores.sum() * 0.0
-    mask_p, mask_j = masked_negative_pairs(c)
+    mask_p, mask_j = masked_negative_pairs(c) if c.masked is None else (c.masked[0], c.masked[1])
     pw = pair_weights(c, batch.scores.dtype)
     if c.group_size > 1:
         scale = c.n_labels / min(c.n_draws, c.n_labels)  # uniform: every column weighs K/M (1 if M ≥ K)

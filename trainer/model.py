@@ -118,8 +118,9 @@ class _ProjectRows(torch.autograd.Function):
             g = np.ascontiguousarray(grad_h.detach().numpy(), dtype=np.float32)
             grad = torch.from_numpy(np.asarray(a.T @ g, dtype=np.float32))
         else:
-            counts = torch.diff(offsets, append=offsets.new_tensor([indices.numel()]))
-            rows = torch.repeat_interleave(torch.arange(b, device=grad_h.device), counts)
+            counts = torch.diff(offsets, append=offsets.new_full((1,), indices.numel()))
+            rows = torch.repeat_interleave(torch.arange(b, device=grad_h.device), counts,
+                                           output_size=indices.numel())  # known: no wait for the device
             grad = torch.zeros(n_rows, grad_h.shape[1], dtype=grad_h.dtype, device=grad_h.device)
             grad.index_add_(0, indices, grad_h.index_select(0, rows) * values.unsqueeze(1))
         return grad, None, None, None

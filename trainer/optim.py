@@ -111,6 +111,8 @@ class RowAdam(_RowOptimizer):
                 tensors[f"{name}.last"] = torch.where(t > 0, step, 0.0).to(torch.float64)
                 tensors[f"{name}.step"] = torch.tensor([step], dtype=torch.float64)
         super().load_state_tensors(tensors)
+        for key in [k for k in self.state if k.endswith(".step")]:  # read every step: stays on the host
+            self.state[key] = self.state[key].cpu()
         self._pending_zero.clear()
 
     @torch.no_grad()
@@ -144,7 +146,9 @@ class RowAdam(_RowOptimizer):
         else:
             last, mv, current = (t.index_select(0, rows) for t in (last_all, mv_all, flat))
             last_all.index_fill_(0, rows, step)
-        mv[last == 0] = 0.0  # first update of these rows: their moments start at zero
+        # first update of these rows: their moments start at zero (a select, not a masked write, which
+        # would wait for the device to count the rows)
+        mv = torch.where((last == 0).view(-1, 1, 1), 0.0, mv)
         m, v = mv[:, 0], mv[:, 1]
         # the steps this row missed (zero gradient): momentum keeps moving it, moments and weights decay
         missed = (step - 1.0 - last).clamp_(min=0.0)
@@ -164,7 +168,9 @@ class RowAdam(_RowOptimizer):
         # this step's own update, bias-corrected by the global step count
         m.lerp_(g, 1.0 - b1)
         v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-        if rows is not None:
+        if rows is None:
+            mv_all.copy_(mv)
+        else:
             mv_all.index_copy_(0, rows, mv)
         sqrt_bc2 = math.sqrt(1.0 - b2**step)
         own = m / (v.sqrt() + self.eps * sqrt_bc2) * (lr * sqrt_bc2 / (1.0 - b1**step))

@@ -17,6 +17,7 @@ Encoder = Literal["linear", "mlp", "maxout"]
 Sampler = Literal["uniform", "unigram"]
 Schedule = Literal["cosine", "linear", "constant"]
 Device = Literal["auto", "cpu", "cuda"]
+Precision = Literal["fp32", "bf16"]
 LabelWeighting = Literal["row", "pair"]
 Optimizer = Literal["adam", "adagrad"]
 NewLabelInit = Literal["mean", "random"]
@@ -107,6 +108,11 @@ class TrainParams(BaseModel):
         default=0, ge=0, le=MAX_SEED, description="seed of initialisation, sampling and shuffling"
     )
     device: Device = Field(default="auto", description="auto (a GPU when there is one), cpu or cuda")
+    precision: Precision = Field(
+        default="fp32",
+        description="fp32, or bf16: a step's score products (its largest matrix products) in bfloat16; "
+        "weights, optimizer state and the loss stay float32",
+    )
     # ranks: the label head is sharded across them, the encoder data-parallel (trainer.label_shards)
     nproc_per_node: int = Field(
         default=1,

@@ -45,11 +45,20 @@ from trainer.label_shards import (
     shard_softmax_loss,
     shard_topk,
 )
-from trainer.losses import CandidateBatch, LossSpec, get_loss, pair_weights, row_pair_weights
+from trainer.losses import (
+    CandidateBatch,
+    Candidates,
+    LossSpec,
+    get_loss,
+    masked_negative_pairs,
+    pair_weights,
+    row_pair_weights,
+)
 from trainer.model import ModelShape, XCModel
 from trainer.negatives import NegativeSampler
 from trainer.optim import RowAdagrad, RowAdam
 from trainer.params import TrainParams
+from trainer.transfer import to_device
 
 log = logging.getLogger("ovex.train")
 
@@ -242,20 +251,43 @@ def _as_csr32(x: sp.spmatrix) -> sp.csr_matrix:
 
 
 class EpochData:
-    """One epoch's shuffled CSR, as device tensors sliced by row ranges (no per-row Python)."""
+    """One epoch's shuffled CSR as host tensors, sliced by row ranges (no per-row Python); each step
+    sends its slice's tensors to the training device (`trainer.transfer`)."""
 
     def __init__(self, x: sp.csr_matrix, y: sp.csr_matrix, perm: np.ndarray, device: torch.device,
                  weights: np.ndarray | None = None) -> None:
         xp, yp = x[perm], y[perm]
+        self.device = device
         # per-row loss weights in epoch order (a continual run's replayed rows), or None: all equal
-        self.row_weight = None if weights is None else torch.from_numpy(weights).to(device)
+        self.row_weight = None if weights is None else torch.from_numpy(np.asarray(weights))
         self.x_ptr_np = np.asarray(xp.indptr, dtype=np.int64)
         self.y_ptr_np = np.asarray(yp.indptr, dtype=np.int64)
-        self.x_ptr = torch.from_numpy(self.x_ptr_np).to(device)
-        self.x_ind = torch.from_numpy(np.asarray(xp.indices, dtype=np.int64)).to(device)
-        self.x_val = torch.from_numpy(np.asarray(xp.data, dtype=np.float32)).to(device)
-        self.y_ptr = torch.from_numpy(self.y_ptr_np).to(device)
-        self.y_ind = torch.from_numpy(np.asarray(yp.indices, dtype=np.int64)).to(device)
+        self.x_ptr = torch.from_numpy(self.x_ptr_np)
+        self.x_ind = torch.from_numpy(np.asarray(xp.indices, dtype=np.int64))
+        self.x_val = torch.from_numpy(np.asarray(xp.data, dtype=np.float32))
+        self.y_ptr = torch.from_numpy(self.y_ptr_np)
+        self.y_ind = torch.from_numpy(np.asarray(yp.indices, dtype=np.int64))
+
+
+@dataclass
+class StepInputs:
+    """What a step computes on, indices worked out on the host: this rank's rows as distinct input
+    features (`features`, the table rows it gathers) with each non-zero's place among them, and the
+    candidate columns of the whole batch."""
+
+    features: torch.Tensor  # int64 [U]
+    inverse: torch.Tensor  # int64 [nnz]: index into `features` of each non-zero
+    offsets: torch.Tensor  # int64 [rows]: first non-zero of each row
+    values: torch.Tensor  # float32 [nnz]
+    cand: Candidates
+    owned: torch.Tensor  # int64 [P_r]: the positive pairs whose label this rank owns (`ShardCandidates`)
+
+
+def _product(a: torch.Tensor, b: torch.Tensor, low: bool) -> torch.Tensor:
+    """a @ b.T, in bfloat16 when `low` (float32 out; the backward's two products are in bfloat16 too)."""
+    if not low:
+        return a @ b.T
+    return (a.to(torch.bfloat16) @ b.to(torch.bfloat16).T).float()
 
 
 class Stepper:
@@ -288,58 +320,78 @@ class Stepper:
         self.best = BestEpoch()  # used when params.valid_fraction > 0; saved with checkpoints
         self.head_lr: torch.Tensor | None = None  # per-label lr multiplier of the head (continual runs)
 
-    def step(self, ep: EpochData, i: int, j: int, lr: float) -> float:
-        """One SGD step on rows [i, j); returns the loss."""
-        if self.model.head.device.type != "cpu" or self.exhaustive:  # exact steps: K-wide GEMMs use threads
-            return self._step(ep, i, j, lr)
+    def step(self, ep: EpochData, i: int, j: int, lr: float) -> torch.Tensor:
+        """One SGD step on rows [i, j); returns the loss as a 0-d tensor on the training device (reading
+        it waits for the step: on a GPU the caller reads it only now and then)."""
+        on_cpu = self.model.head.device.type == "cpu"
+        if on_cpu and self.exhaustive:  # exact steps: K-wide GEMMs use threads
+            return self._learn(self.inputs(ep, i, j), lr)
+        # a GPU step's host work is a few hundred small index ops: waking a pool of threads for each
+        # costs more than the op (and the device's work takes no host thread)
         with row_kernels.training_threads():
-            return self._step(ep, i, j, lr)
+            return self._learn(self.inputs(ep, i, j), lr)
 
-    def _step(self, ep: EpochData, i: int, j: int, lr: float) -> float:
-        model, params, group = self.model, self.params, self.group
+    def inputs(self, ep: EpochData, i: int, j: int) -> StepInputs:
+        """The step's index work, on the host, then sent to the device in a few packed copies."""
+        params, group, device = self.params, self.group, self.model.head.device
         # this rank encodes its slice of the global batch [i, j); h of the whole batch is gathered
         per = -(-(j - i) // group.world)
         li, lj = min(j, i + group.rank * per), min(j, i + (group.rank + 1) * per)
         a, b = int(ep.x_ptr_np[li]), int(ep.x_ptr_np[lj])
-        ind, val = ep.x_ind[a:b], ep.x_val[a:b]
-        off = ep.x_ptr[li:lj] - a
-        uf, inv = torch.unique(ind, return_inverse=True)
-        e_rows = model.input_weight.index_select(0, uf).requires_grad_()
-        h = model.encode_tensors(inv, off, val, table=e_rows)
-        if group.world > 1:
-            h = group.gather_rows(torch.cat([h, h.new_zeros(per - h.shape[0], h.shape[1])]))[: j - i]
-
+        features, inverse = torch.unique(ep.x_ind[a:b], return_inverse=True)
         ya, yb = int(ep.y_ptr_np[i]), int(ep.y_ptr_np[j])
-        y_ind = ep.y_ind[ya:yb]
-        y_ptr = ep.y_ptr[i : j + 1] - ya
-        rows: torch.Tensor | None = None
-        if self.exhaustive:
+        y_ind, y_ptr = ep.y_ind[ya:yb], ep.y_ptr[i : j + 1] - ya
+        if self.exhaustive:  # every label is a column: the [B, K] masks are made on the device
+            moved = to_device({"y_ind": y_ind, "y_ptr": y_ptr}, device)
+            y_ind, y_ptr = moved["y_ind"], moved["y_ptr"]
             sc = shard_candidates(y_ptr, y_ind, self.shard, None, 0, 1)
-            head_rows = model.head.detach().requires_grad_()
         else:
             groups = params.group_size if self.spec.grouped else 1
             sc = shard_candidates(y_ptr, y_ind, self.shard, self.sampler, params.negatives, groups)
-            rows = sc.cand.label_ids
-            head_rows = model.head.index_select(0, rows).requires_grad_()
+            sc.cand.masked = torch.stack(masked_negative_pairs(sc.cand))
         cand = sc.cand
         if params.label_weighting == "row":
             cand.pair_weight = row_pair_weights(cand)
         if ep.row_weight is not None:
-            cand.pair_weight = _reweighted(pair_weights(cand), ep.row_weight[i:j], cand.pos_rows)
+            weights = ep.row_weight[i:j].to(cand.pos_rows.device)
+            cand.pair_weight = _reweighted(pair_weights(cand), weights, cand.pos_rows)
+        moved = to_device({"features": features, "inverse": inverse, "offsets": ep.x_ptr[li:lj] - a,
+                           "values": ep.x_val[a:b], "owned": sc.owned,
+                           **{f"cand.{k}": v for k, v in cand.tensors().items()}}, device)
+        cand = cand.with_tensors({k[len("cand."):]: v for k, v in moved.items() if k.startswith("cand.")})
+        return StepInputs(moved["features"], moved["inverse"], moved["offsets"], moved["values"], cand,
+                          moved["owned"])
+
+    def _learn(self, inp: StepInputs, lr: float) -> torch.Tensor:
+        model, params, group, cand = self.model, self.params, self.group, inp.cand
+        low = params.precision == "bf16"
+        e_rows = model.input_weight.index_select(0, inp.features).requires_grad_()
+        h = model.encode_tensors(inp.inverse, inp.offsets, inp.values, table=e_rows)
+        n_pairs = cand.pos_rows.numel()
+        if group.world > 1:
+            per = -(-cand.pos_mask.shape[0] // group.world)
+            h = group.gather_rows(torch.cat([h, h.new_zeros(per - h.shape[0], h.shape[1])]))
+            h = h[: cand.pos_mask.shape[0]]
+        rows: torch.Tensor | None = None
+        if self.exhaustive:
+            head_rows = model.head.detach().requires_grad_()
+        else:
+            rows = cand.label_ids
+            head_rows = model.head.index_select(0, rows).requires_grad_()
         h_aug = torch.cat([h, h.new_ones(h.shape[0], 1)], dim=1)
-        own_rows = cand.pos_rows.index_select(0, sc.owned)
-        own_cols = cand.pos_cols.index_select(0, sc.owned)
+        own_rows = cand.pos_rows.index_select(0, inp.owned)
+        own_cols = cand.pos_cols.index_select(0, inp.owned)
         if self.spec.sampled_scores_only and not self.exhaustive:
             # score only the sampled columns; f_y by row-wise dot products (P·d, not B·C·d)
-            scores = h_aug @ head_rows[: cand.n_sampled].T
+            scores = _product(h_aug, head_rows[: cand.n_sampled], low)
             own = (h_aug.index_select(0, own_rows) * head_rows.index_select(0, own_cols)).sum(1)
         else:
-            scores = h_aug @ head_rows.T
+            scores = _product(h_aug, head_rows, low)
             own = scores[own_rows, own_cols]
         # f_y of every pair: each scored by the rank owning its label, summed over ranks
         pos_scores = own
         if group.world > 1:
-            pos_scores = group.sum(own.new_zeros(y_ind.numel()).index_copy(0, sc.owned, own))
+            pos_scores = group.sum(own.new_zeros(n_pairs).index_copy(0, inp.owned, own))
         extra: dict[str, torch.Tensor] = {}
         for name, table in model.extra.items():
             picked = table.detach() if rows is None else table.index_select(0, rows)
@@ -353,6 +405,7 @@ class Stepper:
         wd = params.weight_decay
         opt = self.table_optim
         assert e_rows.grad is not None and head_rows.grad is not None
+        uf = inp.features
         if group.world > 1:  # the replicated encoder: gradients summed over ranks
             uf, e_grad = group.sum_sparse_rows(uf, e_rows.grad)
             self._sum_dense_grads()
@@ -368,7 +421,7 @@ class Stepper:
         for name, p in self.dense.items():
             if p.grad is not None:
                 self.optim.step(name, p, p.grad, dense_lr)
-        return float(group.sum_(loss.detach().clone()))  # each rank's share: the sum is the step's loss
+        return group.sum_(loss.detach().clone())  # each rank's share: the sum is the step's loss
 
     def _sum_dense_grads(self) -> None:
         """One all-reduce for every dense gradient (a parameter no rank's loss reached gets zeros)."""
@@ -381,6 +434,39 @@ class Stepper:
         for p in params:
             p.grad = flat[start : start + p.numel()].view_as(p)
             start += p.numel()
+
+
+class StepLosses:
+    """The steps' losses, read from the device in batches: on a GPU, reading a loss waits for its step,
+    so they are kept as tensors and read together at each report (on the CPU, at once). A non-finite
+    loss is refused with its step either way."""
+
+    def __init__(self, eager: bool) -> None:
+        self.eager = eager
+        self.ema = float("nan")  # exponential moving average of the step losses
+        self.total = 0.0  # Σ loss · rows over this epoch's steps read so far
+        self._pending: list[tuple[int, torch.Tensor, int]] = []
+
+    def new_epoch(self) -> None:
+        self.read()
+        self.total = 0.0
+
+    def add(self, step: int, value: torch.Tensor, rows: int) -> None:
+        self._pending.append((step, value, rows))
+        if self.eager:
+            self.read()
+
+    def read(self) -> float:
+        """The moving average, the pending losses folded in first."""
+        if self._pending:
+            values = torch.stack([v for _, v, _ in self._pending]).tolist()
+            for (step, _, rows), value in zip(self._pending, values, strict=True):
+                if not math.isfinite(value):
+                    raise ParamsError(f"loss became {value} at step {step}; lower --lr")
+                self.total += value * rows
+                self.ema = value if math.isnan(self.ema) else 0.95 * self.ema + 0.05 * value
+            self._pending.clear()
+        return self.ema
 
 
 def _reweighted(pw: torch.Tensor, row_weight: torch.Tensor, pos_rows: torch.Tensor) -> torch.Tensor:
@@ -648,7 +734,7 @@ def _fit(
     bar = _progress_bar(total, step) if group.is_main else None
     history: list[dict[str, Any]] = []
     last_metrics: dict[str, float] = {}
-    loss_ema = float("nan")
+    losses = StepLosses(eager=device.type == "cpu")
     train_time = 0.0
     examples = 0
     last_report = 0.0
@@ -665,34 +751,33 @@ def _fit(
                            None if warm is None else warm.epoch_weights(perm, params.replay))
             t_epoch = time.perf_counter()
             epoch_examples = 0
-            epoch_loss = 0.0
+            losses.new_epoch()
             pos0 = start_pos if epoch == start_epoch else 0
             for pos in range(pos0, steps_per_epoch):
                 if hooks.should_stop():
                     raise TrainingCancelled(f"training stopped at step {step}")
                 i, j = pos * bs, min(n_epoch, (pos + 1) * bs)
-                value = stepper.step(ep, i, j, lr_at(params, step, total) * lr_scale)
-                if not math.isfinite(value):
-                    raise ParamsError(f"loss became {value} at step {step}; lower --lr")
+                losses.add(step, stepper.step(ep, i, j, lr_at(params, step, total) * lr_scale), j - i)
                 step += 1
                 epoch_examples += j - i
-                epoch_loss += value * (j - i)
-                loss_ema = value if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * value
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(loss=f"{loss_ema:.4f}", epoch=epoch + 1)
                 now = time.perf_counter()
                 if now - last_report > PROGRESS_EVERY_S:
                     last_report = now
-                    rate = epoch_examples / max(now - t_epoch, 1e-9)
+                    loss_ema = losses.read()
+                    rate = epoch_examples / max(time.perf_counter() - t_epoch, 1e-9)
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{loss_ema:.4f}", epoch=epoch + 1)
                     hooks.on_progress(Progress(epoch + 1, params.epochs, step, total, rate, loss_ema))
                 if ckpt_path is not None and checkpoint_every > 0 and step % checkpoint_every == 0:
-                    save_checkpoint(ckpt_path, stepper, step, epoch, pos + 1, {"loss": loss_ema})
+                    save_checkpoint(ckpt_path, stepper, step, epoch, pos + 1, {"loss": losses.read()})
+            losses.read()  # on a GPU: waits for the epoch's last step
             dt = time.perf_counter() - t_epoch
             train_time += dt
             examples += epoch_examples
             rate = epoch_examples / max(dt, 1e-9)
-            mean_loss = epoch_loss / max(epoch_examples, 1)
+            mean_loss = losses.total / max(epoch_examples, 1)
             record: dict[str, Any] = {"epoch": epoch + 1, "loss": mean_loss, "examples_per_s": rate}
             evaluated = None
             is_last = epoch + 1 == last_epoch
@@ -731,7 +816,7 @@ def _fit(
         hooks.on_log(f"kept the weights of epoch {best.epoch} (valid p@1 {best.score:.4f})")
     seconds = time.perf_counter() - t_start
     overall_rate = examples / max(train_time, 1e-9)
-    final_loss = history[-1]["loss"] if history else loss_ema
+    final_loss = history[-1]["loss"] if history else losses.read()
     summary = dict(last_metrics)
     if best_epoch is not None:
         summary.update({"best_epoch": float(best_epoch), "valid_p@1": float(best.score)})
