@@ -281,3 +281,26 @@ def test_sampled_grouped_ove_has_the_expected_value_of_a_bound() -> None:
     ]
     mean, sem = float(np.mean(draws)), float(np.std(draws) / math.sqrt(len(draws)))
     assert abs(mean - expected) < 5 * sem, (mean, expected, sem)
+
+
+def test_the_positive_mask_made_on_demand_marks_only_pairs_with_a_column_here() -> None:
+    """A rank's candidates list every pair of the batch, those of other ranks' labels with the column C;
+    its [B, C] mask, made when first asked for, marks exactly its own pairs."""
+    from trainer.label_shards import LabelShard, shard_candidates
+
+    y_ptr = torch.tensor([0, 2, 3, 6, 6, 8])
+    y_ind = torch.tensor([1, 7, 2, 0, 5, 9, 4, 8])
+    shard = LabelShard(0, 6, 12)  # labels 0-5 are this rank's
+    sc = shard_candidates(y_ptr, y_ind, shard, NegativeSampler(6, seed=2), 4, 1)
+    cand = sc.cand
+    assert cand.mask is None  # nothing made until asked
+    c = cand.label_ids.numel()
+    want = torch.zeros(5, c, dtype=torch.bool)
+    for p in range(y_ind.numel()):
+        row, label = int(cand.pos_rows[p]), int(y_ind[p])
+        if label < 6:
+            want[row, (cand.label_ids == label).nonzero().item()] = True
+        else:
+            assert int(cand.pos_cols[p]) == c
+    assert torch.equal(cand.pos_mask, want) and cand.pos_mask.shape == (5, c)
+    assert cand.pos_mask is cand.mask  # made once

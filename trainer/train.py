@@ -323,11 +323,8 @@ class Stepper:
     def step(self, ep: EpochData, i: int, j: int, lr: float) -> torch.Tensor:
         """One SGD step on rows [i, j); returns the loss as a 0-d tensor on the training device (reading
         it waits for the step: on a GPU the caller reads it only now and then)."""
-        on_cpu = self.model.head.device.type == "cpu"
-        if on_cpu and self.exhaustive:  # exact steps: K-wide GEMMs use threads
-            return self._learn(self.inputs(ep, i, j), lr)
-        # a GPU step's host work is a few hundred small index ops: waking a pool of threads for each
-        # costs more than the op (and the device's work takes no host thread)
+        if self.model.head.device.type != "cpu" or self.exhaustive:  # exact steps: K-wide GEMMs use threads
+            return self._learn(self.inputs(ep, i, j), lr)  # a GPU's host work: sorts that use threads
         with row_kernels.training_threads():
             return self._learn(self.inputs(ep, i, j), lr)
 
@@ -369,9 +366,8 @@ class Stepper:
         h = model.encode_tensors(inp.inverse, inp.offsets, inp.values, table=e_rows)
         n_pairs = cand.pos_rows.numel()
         if group.world > 1:
-            per = -(-cand.pos_mask.shape[0] // group.world)
-            h = group.gather_rows(torch.cat([h, h.new_zeros(per - h.shape[0], h.shape[1])]))
-            h = h[: cand.pos_mask.shape[0]]
+            per = -(-cand.n_rows // group.world)
+            h = group.gather_rows(torch.cat([h, h.new_zeros(per - h.shape[0], h.shape[1])]))[: cand.n_rows]
         rows: torch.Tensor | None = None
         if self.exhaustive:
             head_rows = model.head.detach().requires_grad_()
