@@ -299,7 +299,7 @@ def test_the_positive_mask_made_on_demand_marks_only_pairs_with_a_column_here() 
     for p in range(y_ind.numel()):
         row, label = int(cand.pos_rows[p]), int(y_ind[p])
         if label < 6:
-            want[row, (cand.label_ids == label).nonzero().item()] = True
+            want[row, int((cand.label_ids == label).nonzero())] = True
         else:
             assert int(cand.pos_cols[p]) == c
     assert torch.equal(cand.pos_mask, want) and cand.pos_mask.shape == (5, c)
