@@ -234,8 +234,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if row:
                 out["speed"].append(row)
             save()
-        if labels == 1_000_000 and args.profile:
-            out["anatomy_1e6"] = attempt("anatomy", lambda k=labels: step_anatomy(device, data, k))
+        if labels == min(args.labels, key=lambda k: abs(k - 1_000_000)) and args.profile:
+            out["anatomy"] = attempt("anatomy", lambda k=labels: step_anatomy(device, data, k))
             save()
     save()
     return out
@@ -248,23 +248,39 @@ def _fmt(n: float | None, digits: int = 0) -> str:
     return "–" if n is None else f"{n:,.{digits}f}"
 
 
+def _gib(n: float | None) -> str:
+    return "–" if n is None else f"{n / 2**30:.1f}"
+
+
+def _where(run: dict[str, Any]) -> str:
+    m = run["machine"]
+    return str(m.get("gpu") or f"{m['cores']}-core CPU")
+
+
 def render(paths: list[Path]) -> str:
     runs = [json.loads(p.read_text()) for p in paths]
     lines = ["# The GPU path: training rate, memory, WordNet", ""]
     for r, p in zip(runs, paths, strict=True):
         m = r["machine"]
-        where = m.get("gpu") or f"{m['cores']}-core CPU"
-        lines.append(f"- `{p.name}`: {where}, torch {m['torch']}, commit `{(r.get('commit') or '?')[:7]}`"
+        lines.append(f"- `{p.name}`: {_where(r)}, torch {m['torch']}, commit `{(r.get('commit') or '?')[:7]}`"
                      f"{' (dirty tree)' if r.get('dirty') else ''}, {r['date']}; `{r['command']}`")
-    lines += ["", "## Training rate (planted data, d = 256; second epoch's examples/s)", "",
-              "| device | labels | batch | precision | examples/s | peak device bytes / label | "
-              "estimate / label (weights + Adam) |", "|---|---|---|---|---|---|---|"]
+    cpu = {(s["labels"], s["batch_size"], s["precision"]): s["examples_per_s"]
+           for r in runs if "gpu" not in r["machine"] for s in r["speed"]}
+    lines += ["", "## Training rate (planted data, 100,000 features, d = 256; second epoch's examples/s)", "",
+              "Rows marked *extra* change one setting from the defaults (batch 256, float32).", "",
+              "| device | labels | batch | precision | examples/s | × the CPU's | peak device GiB "
+              "| peak device bytes / label | estimate / label (weights + Adam, with the input table's "
+              "share) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
-        dev = r["machine"].get("gpu") or "CPU"
+        dev = _where(r)
         for s in r["speed"]:
-            tag = "" if s["default"] else " (extra row)"
+            tag = "" if s["default"] else " (extra)"
+            base = cpu.get((s["labels"], s["batch_size"], s["precision"])) if "gpu" in r["machine"] else None
+            ratio = f"{s['examples_per_s'] / base:.1f}" if base else "–"
             lines.append(f"| {dev}{tag} | {s['labels']:,} | {s['batch_size']} | {s['precision']} | "
-                         f"{_fmt(s['examples_per_s'])} | {_fmt(s.get('peak_bytes_per_label'))} | "
+                         f"{_fmt(s['examples_per_s'])} | {ratio} | {_gib(s.get('peak_device_bytes'))} | "
+                         f"{_fmt(s.get('peak_bytes_per_label'))} | "
                          f"{_fmt(s['estimate_tables_bytes'] / s['labels'])} |")
     wordnet = [w for r in runs for w in r["wordnet"]]
     if wordnet:
@@ -272,15 +288,15 @@ def render(paths: list[Path]) -> str:
                   "| device | run | P@1 | P@3 | P@5 | wall s (featurize, train, evaluate) |",
                   "|---|---|---|---|---|---|"]
         for r in runs:
-            dev = r["machine"].get("gpu") or "CPU"
+            dev = _where(r)
             for w in r["wordnet"]:
                 lines.append(f"| {dev} | {w['label']} | {w['p@1']:.4f} | {w['p@3']:.4f} | {w['p@5']:.4f} | "
                              f"{w['wall_s']:.1f} |")
     for r in runs:
-        a = r.get("anatomy_1e6")
+        a = r.get("anatomy")
         if a:
-            dev = r["machine"].get("gpu") or "CPU"
-            lines += ["", f"## Anatomy of a default step at 10^6 labels on {dev} "
+            dev = _where(r)
+            lines += ["", f"## Anatomy of a default step at {a['labels']:,} labels on {dev} "
                       f"(means over {a['steps']} steps)",
                       "", f"- whole step: {a['step_ms']:.2f} ms; host part (index work and copies): "
                       f"{a['inputs_ms_all_threads']:.2f} ms with torch on {a['host_threads']} threads, "
@@ -294,8 +310,12 @@ def render(paths: list[Path]) -> str:
             lines += ["", "| op | calls | self CPU µs | self device µs |", "|---|---|---|---|"]
             lines += [f"| `{o['op']}` | {o['calls']} | {o['self_cpu_us']:,.0f} | {o['self_device_us']:,.0f} |"
                       for o in a["top_ops"]]
+        failed: dict[str, list[str]] = {}  # one line per distinct error, naming every row it stopped
         for e in r["errors"]:
-            lines.append(f"\n- failed: {e['what']}: {e['error']}")
+            failed.setdefault(e["error"], []).append(e["what"])
+        where = _where(r)
+        for error, what in failed.items():
+            lines.append(f"\n- not measured on the {where} ({'; '.join(what)}): {error}")
     return "\n".join(lines) + "\n"
 
 
@@ -308,7 +328,8 @@ def main() -> None:
                     help="extra rows at these batch sizes")
     ap.add_argument("--data", help="a folder with wordnet_train.jsonl and wordnet_test.jsonl")
     ap.add_argument("--scratch", default="/tmp/ovex-gpu-bench")
-    ap.add_argument("--no-profile", dest="profile", action="store_false")
+    ap.add_argument("--no-profile", dest="profile", action="store_false",
+                    help="no step anatomy (made at the label count nearest 10^6)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu.json"))
     ap.add_argument("--render", nargs="+", type=Path, help="write gpu.md from these results files")
     args = ap.parse_args()
