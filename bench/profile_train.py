@@ -16,8 +16,8 @@ functions the run calls: nothing in trainer/ changes, and the timed code is the 
    GEMMs: FLOPs of the three products a step makes (forward h·Wᵀ, backward go·W and hᵀ·go, each
    2·B·C·(d+1) with C the scored columns) over the `aten::mm` self time;
 3. a microbenchmark of those three GEMM shapes alone in float32 and bfloat16 (`torch.mm` on random
-   tensors after warm-up, on 1 thread, as the step runs them under `row_kernels.training_threads`, and
-   on 2), to show what a lower-precision product would buy on this CPU.
+   tensors after warm-up, on 1 thread and on 2), to show what a lower-precision product and a second
+   thread buy on this CPU.
 
 The profiled window runs slower than the others (the profiler records every op); the step statistics
 therefore report the unprofiled steps and the window apart. Wall times depend on what else runs on the
@@ -170,7 +170,7 @@ def instrumented(rec: Recorder) -> Iterator[None]:
         epoch_init0(self, *args, **kwargs)
         rec.epoch_data_s.append(time.perf_counter() - t0)
 
-    def step(self: Any, ep: Any, i: int, j: int, lr: float) -> float:
+    def step(self: Any, ep: Any, i: int, j: int, lr: float) -> Any:
         k = len(rec.step_s)
         if k == rec.window.start:
             rec.start_profiler()
@@ -199,7 +199,7 @@ def instrumented(rec: Recorder) -> Iterator[None]:
     def shard_candidates(*args: Any, **kwargs: Any) -> Any:
         sc = cand0(*args, **kwargs)
         rec._cols = {"label_ids": int(sc.cand.label_ids.numel()), "n_sampled": int(sc.cand.n_sampled)}
-        rec.threads_in_step = torch.get_num_threads()  # inside row_kernels.training_threads
+        rec.threads_in_step = torch.get_num_threads()  # torch's threads while a step runs
         return sc
 
     def optimizer_step(orig: Callable[..., None]) -> Callable[..., None]:

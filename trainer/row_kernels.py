@@ -145,35 +145,14 @@ def _np(t: torch.Tensor) -> np.ndarray:
 # numba's default thread pool (workqueue, used where no OpenMP/TBB library is found) aborts the process
 # when two Python threads launch kernels at once: launches are serialised (each takes milliseconds)
 _LAUNCH = threading.Lock()
-_local = threading.local()  # kernel thread count set by `training_threads` (per Python thread)
-
-
-@contextlib.contextmanager
-def training_threads() -> Iterator[None]:
-    """For one CPU training step: torch ops on one thread, the fused kernels on every thread torch had.
-
-    A step's torch ops (a few small GEMMs, gathers) gain little from a second thread, and torch's
-    spinning OpenMP pool then slows the kernels (bench/step_cost.py). With torch pinned to one thread
-    (tests, job workers) everything stays on one thread.
-    """
-    threads = torch.get_num_threads()
-    previous = getattr(_local, "threads", None)
-    _local.threads = threads
-    if threads > 1:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if threads > 1:
-            torch.set_num_threads(threads)
-        _local.threads = previous
 
 
 @contextlib.contextmanager
 def _launch(work: int) -> Iterator[Any]:
-    """The kernels, on one thread for small updates, else on as many as the caller may use."""
+    """The kernels, on one thread for small updates, else on as many as torch may use (a step's torch
+    ops keep their threads too: pinning them to one made CPU steps slower on every set measured)."""
     numba, adam, adagrad = _kernels()
-    threads = getattr(_local, "threads", None) or torch.get_num_threads()
+    threads = torch.get_num_threads()
     n = 1 if work < PARALLEL_MIN else max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
     with _LAUNCH:
         torch_threads = torch.get_num_threads()

@@ -23,7 +23,6 @@ import scipy.sparse as sp
 import torch
 
 from trainer import metrics as xc_metrics
-from trainer import row_kernels
 from trainer.artifact import prepare_out_dir
 from trainer.capacity import check_fits
 from trainer.checkpoints import load_checkpoint, save_checkpoint
@@ -323,10 +322,7 @@ class Stepper:
     def step(self, ep: EpochData, i: int, j: int, lr: float) -> torch.Tensor:
         """One SGD step on rows [i, j); returns the loss as a 0-d tensor on the training device (reading
         it waits for the step: on a GPU the caller reads it only now and then)."""
-        if self.model.head.device.type != "cpu" or self.exhaustive:  # exact steps: K-wide GEMMs use threads
-            return self._learn(self.inputs(ep, i, j), lr)  # a GPU's host work: sorts that use threads
-        with row_kernels.training_threads():
-            return self._learn(self.inputs(ep, i, j), lr)
+        return self._learn(self.inputs(ep, i, j), lr)
 
     def inputs(self, ep: EpochData, i: int, j: int) -> StepInputs:
         """The step's index work, on the host, then sent to the device in a few packed copies."""
