@@ -114,3 +114,31 @@ def test_lr_schedule_warms_up_and_decays() -> None:
     assert lrs[0] == pytest.approx(0.1) and max(lrs) == pytest.approx(1.0)
     assert lrs[9] == pytest.approx(1.0) and lrs[-1] < 0.01
     assert all(a >= b for a, b in pairwise(lrs[10:]))
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_step_losses_fold_in_order_and_refuse_a_non_finite_loss_by_its_step(eager: bool) -> None:
+    """Read at once (the CPU) or kept and read at a report (a GPU): the same moving average and epoch
+    total, and a NaN or inf is refused naming the step it came from."""
+    import torch
+
+    from trainer.errors import ParamsError
+    from trainer.train import StepLosses
+
+    losses = StepLosses(eager=eager)
+    for step, value in enumerate([2.0, 1.0, 4.0]):
+        losses.add(step, torch.tensor(value), rows=10)
+    assert losses.read() == pytest.approx(0.95 * (0.95 * 2.0 + 0.05 * 1.0) + 0.05 * 4.0)
+    assert losses.total == pytest.approx(70.0)
+    losses.new_epoch()
+    assert losses.total == 0.0
+    losses.add(3, torch.tensor(1.0), rows=5)
+    refused = pytest.raises(ParamsError, match=r"loss became nan at step 4; lower --lr")
+    if eager:
+        with refused:
+            losses.add(4, torch.tensor(float("nan")), rows=5)
+        return
+    losses.add(4, torch.tensor(float("nan")), rows=5)
+    assert losses.total == 0.0  # nothing read yet
+    with refused:
+        losses.read()
