@@ -97,7 +97,7 @@ def step_rank(k: int, batch_per_rank: int, steps: int, negatives: int) -> dict[s
     model = XCModel(shape, seed=0, label_rows=(shard.lo, shard.hi))
     sampler = NegativeSampler(shard.size, "uniform", seed=1 + group.rank)
     stepper = Stepper(model, get_loss("ove"), params, sampler, group, shard)
-    ep = EpochData(x, y, np.arange(x.shape[0]), torch.device("cpu"))
+    ep = EpochData(x, y, np.arange(x.shape[0]))
     for s in range(5):  # warm-up: optimizer state allocated, kernels compiled
         stepper.step(ep, s * batch, (s + 1) * batch, 0.01)
     group.barrier()

@@ -103,7 +103,7 @@ def _timed(device: torch.device, fn: Any) -> float:
 
 def step_anatomy(device: torch.device, data: dict[int, Any], labels: int, steps: int = 40) -> dict[str, Any]:
     """Where a default step's time goes at `labels` labels: the whole step, its host part (`inputs`: the
-    index work and the copies, with torch on all threads and on one) and its device part (`_learn` on
+    index work and the copies, with torch on all threads and on one) and its device part (`learn` on
     inputs made ahead), the cost of one kernel launch, the kernels a step launches, what makes the host
     wait, and the profiler's top operations."""
     from torch.profiler import ProfilerActivity, profile
@@ -119,7 +119,7 @@ def step_anatomy(device: torch.device, data: dict[int, Any], labels: int, steps:
     model = XCModel(ModelShape(FEATURES, labels, DIM, dropout=params.dropout)).to(device)
     stepper = Stepper(model, get_loss(params.loss), params, NegativeSampler(labels, seed=1),
                       shard=LabelShard(0, labels, labels))
-    ep = EpochData(_as_csr32(ds.X), _as_csr32(ds.Y), torch.randperm(ds.n_rows).numpy(), device)
+    ep = EpochData(_as_csr32(ds.X), _as_csr32(ds.Y), torch.randperm(ds.n_rows).numpy())
     bs, lr = params.batch_size, params.lr
     at = itertools.cycle(range(ds.n_rows // bs))
 
@@ -145,7 +145,7 @@ def step_anatomy(device: torch.device, data: dict[int, Any], labels: int, steps:
             out[key] = _timed(device, inputs) / steps * 1e3
         finally:
             torch.set_num_threads(threads)
-    out["learn_ms"] = _timed(device, lambda: [stepper._learn(m, lr) for m in made]) / steps * 1e3
+    out["learn_ms"] = _timed(device, lambda: [stepper.learn(m, lr) for m in made]) / steps * 1e3
     if device.type == "cuda":
         x = torch.zeros(1, device=device)
         out["launch_us"] = _timed(device, lambda: [x.add_(1.0) for _ in range(2000)]) / 2000 * 1e6

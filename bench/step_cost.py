@@ -65,7 +65,7 @@ def measure(
     sampler = NegativeSampler(k, params.sampler, params.alpha, label_counts(y), seed=1)
     stepper = Stepper(model, spec, params.model_copy(update={"loss": loss}), sampler)
     n = x.shape[0]
-    ep = EpochData(x, y, np.random.default_rng(0).permutation(n), torch.device("cpu"))
+    ep = EpochData(x, y, np.random.default_rng(0).permutation(n))
     bs = params.batch_size
     n_batches = n // bs
 

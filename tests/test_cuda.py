@@ -96,7 +96,7 @@ def _stepper(device: str, params: TrainParams, ds: Dataset) -> tuple[Stepper, Ep
     sampler = NegativeSampler(K, "uniform", seed=9)
     stepper = Stepper(model, get_loss(params.loss), params, sampler, shard=LabelShard(0, K, K))
     assert ds.X is not None
-    ep = EpochData(_as_csr32(ds.X), _as_csr32(ds.Y), np.arange(ds.n_rows), torch.device(device))
+    ep = EpochData(_as_csr32(ds.X), _as_csr32(ds.Y), np.arange(ds.n_rows))
     return stepper, ep
 
 

@@ -186,7 +186,7 @@ def run_steps(options: dict[str, Any], device: str = "cpu") -> dict[str, Any]:
     sampler = NegativeSampler(shard.size, "uniform", seed=9)
     stepper = Stepper(model, get_loss(params.loss), params, sampler, group, shard)
     stepper.table_optim = RecordingAdagrad(shard.lo)
-    ep = EpochData(x, y, np.arange(N_ROWS), dev)
+    ep = EpochData(x, y, np.arange(N_ROWS))
     losses = [float(stepper.step(ep, 0, N_ROWS, 0.05)) for _ in range(3)]
     hidden = {k: v.detach().cpu().numpy().copy() for k, v in model.hidden.state_dict().items()}
     return {"rank": group.rank, "losses": losses, "grads": stepper.table_optim.seen, "hidden": hidden,
@@ -328,7 +328,7 @@ def test_a_checkpoint_reshards_to_any_number_of_ranks(tmp_path: Path) -> None:
         return Stepper(model, get_loss("ove"), params, sampler, group, shard)
 
     full = stepper(RankGroup())
-    ep = EpochData(x, y, np.arange(N_ROWS), torch.device("cpu"))
+    ep = EpochData(x, y, np.arange(N_ROWS))
     for _ in range(3):
         full.step(ep, 0, N_ROWS, 0.05)
     save_checkpoint(tmp_path, full, 3, 0, 1, {})

@@ -253,10 +253,9 @@ class EpochData:
     """One epoch's shuffled CSR as host tensors, sliced by row ranges (no per-row Python); each step
     sends its slice's tensors to the training device (`trainer.transfer`)."""
 
-    def __init__(self, x: sp.csr_matrix, y: sp.csr_matrix, perm: np.ndarray, device: torch.device,
+    def __init__(self, x: sp.csr_matrix, y: sp.csr_matrix, perm: np.ndarray,
                  weights: np.ndarray | None = None) -> None:
         xp, yp = x[perm], y[perm]
-        self.device = device
         # per-row loss weights in epoch order (a continual run's replayed rows), or None: all equal
         self.row_weight = None if weights is None else torch.from_numpy(np.asarray(weights))
         self.x_ptr_np = np.asarray(xp.indptr, dtype=np.int64)
@@ -322,7 +321,7 @@ class Stepper:
     def step(self, ep: EpochData, i: int, j: int, lr: float) -> torch.Tensor:
         """One SGD step on rows [i, j); returns the loss as a 0-d tensor on the training device (reading
         it waits for the step: on a GPU the caller reads it only now and then)."""
-        return self._learn(self.inputs(ep, i, j), lr)
+        return self.learn(self.inputs(ep, i, j), lr)
 
     def inputs(self, ep: EpochData, i: int, j: int) -> StepInputs:
         """The step's index work, on the host, then sent to the device in a few packed copies."""
@@ -355,7 +354,8 @@ class Stepper:
         return StepInputs(moved["features"], moved["inverse"], moved["offsets"], moved["values"], cand,
                           moved["owned"])
 
-    def _learn(self, inp: StepInputs, lr: float) -> torch.Tensor:
+    def learn(self, inp: StepInputs, lr: float) -> torch.Tensor:
+        """The step's device part: encode, score, backward, update the touched rows; the loss."""
         model, params, group, cand = self.model, self.params, self.group, inp.cand
         low = params.precision == "bf16"
         e_rows = model.input_weight.index_select(0, inp.features).requires_grad_()
@@ -739,8 +739,7 @@ def _fit(
                 break  # resumed after the patience ran out
             perm = (np.random.default_rng([params.seed, epoch]).permutation(n) if warm is None
                     else warm.epoch_rows(params.seed, epoch, params.replay))
-            ep = EpochData(x, y, perm, device,
-                           None if warm is None else warm.epoch_weights(perm, params.replay))
+            ep = EpochData(x, y, perm, None if warm is None else warm.epoch_weights(perm, params.replay))
             t_epoch = time.perf_counter()
             epoch_examples = 0
             losses.new_epoch()
