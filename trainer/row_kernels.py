@@ -152,18 +152,17 @@ def _launch(work: int) -> Iterator[Any]:
     """The kernels, on one thread for small updates, else on as many as torch may use (a step's torch
     ops keep their threads too: pinning them to one made CPU steps slower on every set measured)."""
     numba, adam, adagrad = _kernels()
-    threads = torch.get_num_threads()
-    n = 1 if work < PARALLEL_MIN else max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
     with _LAUNCH:
-        torch_threads = torch.get_num_threads()
+        threads = torch.get_num_threads()
+        n = 1 if work < PARALLEL_MIN else max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
         if numba.get_num_threads() != n:
             numba.set_num_threads(n)
         try:
             yield adam, adagrad
         finally:
             # numba's OpenMP layer shares libgomp with torch, and a launch resets its thread count
-            if torch.get_num_threads() != torch_threads:
-                torch.set_num_threads(torch_threads)
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
 
 
 def adam_rows(
