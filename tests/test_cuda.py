@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.test_train import Recorder
 from trainer.artifact import load_artifact
 from trainer.data import Dataset
 from trainer.errors import TrainingCancelled
@@ -121,33 +122,19 @@ def test_a_gpu_step_equals_the_cpu_step(optimizer: str, precision: str) -> None:
     assert not torch.equal(runs["cpu"][1], _stepper("cpu", params, ds)[0].model.head)  # it moved
 
 
-class _StopAfter:
-    def __init__(self, calls: int) -> None:
-        self.calls, self.limit = 0, calls
-
-    def on_progress(self, progress: object) -> None:
-        pass
-
-    def on_log(self, message: str) -> None:
-        pass
-
-    def should_stop(self) -> bool:
-        self.calls += 1
-        return self.calls > self.limit
-
-
 @needs_gpu
 def test_a_gpu_checkpoint_resumes_on_the_cpu(tmp_path: Path) -> None:
     """Stopped on the GPU after a checkpoint, resumed with device cpu: the run ends where the GPU run
     ends (no dropout: the same rows and draws), and the artifact the CPU wrote predicts on the CPU."""
     ds, test = _toy(), synth_dataset(K, D, 200, seed=2, part=1)
     gpu = TrainParams(dim=16, epochs=2, batch_size=50, negatives=24, group_size=8, dropout=0.0, device="cuda")
-    full = train(gpu, ds, test, out_dir=tmp_path / "full", hooks=_StopAfter(10**9))
+    full = train(gpu, ds, test, out_dir=tmp_path / "full", hooks=Recorder())
     ckpt = tmp_path / "ckpt"
     with pytest.raises(TrainingCancelled):
-        train(gpu, ds, None, out_dir=None, hooks=_StopAfter(17), checkpoint_dir=ckpt, checkpoint_every=8)
+        train(gpu, ds, None, out_dir=None, hooks=Recorder(stop_after=17), checkpoint_dir=ckpt,
+              checkpoint_every=8)
     resumed = train(gpu.model_copy(update={"device": "cpu"}), ds, test, out_dir=tmp_path / "cpu",
-                    hooks=_StopAfter(10**9), checkpoint_dir=ckpt, checkpoint_every=8)
+                    hooks=Recorder(), checkpoint_dir=ckpt, checkpoint_every=8)
     assert resumed.resumed_from_step == 16 and resumed.steps == full.steps == 24
     a, b = load_artifact(tmp_path / "full"), load_artifact(tmp_path / "cpu")
     assert a.model.head.device.type == b.model.head.device.type == "cpu"
