@@ -4,8 +4,9 @@ trained with the defaults through `ovex train`; the same rows on the CPU give th
 
 On a device machine (its torch with CUDA; the project's other wheels carried, see /work/.library/device):
     python bench/gpu.py --device cuda --data DIR_WITH_WORDNET --out $OUT/gpu.json
-Here, the CPU rows of the same settings (10^7 labels does not fit this machine's memory):
-    python bench/gpu.py --device cpu --labels 100000 1000000 --rows 40000 --out bench/results/gpu_cpu.json
+Here, the CPU rows of the same settings (10^7 labels is refused: it does not fit this machine's memory):
+    python bench/gpu.py --device cpu --labels 100000 1000000 10000000 --extra-batch 2048 8192 \
+        --data ../shared/data --out bench/results/gpu_cpu.json
 Then `python bench/gpu.py --render bench/results/gpu.json bench/results/gpu_cpu.json` writes gpu.md.
 
 Rates are the second epoch's examples/s (the first pays for CUDA's start and the allocator's warm-up);
@@ -108,7 +109,6 @@ def step_anatomy(device: torch.device, data: dict[int, Any], labels: int, steps:
     wait, and the profiler's top operations."""
     from torch.profiler import ProfilerActivity, profile
 
-    from trainer.label_shards import LabelShard
     from trainer.losses import get_loss
     from trainer.model import ModelShape, XCModel
     from trainer.negatives import NegativeSampler
@@ -117,8 +117,7 @@ def step_anatomy(device: torch.device, data: dict[int, Any], labels: int, steps:
     ds = data[labels]
     params = TrainParams(dim=DIM, device="cuda" if device.type == "cuda" else "cpu")
     model = XCModel(ModelShape(FEATURES, labels, DIM, dropout=params.dropout)).to(device)
-    stepper = Stepper(model, get_loss(params.loss), params, NegativeSampler(labels, seed=1),
-                      shard=LabelShard(0, labels, labels))
+    stepper = Stepper(model, get_loss(params.loss), params, NegativeSampler(labels, seed=1))
     ep = EpochData(_as_csr32(ds.X), _as_csr32(ds.Y), torch.randperm(ds.n_rows).numpy())
     bs, lr = params.batch_size, params.lr
     at = itertools.cycle(range(ds.n_rows // bs))

@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from service.cli import main
-from tests.jobs.conftest import Backend, Server
+from tests.jobs.conftest import Server, sqlite_server
 from trainer.artifact import load_artifact, read_params
 from trainer.data import write_xc
 from trainer.errors import ParamsError
@@ -230,11 +230,8 @@ def test_an_artifact_saved_before_the_field_reads_as_single_words(
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(tmp_path_factory.mktemp("ngrams_srv"), Backend("sqlite"), embedded_worker=True,
-                    extra_env={})
-    server.start()
-    yield server
-    server.stop()
+    with sqlite_server(tmp_path_factory.mktemp("ngrams_srv")) as server:
+        yield server
 
 
 API_TINY = {"dim": 8, "epochs": 1, "batch_size": 16, "negatives": 8, "group_size": 4}

@@ -5,17 +5,17 @@ continual runs (where it is how a run computes, not what the model is)."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
 
 from service.cli import main
-from tests.jobs.conftest import Backend, Server
+from tests.jobs.conftest import Server, sqlite_server
 from trainer.continual import continual_params
 from trainer.data import Dataset, write_xc
 from trainer.params import TrainParams
@@ -76,7 +76,8 @@ def test_a_continual_run_computes_as_told_not_as_its_base_did() -> None:
     base = TrainParams(precision="bf16", dim=16)
     assert continual_params(base, TrainParams(), "m").precision == "fp32"
     assert continual_params(base, TrainParams(precision="bf16"), "m").precision == "bf16"
-    assert continual_params(TrainParams(), TrainParams(precision="bf16"), "m").dim == 512
+    grown = continual_params(TrainParams(dim=16), TrainParams(precision="bf16"), "m")
+    assert (grown.precision, grown.dim) == ("bf16", 16)  # the base's shape, the caller's precision
 
 
 # ------------------------------------------------------------------------------------ ovex train, the API
@@ -106,11 +107,8 @@ def test_cli_precision_reaches_the_saved_params(xc_file: Path, tmp_path: Path,
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(tmp_path_factory.mktemp("precision_srv"), Backend("sqlite"), embedded_worker=True,
-                    extra_env={})
-    server.start()
-    yield server
-    server.stop()
+    with sqlite_server(tmp_path_factory.mktemp("precision_srv")) as server:
+        yield server
 
 
 def test_a_job_trains_in_the_precision_it_was_given(srv: Server, xc_file: Path) -> None:
@@ -128,4 +126,5 @@ def test_a_job_trains_in_the_precision_it_was_given(srv: Server, xc_file: Path) 
     errs = [e for e in r.json()["detail"] if e["loc"] == ["body", "params", "precision"]]
     assert errs and "'fp32' or 'bf16'" in errs[0]["msg"], r.text
     assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs
-    assert np.isfinite(job.get("metrics", {}).get("train_loss", 0.0))
+    progress = job["progress"]  # the last report: the final step, its loss read back from the step
+    assert progress["step"] == progress["steps_total"] and math.isfinite(progress["loss"]), progress

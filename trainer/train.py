@@ -257,7 +257,7 @@ class EpochData:
                  weights: np.ndarray | None = None) -> None:
         xp, yp = x[perm], y[perm]
         # per-row loss weights in epoch order (a continual run's replayed rows), or None: all equal
-        self.row_weight = None if weights is None else torch.from_numpy(np.asarray(weights))
+        self.row_weight = None if weights is None else torch.from_numpy(weights)
         self.x_ptr_np = np.asarray(xp.indptr, dtype=np.int64)
         self.y_ptr_np = np.asarray(yp.indptr, dtype=np.int64)
         self.x_ptr = torch.from_numpy(self.x_ptr_np)

@@ -422,6 +422,17 @@ class Server:
         return out
 
 
+@contextlib.contextmanager
+def sqlite_server(root: Path) -> Iterator[Server]:
+    """`ovex serve` on SQLite with its embedded job worker, its files under `root`; stopped on the way out."""
+    server = Server(root, Backend("sqlite"), embedded_worker=True, extra_env={})
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def make_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
     servers: list[Server] = []
