@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import (
     Conflict,
@@ -128,10 +129,44 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return respond(request, exc.status_code, exc.detail, exc.headers)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", extra={"path": request.url.path})
-        return respond(request, 500, "internal error (logged on the server)")
+    app.add_middleware(ContainErrors)
+
+
+INTERNAL_ERROR = "internal error (logged on the server)"
+
+
+class ContainErrors:
+    """The last word on an exception nothing else handled: logged, answered 500 in the protocol's shape,
+    and not raised further. Starlette's own handler re-raises after answering, and uvicorn then closes the
+    connection, so a client's next request on it would go unanswered."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def _send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, _send)
+        except Exception:
+            path = scope.get("path", "")
+            log.exception("unhandled error", extra={"path": path})
+            if started:  # the answer is half sent: only closing the connection can end it
+                raise
+            if path.startswith(V2_PREFIX):
+                response = _v2(500, INTERNAL_ERROR)
+            else:
+                response = JSONResponse({"detail": INTERNAL_ERROR}, status_code=500)
+            await response(scope, receive, send)
 
 
 def document_errors(app: FastAPI) -> None:
