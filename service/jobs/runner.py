@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from service.continual import trainer_inputs
+from service.input_kind import artifact_kind, check_input_kind
 from service.jobs.config import JobsConfig
 from service.jobs.models import CANCELLED, FAILED, SUCCEEDED, DatasetRow, JobRow
 from service.jobs.store import JobStore
@@ -247,6 +248,9 @@ class JobRunner:
                 shutil.rmtree(staging, ignore_errors=True)
                 self._published(job, job_dir, earlier, figures, resumed)
                 return
+            kind = artifact_kind(staging)  # a job queued before the model's first version was published
+            if kind is not None:
+                check_input_kind(model_dir, job.model, kind, "this job's training data")
             version = publish(staging, model_dir, job_id)
             self.store.log(job_id, f"artifact published as {job.model} version {version}")
             if not self._succeed(job, job_dir, version, figures, resumed):

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from service.continual import resolve_base
 from service.errors import Conflict, Invalid, NotFound, Unavailable
+from service.input_kind import KIND_OF_FORMAT, check_input_kind
 from service.jobs import budget
 from service.jobs.config import JobsConfig
 from service.jobs.datasets import ingest, receive_file
@@ -113,6 +114,8 @@ class JobsService:
                     "device 'cuda' requested but no GPU is available", loc=["body", "params", "device"]
                 )
         train = self.get_dataset(req.train_dataset, ["body", "train_dataset"])
+        check_input_kind(self.cfg.models_dir / req.model, req.model, KIND_OF_FORMAT[train.format],
+                         f"dataset {train.id}")
         params, base, labels, features = req.params, None, train.labels, train.features
         # what a test set may hold: the training set's labels and features, or with a base the model's
         space = Space("the training set", train.features, train.labels)

@@ -1,0 +1,51 @@
+"""A model's input kind, text or sparse features, is fixed by its versions: whichever version is
+activated, a client that could send a model text keeps being able to."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from service.errors import Conflict
+from service.versions import version_key
+
+KIND_OF_FORMAT = {"jsonl": "text", "xc": "sparse"}
+_SAYS = {"text": "text (JSONL data)", "sparse": "sparse features (XC data)"}
+
+
+def artifact_kind(version_dir: Path) -> str | None:
+    """What a stored version's featurizer takes, or None where that cannot be read."""
+    try:
+        meta = json.loads((version_dir / "featurizer" / "featurizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    kind = meta.get("kind") if isinstance(meta, dict) else None
+    return kind if kind in _SAYS else None
+
+
+def model_kind(model_dir: Path) -> tuple[str, str] | None:
+    """(kind, version) of the oldest version whose kind can be read; None for a model with none."""
+    try:
+        versions = [p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    except OSError:
+        return None
+    for version in sorted(versions, key=lambda p: version_key(p.name)):
+        kind = artifact_kind(version)
+        if kind is not None:
+            return kind, version.name
+    return None
+
+
+def check_input_kind(model_dir: Path, model: str, kind: str, what: str) -> None:
+    """Refuse a new version of `model` that would take another kind of input than its versions do."""
+    found = model_kind(model_dir)
+    if found is None or found[0] == kind:
+        return
+    has, version = found
+    raise Conflict(
+        f"model {model!r} takes {_SAYS[has]} since its version {version}, and {what} is {_SAYS[kind]}: "
+        "train it as a new model (another model name)",
+        loc=["body", "model"],
+        model=model,
+        input_kind=has,
+    )
