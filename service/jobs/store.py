@@ -134,7 +134,7 @@ class JobStore:
     ) -> tuple[list[Row], str | None]:
         """Keyset paging on (created_at, id), newest first: stable while rows are added or removed."""
         if cursor is not None:
-            at, last_id = decode_cursor(cursor)
+            at, last_id = decode_cursor(cursor, table.__tablename__)
             q = q.where(or_(table.created_at < at, (table.created_at == at) & (table.id < last_id)))
         q = q.order_by(table.created_at.desc(), table.id.desc()).limit(limit + 1)
         with self.session() as s:
@@ -142,7 +142,7 @@ class JobStore:
         if len(rows) <= limit:
             return rows, None
         rows = rows[:limit]
-        return rows, encode_cursor(rows[-1].created_at, rows[-1].id)
+        return rows, encode_cursor(table.__tablename__, rows[-1].created_at, rows[-1].id)
 
     # -- jobs -----------------------------------------------------------------------------------
     def create_job(
@@ -505,21 +505,24 @@ def _get(s: Session, job_id: str) -> JobRow:
     return row
 
 
-def encode_cursor(created_at: float, row_id: str) -> str:
-    raw = json.dumps([created_at, row_id], separators=(",", ":")).encode()
+def encode_cursor(listing: str, created_at: float, row_id: str) -> str:
+    """A cursor names its listing, so one passed to another listing is refused, not a wrong page."""
+    raw = json.dumps([listing, created_at, row_id], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[float, str]:
-    """The position a cursor names; `Invalid` for anything this service did not hand out."""
+def decode_cursor(cursor: str, listing: str) -> tuple[float, str]:
+    """The position a cursor of `listing` names; `Invalid` for anything this listing did not hand out."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        at, row_id = json.loads(raw)
-        if isinstance(at, bool) or not isinstance(at, int | float) or not isinstance(row_id, str):
+        kind, at, row_id = json.loads(raw)
+        if (kind != listing or isinstance(at, bool) or not isinstance(at, int | float)
+                or not isinstance(row_id, str)):
             raise ValueError(cursor)
         return float(at), row_id
     except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
         raise Invalid(
-            "cursor is not one this server handed out: pass `next_cursor` from the previous page",
+            f"cursor is not one this server handed out for GET /v1/{listing}: pass `next_cursor` from the "
+            "previous page, or leave it out for the first page",
             loc=["query", "cursor"],
         ) from None

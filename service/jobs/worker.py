@@ -22,16 +22,19 @@ from types import FrameType
 from typing import Any
 
 from service.jobs.config import JobsConfig
-from service.jobs.db import make_engine, migrate
+from service.jobs.db import checkpoint_wal, make_engine, migrate
 from service.jobs.runner import JobRunner
 from service.jobs.store import JobStore
 from service.settings import Settings
 
 log = logging.getLogger("ovex.worker")
+WAL_CHECKPOINT_EVERY_S = 30.0
 
 
 def make_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    """Opaque: job records are read by any client, so the host and process behind an id go to this
+    worker's log only."""
+    return f"worker-{uuid.uuid4().hex[:12]}"
 
 
 class Worker:
@@ -62,11 +65,18 @@ class Worker:
 
     def _reaper(self) -> None:
         every = max(0.2, min(self.settings.job_lease_s / 3.0, 5.0))
+        checkpointed = time.monotonic()
         while not self.stop.is_set():
             try:
                 self.reap_once()
             except Exception:
                 log.warning("reaper pass failed", exc_info=True)
+            if time.monotonic() - checkpointed >= WAL_CHECKPOINT_EVERY_S:
+                checkpointed = time.monotonic()
+                try:  # the log SQLite writes ahead gives its disk space back while the queue is quiet
+                    checkpoint_wal(self.engine)
+                except Exception:
+                    log.warning("checkpointing the job database failed", exc_info=True)
             self.stop.wait(every)
 
     # -- consumer ---------------------------------------------------------------------------------
@@ -88,7 +98,8 @@ class Worker:
                 log.exception("job %s failed outside its runner", job.id)
 
     def start(self) -> None:
-        log.info("worker %s: claiming jobs from %s", self.id, self.engine.url.render_as_string())
+        log.info("worker %s: claiming jobs from %s", self.id, self.engine.url.render_as_string(),
+                 extra={"host": socket.gethostname(), "pid": os.getpid()})
         threads = [
             threading.Thread(target=self._reaper, name="reaper", daemon=True),
             threading.Thread(target=_warm_imports, name="warm-imports", daemon=True),

@@ -269,7 +269,8 @@ def test_read_key_guards_logs_and_datasets_and_bearer_works(srv: Server, train_i
             c.close()
 
 
-def test_lists_page_with_cursors(srv: Server, train_id: str) -> None:
+def test_lists_page_with_cursors(srv: Server, train_id: str, synth_files: dict[str, Path]) -> None:
+    srv.upload(synth_files["test"])  # two datasets at least, whichever tests ran before
     made = [srv.submit({"model": "pager", "train_dataset": train_id}) for _ in range(5)]
     seen: list[str] = []
     cursor = None
@@ -289,6 +290,12 @@ def test_lists_page_with_cursors(srv: Server, train_id: str) -> None:
     assert len(page["datasets"]) == 1 and page["next_cursor"]
     rest = srv.client.get("/v1/datasets", params={"cursor": page["next_cursor"]}).json()
     assert page["datasets"][0]["id"] not in {d["id"] for d in rest["datasets"]}
+    # a cursor names its listing: a datasets cursor is refused by the jobs listing, and the reverse
+    r = srv.client.get("/v1/jobs", params={"cursor": page["next_cursor"]})
+    assert r.status_code == 422 and "GET /v1/jobs" in r.json()["detail"][0]["msg"], r.text
+    jobs_page = srv.client.get("/v1/jobs", params={"limit": 1}).json()
+    r = srv.client.get("/v1/datasets", params={"cursor": jobs_page["next_cursor"]})
+    assert r.status_code == 422 and "GET /v1/datasets" in r.json()["detail"][0]["msg"], r.text
 
 
 def test_job_params_schema_is_train_params(srv: Server) -> None:

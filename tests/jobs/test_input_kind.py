@@ -4,6 +4,7 @@ before the model had a version, when it would publish."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +38,10 @@ def test_submitting_another_kind_is_a_conflict(srv: Server, synth_files: dict[st
     assert "'feat' takes sparse features" in err["msg"] and f"dataset {text} is text" in err["msg"]
     assert "new model" in err["msg"]
     assert srv.client.get("/v1/jobs", params={"model": "feat"}).json()["jobs"][0]["id"] == first["id"]
+    # the worker that ran it is named opaquely: no host name or process id in what a client reads
+    assert str(first["worker"]).startswith("worker-"), first
+    logs = srv.client.get(f"/v1/jobs/{first['id']}/logs").text
+    assert "worker-" in logs and socket.gethostname() not in logs and socket.gethostname() not in str(first)
 
     # the same kind is a next version, and another name is a new model
     again = _done(srv, srv.submit({"model": "feat", "train_dataset": xc, "params": PARAMS}))
