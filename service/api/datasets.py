@@ -73,7 +73,7 @@ Limit = Annotated[int, Query(ge=1, le=1000, description="most items on one page"
 Cursor = Annotated[
     str | None, Query(max_length=200, description="`next_cursor` of the previous page; omitted: the first")
 ]
-DatasetId = Annotated[str, PathParam(description="dataset id (from POST /v1/datasets)")]
+DatasetId = Annotated[str, PathParam(description="dataset id (from POST /v1/datasets)", max_length=64)]
 
 KEYED: dict[int | str, dict[str, Any]] = {
     401: {"description": "missing key"},

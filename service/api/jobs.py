@@ -25,7 +25,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=DB_DOWN)
 MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 DATASET_ID = r"^[A-Za-z0-9_.-]{1,40}$"  # ids are ds_<hex>; anything else (NUL, ...) never reaches the DB
 State = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-JobId = Annotated[str, PathParam(description="job id (from POST /v1/jobs)")]
+JobId = Annotated[str, PathParam(description="job id (from POST /v1/jobs)", max_length=64)]
 
 
 def _list_losses(schema: dict[str, Any]) -> None:
