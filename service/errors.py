@@ -7,12 +7,16 @@ machine-readable extras (`need_bytes`), so a client can point at what to fix.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import errno
+import logging
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from trainer.errors import OvexError
 
 Loc = Sequence[str | int]
+log = logging.getLogger("ovex.disk")
 
 
 class DomainError(OvexError):
@@ -80,6 +84,12 @@ class Unavailable(DomainError):
     kind = "unavailable"
 
 
+class InsufficientStorage(DomainError):
+    """The server's disk is full (or over quota) where the request had to write; nothing was stored."""
+
+    kind = "insufficient_storage"
+
+
 class Unauthorized(DomainError):
     """No key was sent where one is needed."""
 
@@ -98,3 +108,39 @@ class InputError(Invalid):
     def __init__(self, errors: list[tuple[Loc, str]]) -> None:
         self.errors = errors
         super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in errors))
+
+
+# a full disk, or a full quota: the operator frees space, the request itself was fine
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_error(exc: OSError, what: str) -> DomainError | None:
+    """A failed write of `what` ("the upload", "the model") as a kind the client can act on: a full disk
+    is `InsufficientStorage`, a read-only one `Unavailable`; any other error is not the disk's (None).
+    The log keeps the exception and its path; the message names neither."""
+    if exc.errno in _DISK_FULL:
+        error: DomainError = InsufficientStorage(
+            f"the server's disk is full while writing {what}; free space or ask the operator"
+        )
+    elif exc.errno == errno.EROFS:
+        error = Unavailable(
+            f"the server's disk is read-only while writing {what}; retry later or ask the operator",
+            headers={"Retry-After": "30"},
+        )
+    else:
+        return None
+    log.warning("disk error while writing %s: %s: %s", what, type(exc).__name__, exc)
+    return error
+
+
+@contextlib.contextmanager
+def writing(what: str) -> Iterator[None]:
+    """Around code that writes `what` to disk: a full or read-only disk becomes its kind (`disk_error`)
+    at the point of writing, so every caller reports it alike; other `OSError`s pass through."""
+    try:
+        yield
+    except OSError as exc:
+        error = disk_error(exc, what)
+        if error is None:
+            raise
+        raise error from exc

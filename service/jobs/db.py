@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from service.errors import Unavailable
+from service.errors import DomainError, InsufficientStorage, Unavailable
 
 log = logging.getLogger("ovex.db")
 # an outage is logged once per this many seconds, not once per request or stream poll that meets it
@@ -30,6 +31,10 @@ _warned_at = {"last": float("-inf")}
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _PG_LOCK_KEY = 0x6F766578  # "ovex"
+_PG_DISK_FULL = "53100"  # SQLSTATE disk_full
+_BUSY_MS = 30_000  # how long a SQLite statement waits for another process's lock
+WAL_CHECKPOINT_PAGES = 256  # about 1 MiB of 4 KiB pages
+WAL_KEEP_BYTES = 1 << 20
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -50,7 +55,8 @@ def lost(exc: BaseException) -> bool:
 @contextlib.contextmanager
 def reachable(outcome: str = "") -> Iterator[None]:
     """Run database calls; a lost database becomes `Unavailable`, a 503 with Retry-After that names no
-    SQL, host or path (`outcome` says what did not happen); the log keeps the driver's message."""
+    SQL, host, path or driver class (`outcome` says what did not happen), and a full disk under it
+    `InsufficientStorage` (507); the log keeps the driver's message."""
     try:
         yield
     except Exception as exc:
@@ -59,9 +65,20 @@ def reachable(outcome: str = "") -> Iterator[None]:
         if time.monotonic() - _warned_at["last"] >= WARN_EVERY_S:
             _warned_at["last"] = time.monotonic()
             log.warning("job database unavailable", extra={"error": f"{type(exc).__name__}: {exc}"[:500]})
-        then = f": {outcome}" if outcome else ""
-        raise Unavailable(f"the job database is unavailable ({type(exc).__name__}){then}; retry later",
-                          headers={"Retry-After": "2"}) from exc
+        raise _refusal(exc, f": {outcome}" if outcome else "") from exc
+
+
+def _refusal(exc: Exception, then: str) -> DomainError:
+    """What a lost database means for the client, in words: its disk full, read-only, or just not there."""
+    orig = getattr(exc, "orig", None)
+    code = getattr(orig, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None  # extended result codes keep it in the low byte
+    if primary == sqlite3.SQLITE_FULL or getattr(orig, "sqlstate", None) == _PG_DISK_FULL:
+        return InsufficientStorage(f"the job database's disk is full{then}; free space or ask the operator")
+    if primary == sqlite3.SQLITE_READONLY:
+        return Unavailable(f"the job database's disk is read-only{then}; retry later or ask the operator",
+                           headers={"Retry-After": "30"})
+    return Unavailable(f"the job database is unavailable{then}; retry later", headers={"Retry-After": "2"})
 
 
 def make_engine(url: str) -> Engine:
@@ -76,12 +93,29 @@ def make_engine(url: str) -> Engine:
     def _pragmas(dbapi_conn: Any, _record: Any) -> None:
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA synchronous=NORMAL")
+        # a checkpoint every WAL_CHECKPOINT_PAGES pages, and the log cut back to WAL_KEEP_BYTES once it has
+        # been copied into the database: without the limit it keeps the largest size it ever reached
+        cur.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
+        cur.execute(f"PRAGMA journal_size_limit={WAL_KEEP_BYTES}")
         cur.close()
 
     return engine
+
+
+def checkpoint_wal(engine: Engine) -> None:
+    """Copy SQLite's write-ahead log into the database and truncate it to nothing, if no one is reading
+    or writing just now (never waits for them: the next call tries again). A no-op on other databases."""
+    if _sqlite_path(str(engine.url)) is None:
+        return
+    with engine.connect() as conn:
+        conn.exec_driver_sql("PRAGMA busy_timeout=0")
+        try:
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.exec_driver_sql(f"PRAGMA busy_timeout={_BUSY_MS}")
 
 
 @contextlib.contextmanager
