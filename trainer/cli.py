@@ -22,7 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import ValidationError
 
-from trainer.data import label_name_problem
+from trainer.data import label_name_problem, undecodable_line
 from trainer.errors import DataFormatError, ParamsError
 from trainer.params import TrainParams, given_params, validation_message
 
@@ -134,6 +134,8 @@ def with_label_names(ds: Any, path: str) -> Any:
             names = [line.rstrip("\r\n") for line in fh]
     except OSError as exc:
         raise ParamsError(f"--label-names: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(path, undecodable_line(path, 1), f"not UTF-8 text: {exc.reason}") from None
     while names and not names[-1].strip():
         names.pop()
     if len(names) != ds.n_labels:

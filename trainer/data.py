@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ __all__ = [
     "read_dataset",
     "read_jsonl",
     "read_xc",
+    "undecodable_line",
     "unseen_labels_note",
     "write_xc",
     "write_xc_rows",
@@ -55,6 +57,16 @@ MAX_LABEL_NAME = 1000
 # or feature space in use (the largest published label spaces are about 10^8), so a header beyond it is
 # a typo or a damaged file, refused before anything of its size is allocated.
 MAX_DIMENSION = 2**31
+# Most significant digits a count or id may have (leading zeros aside): ids are below MAX_DIMENSION (10
+# digits) and no file holds 10^18 rows, so a longer number is out of range, which is said without
+# converting it (Python refuses to convert one of over 4,300 digits at all).
+_MAX_NUMBER_DIGITS = 18
+# Longest feature value token, in characters: any float32 is written exactly in under 50 (9 significant
+# digits and an exponent suffice), so a longer token is damage, refused before it is converted.
+MAX_VALUE_CHARS = 100
+# Half of a UTF-16 pair on its own, which a JSON \uXXXX escape can spell but UTF-8 cannot hold: a text or
+# label name carrying one fails every job at its first encode (hashing, the model's label file).
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Variable-length strings with vectorised concatenation (numpy >= 2); fixed-width unicode before that.
 if hasattr(np, "strings") and hasattr(np.dtypes, "StringDType"):
@@ -145,6 +157,18 @@ class _CsrBuilder:
         return m
 
 
+def _digits(tok: bytes) -> int:
+    """Significant digits of an all-digit token (its sign and leading zeros aside)."""
+    return len(tok.lstrip(b"-").lstrip(b"0"))
+
+
+def _to_int(tok: bytes) -> int:
+    """An integer token of at most `_MAX_NUMBER_DIGITS` significant digits; leading zeros are dropped
+    first, so they never count against Python's limit on digits converted."""
+    digits = tok.lstrip(b"-").lstrip(b"0") or b"0"
+    return -int(digits) if tok.startswith(b"-") else int(digits)
+
+
 def _parse_header(raw: bytes, path: str) -> tuple[int, int, int]:
     parts = raw.split()
     if len(parts) != 3 or not all(_INT_RE.fullmatch(p) for p in parts):
@@ -152,7 +176,12 @@ def _parse_header(raw: bytes, path: str) -> tuple[int, int, int]:
         raise DataFormatError(
             path, 1, f"bad header {shown!r}: expected three non-negative integers 'N D L' "
             "(rows, features, labels)")
-    n, d, labels = (int(p) for p in parts)
+    for name, part, what in zip("NDL", parts, ("rows", "features", "labels"), strict=True):
+        if _digits(part) > _MAX_NUMBER_DIGITS:
+            raise DataFormatError(path, 1, f"bad header: {name}={_show(part)} is a {_digits(part):,}-digit "
+                                  f"count of {what}; at most {_MAX_NUMBER_DIGITS} digits are allowed (D and "
+                                  f"L at most {MAX_DIMENSION:,})")
+    n, d, labels = (_to_int(p) for p in parts)
     if d == 0:
         raise DataFormatError(path, 1, "bad header: feature count D must be positive")
     for name, value, what in (("D", d, "features"), ("L", labels, "labels")):
@@ -163,9 +192,33 @@ def _parse_header(raw: bytes, path: str) -> tuple[int, int, int]:
     return n, d, labels
 
 
-def _show(b: bytes) -> str:
-    """A token as the user wrote it (for messages), undecodable bytes escaped."""
-    return repr(b.decode("utf-8", "backslashreplace"))
+def _show(b: bytes, limit: int = 40) -> str:
+    """A token as the user wrote it (for messages), undecodable bytes escaped; a long one cut to its
+    first `limit` characters and its length, so a message stays a line whatever the token."""
+    text = b.decode("utf-8", "backslashreplace")
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(b):,} bytes)"
+
+
+def _out_of_range(tok: bytes, what: str, bound: str, size: int) -> str | None:
+    """Why an integer id token has too many digits to be an id below `size`, or None."""
+    if _digits(tok) <= _MAX_NUMBER_DIGITS:
+        return None
+    return (f"{what} {_show(tok)} is out of range: a {_digits(tok):,}-digit number, and ids run from 0 to "
+            f"{bound}-1={size - 1} from the header")
+
+
+def _value_problem(val_s: bytes, val: float | None, fid: int) -> str | None:
+    """What is wrong with a feature value token (None: fine); `val` is None when it was too long to read."""
+    if val is None:
+        return (f"value {_show(val_s)} for feature {fid} is {len(val_s):,} characters long; at most "
+                f"{MAX_VALUE_CHARS} are allowed (a float32 is written exactly in far fewer)")
+    if math.isnan(val) or (math.isinf(val) and b"n" in val_s.lower()):  # nan, inf, infinity
+        return f"non-finite value {_show(val_s)} for feature {fid}: values must be finite numbers"
+    if abs(val) >= _F32_OVERFLOW:
+        return f"value {_show(val_s)} for feature {fid} overflows float32 (largest magnitude about 3.4e38)"
+    return None
 
 
 def _check_row(line: bytes, lineno: int, path: str, n_features: int, n_labels: int
@@ -182,7 +235,10 @@ def _check_row(line: bytes, lineno: int, path: str, n_features: int, n_labels: i
             if not _SIGNED_INT_RE.fullmatch(part):
                 raise DataFormatError(path, lineno,
                                       f"unparsable label id {_show(part)} (expected an integer)")
-            lab = int(part)
+            problem = _out_of_range(part, "label id", "L", n_labels)
+            if problem:
+                raise DataFormatError(path, lineno, problem)
+            lab = _to_int(part)
             if lab < 0:
                 raise DataFormatError(path, lineno, f"negative label id {lab}")
             if lab >= n_labels:
@@ -199,19 +255,25 @@ def _check_row(line: bytes, lineno: int, path: str, n_features: int, n_labels: i
         fid_s, val_s = tok.split(b":")
         if not _SIGNED_INT_RE.fullmatch(fid_s):
             raise DataFormatError(path, lineno, f"unparsable feature id {_show(fid_s)} in {_show(tok)}")
-        fid = int(fid_s)
+        problem = _out_of_range(fid_s, "feature id", "D", n_features)
+        if problem:
+            raise DataFormatError(path, lineno, problem)
+        fid = _to_int(fid_s)
         if fid < 0:
             raise DataFormatError(path, lineno, f"negative feature id {fid}")
         if fid >= n_features:
             raise DataFormatError(path, lineno, f"feature id {fid} >= D={n_features} from the header")
-        try:
-            val = float(val_s)
-        except ValueError:
-            raise DataFormatError(path, lineno, f"unparsable value {_show(val_s)} in {_show(tok)}") from None
-        if not math.isfinite(val):
-            raise DataFormatError(path, lineno, f"non-finite value {_show(val_s)} for feature {fid}")
-        if abs(val) >= _F32_OVERFLOW:
-            raise DataFormatError(path, lineno, f"value {_show(val_s)} for feature {fid} overflows float32")
+        val: float | None = None
+        if len(val_s) <= MAX_VALUE_CHARS:
+            try:
+                val = float(val_s)
+            except ValueError:
+                raise DataFormatError(path, lineno, f"unparsable value {_show(val_s)} in {_show(tok)}"
+                                      ) from None
+        problem = _value_problem(val_s, val, fid)
+        if problem:
+            raise DataFormatError(path, lineno, problem)
+        assert val is not None
         ids.append(fid)
         vals.append(val)
     if len(set(ids)) != len(ids):
@@ -335,7 +397,7 @@ def _fast_chunk(buf: bytes, n_lines: int) -> tuple[np.ndarray, ...] | None:
     fs, fe = tstart[is_feat], tend[is_feat]
     id_len = cpos - fs
     if fs.size and (int(id_len.min()) < 1 or int(id_len.max()) > _MAX_INT_DIGITS
-                    or int((fe - cpos).min()) < 2):
+                    or int((fe - cpos).min()) < 2 or int((fe - cpos).max()) > MAX_VALUE_CHARS + 1):
         return None
     feat_ids = _parse_uint(a, fs, id_len)
     feat_counts = np.bincount(tline[is_feat], minlength=n_lines).astype(np.int64)
@@ -391,12 +453,24 @@ def _parse_chunk(buf: bytes, n_lines: int, first_lineno: int, path: str, n_featu
             raise ValueError
         vals = vals[order] if order.size else vals
     except (ValueError, OverflowError):
-        for j, line in enumerate(buf.split(b"\n")[:n_lines]):
-            _check_row(line, first_lineno + j, path, n_features, n_labels)
-        raise DataFormatError(path, first_lineno, "malformed rows in this region (no single fault found)"
-                              ) from None
+        _slow_chunk(buf, n_lines, first_lineno, path, n_features, n_labels, xb, yb)
+        return
     xb.add(feat_counts, feat_ids, vals.astype(np.float32))
     yb.add(lab_counts, lab_ids, None)
+
+
+def _slow_chunk(buf: bytes, n_lines: int, first_lineno: int, path: str, n_features: int, n_labels: int,
+                xb: _CsrBuilder, yb: _CsrBuilder) -> None:
+    """Line-by-line parse of a block the fast path declined: the first fault is raised with its line; a
+    block without one (rare spellings the fast path leaves alone, such as ids with many leading zeros)
+    is added as the exact parser read it."""
+    rows = [_check_row(line, first_lineno + j, path, n_features, n_labels)
+            for j, line in enumerate(buf.split(b"\n")[:n_lines])]
+    feats = [sorted(zip(ids, vals, strict=True)) for _, ids, vals in rows]  # ids are unique in a row
+    xb.add(np.array([len(f) for f in feats], np.int64), np.array([i for f in feats for i, _ in f], np.int64),
+           np.array([v for f in feats for _, v in f], np.float64))
+    yb.add(np.array([len(lab) for lab, _, _ in rows], np.int64),
+           np.array([i for lab, _, _ in rows for i in sorted(lab)], np.int64), None)
 
 
 def _blocks(fh: IO[bytes]) -> Iterator[bytes]:
@@ -564,6 +638,9 @@ def read_jsonl(path: str | Path, label_names: list[str] | None = None) -> Datase
                                           ) from None
                 except RecursionError:  # the C decoder's nesting guard
                     raise DataFormatError(spath, lineno, "JSON nested too deeply") from None
+                except ValueError:  # json converts integers itself, up to Python's limit on digits
+                    raise DataFormatError(spath, lineno, "a JSON number with more than "
+                                          f"{sys.get_int_max_str_digits():,} digits") from None
                 texts.append(_jsonl_text(obj, spath, lineno))
                 for name in _jsonl_labels(obj, spath, lineno):
                     idx = vocab.get(name)
@@ -574,8 +651,9 @@ def read_jsonl(path: str | Path, label_names: list[str] | None = None) -> Datase
                         idx = vocab[name] = len(vocab)
                     indices.append(idx)
                 indptr.append(len(indices))
-    except UnicodeDecodeError as e:
-        raise DataFormatError(spath, lineno + 1, f"not UTF-8 text: {e.reason}") from None
+    except UnicodeDecodeError as e:  # raised ahead of the line at fault: text is decoded by the block
+        raise DataFormatError(spath, undecodable_line(spath, lineno + 1), f"not UTF-8 text: {e.reason}"
+                              ) from None
     if not texts:
         raise DataFormatError(spath, max(lineno, 1), "empty file: no JSON rows")
     names = list(label_names) if label_names is not None else list(vocab)
@@ -585,6 +663,41 @@ def read_jsonl(path: str | Path, label_names: list[str] | None = None) -> Datase
         shape=(len(texts), n_labels))
     Y.sort_indices()
     return Dataset(Y=Y, n_features=0, n_labels=n_labels, texts=texts, label_names=names, path=spath)
+
+
+def undecodable_line(path: str, fallback: int) -> int:
+    """The line (counted as text mode counts them: \\n, \\r\\n or a lone \\r ends one) holding the
+    first byte that is not UTF-8; `fallback` if none is found. Lines are split at \\n, which no
+    multi-byte UTF-8 sequence contains, so each decodes on its own."""
+    lineno = 1
+    try:
+        with open(path, "rb") as fh:
+            for i, raw in enumerate(fh):
+                if i == 0:
+                    raw = raw.removeprefix(_BOM)
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    return lineno + _lone_crs(raw[: e.start])
+                lineno += 1 + _lone_crs(raw)
+    except OSError:
+        pass
+    return fallback
+
+
+def _lone_crs(raw: bytes) -> int:
+    """Carriage returns not followed by a newline: each ends a line in text mode."""
+    return raw.count(b"\r") - raw.count(b"\r\n")
+
+
+def _surrogate_problem(text: str, what: str) -> str | None:
+    """Where `text` holds a lone surrogate, said as what to fix (None: it has none)."""
+    found = _SURROGATE.search(text)
+    if found is None:
+        return None
+    return (f"{what} holds a lone surrogate {found.group()!r} at character {found.start() + 1}: a \\uXXXX "
+            "escape that is half of a UTF-16 pair is not text; escape the whole pair or write the "
+            "character itself")
 
 
 def _jsonl_text(obj: object, path: str, lineno: int) -> str:
@@ -600,19 +713,22 @@ def _jsonl_text(obj: object, path: str, lineno: int) -> str:
         raise DataFormatError(path, lineno, f"'text' must be a string, got {type(text).__name__}")
     if not text.strip():
         raise DataFormatError(path, lineno, "'text' is empty")
+    problem = _surrogate_problem(text, "'text'")
+    if problem:
+        raise DataFormatError(path, lineno, problem)
     return text
 
 
 def label_name_problem(name: str) -> str | None:
     """What is wrong with a label name, or None: names are what the model answers, so a blank one (it
-    shows as nothing) and one over `MAX_LABEL_NAME` characters are refused. Any other character is
-    fine: labels.txt holds each name as a JSON string."""
+    shows as nothing), one over `MAX_LABEL_NAME` characters and one with a lone surrogate (UTF-8 cannot
+    hold it) are refused. Any other character is fine: labels.txt holds each name as a JSON string."""
     if not name.strip():
         return f"blank label name {name!r}"
     if len(name) > MAX_LABEL_NAME:
         return (f"label name {name[:40]!r}... is {len(name)} characters long; at most {MAX_LABEL_NAME} are "
                 "allowed")
-    return None
+    return _surrogate_problem(name, f"label name {name[:40]!r}")
 
 
 def _jsonl_labels(obj: dict[str, object], path: str, lineno: int) -> list[str]:
