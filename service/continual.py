@@ -9,6 +9,7 @@ then instead of a failed job later. The base directory is only ever read.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from trainer.artifact import labels_text, map_safetensors
 from trainer.continual import continual_params
 from trainer.errors import ArtifactError, OvexError, ParamsError
 from trainer.params import TrainParams
+
+log = logging.getLogger("ovex.continual")
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,21 @@ def _base_summary(path: Path, label: str) -> tuple[TrainParams, int, int, str]:
         map_safetensors(path / what)
         return params, n_labels, n_features, kind
     except (OSError, ValueError, KeyError, TypeError, OvexError) as exc:
-        raise ArtifactError(label, f"{what} cannot be read ({type(exc).__name__})") from None
+        log.warning("base %s: %s unreadable: %s: %s", label, what, type(exc).__name__, exc)
+        raise ArtifactError(label, f"{what} {_unreadable(exc)}") from None
+
+
+def _unreadable(exc: Exception) -> str:
+    """Why a stored file cannot be used, in words (the class and the server's path stay in the log)."""
+    if isinstance(exc, FileNotFoundError):
+        return "is missing"
+    if isinstance(exc, OSError):
+        return f"cannot be read ({(exc.strerror or 'I/O error').lower()})"
+    if isinstance(exc, KeyError):
+        return f"lacks the field {exc.args[0]!r}" if exc.args else "lacks a field"
+    if isinstance(exc, OvexError):
+        return "holds parameters this server does not take"
+    return "is damaged (cut short, or not in its format)"
 
 
 def resolve_base(

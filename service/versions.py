@@ -3,9 +3,11 @@ name, once deleted, never comes back naming other weights (caches, logs and clie
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
+from service.errors import writing
 from trainer.durable import commit_file
 
 HIGH_WATER = ".highest-version"
@@ -42,9 +44,16 @@ def next_version(model_dir: Path) -> int:
 
 
 def retire(model_dir: Path, version: str) -> None:
-    """Record a numbered version about to be deleted, atomically, before its directory goes."""
+    """Record a numbered version about to be deleted, atomically, before its directory goes. A disk that
+    cannot take the record (full, read-only) refuses the delete here, with the version still whole."""
     if not version.isdigit() or int(version) <= _recorded(model_dir):
         return
     tmp = model_dir / f"{HIGH_WATER}.{os.getpid()}.tmp"
-    tmp.write_text(f"{int(version)}\n")
-    commit_file(tmp, model_dir / HIGH_WATER)
+    try:
+        with writing(f"the record of deleted version {version}"):
+            tmp.write_text(f"{int(version)}\n")
+            commit_file(tmp, model_dir / HIGH_WATER)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a read-only disk refuses this too
+            tmp.unlink(missing_ok=True)
+        raise

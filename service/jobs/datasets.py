@@ -22,7 +22,16 @@ from typing import IO
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from service.errors import DomainError, Invalid, Malformed, TooLarge, Unsupported
+from service.errors import (
+    DomainError,
+    InsufficientStorage,
+    Invalid,
+    Malformed,
+    TooLarge,
+    Unavailable,
+    Unsupported,
+    writing,
+)
 from service.jobs.config import JobsConfig
 from service.jobs.models import DatasetRow
 from service.jobs.runner import dataset_path
@@ -139,20 +148,27 @@ async def receive_file(
             raise TooLarge(
                 f"upload of {declared} bytes exceeds the limit of {max_bytes} bytes", loc=["body", "file"]
             )
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix="upload-", suffix=".part", dir=dest_dir)
+    body = _counted(chunks, envelope, max_bytes)
+    try:
+        with writing("the upload"):
+            dest_dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(prefix="upload-", suffix=".part", dir=dest_dir)
+    except DomainError:
+        await _drain(body)
+        raise
     tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "wb") as out:
-            sink = _MultipartSink(out, max_bytes, file_field)
-            parser = MultipartParser(boundary, callbacks=_callbacks(sink))  # type: ignore[arg-type]
-            total = 0
-            async for chunk in chunks:
-                total += len(chunk)
-                if total > envelope:
-                    raise TooLarge(f"upload exceeds the limit of {max_bytes} bytes", loc=["body", "file"])
-                _feed(parser, chunk)
-            _feed(parser, None)
+        try:
+            with writing("the upload"), os.fdopen(fd, "wb") as out:
+                sink = _MultipartSink(out, max_bytes, file_field)
+                parser = MultipartParser(boundary, callbacks=_callbacks(sink))  # type: ignore[arg-type]
+                async for chunk in body:
+                    _feed(parser, chunk)
+                _feed(parser, None)
+        except (InsufficientStorage, Unavailable):
+            tmp.unlink(missing_ok=True)  # the space it holds first, then the rest of the body
+            await _drain(body)
+            raise
         if not sink.ended:
             raise Malformed(
                 "the multipart body ends before its closing boundary: the upload was cut short", loc=["body"]
@@ -163,6 +179,24 @@ async def receive_file(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+async def _counted(chunks: AsyncIterator[bytes], envelope: int, max_bytes: int) -> AsyncIterator[bytes]:
+    """The body's chunks, refused (413) once more than `envelope` bytes have arrived."""
+    total = 0
+    async for chunk in chunks:
+        total += len(chunk)
+        if total > envelope:
+            raise TooLarge(f"upload exceeds the limit of {max_bytes} bytes", loc=["body", "file"])
+        yield chunk
+
+
+async def _drain(body: AsyncIterator[bytes]) -> None:
+    """Read the rest of a body the server could not store (its disk at fault, not the request), so the
+    connection is left ready for the client's next request instead of closed mid-body."""
+    with contextlib.suppress(Exception):  # over the limit or the client gone: nothing more to keep
+        async for _ in body:
+            pass
 
 
 def _feed(parser: MultipartParser, chunk: bytes | None) -> None:
@@ -230,8 +264,9 @@ def ingest(cfg: JobsConfig, store: JobStore, received: ReceivedFile) -> tuple[Da
             created_at=time.time(),
         )
         final = dataset_path(cfg, row)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        commit_file(received.path, final)  # stored on disk before the store lists it
+        with writing("the dataset"):
+            final.parent.mkdir(parents=True, exist_ok=True)
+            commit_file(received.path, final)  # stored on disk before the store lists it
         try:
             store.add_dataset(row)
         except Exception:

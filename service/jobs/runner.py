@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from service.continual import trainer_inputs
+from service.errors import disk_error, writing
 from service.input_kind import artifact_kind, check_input_kind
 from service.jobs.config import JobsConfig
 from service.jobs.models import CANCELLED, FAILED, SUCCEEDED, DatasetRow, JobRow
@@ -49,13 +50,27 @@ def publish(staging: Path, model_dir: Path, job_id: str) -> str:
     Renaming a directory onto an existing non-empty one fails, so two jobs finishing at once for the same
     model take different versions instead of overwriting each other. The artifact names the job that made
     it (`PUBLISHED_BY`), so a later attempt of the job finds its version instead of publishing another.
+    A full or read-only disk is its error kind (`writing`) and leaves no half-copied version behind.
     """
-    model_dir.mkdir(parents=True, exist_ok=True)
-    tmp = staging / f"{PUBLISHED_BY}.tmp"
-    tmp.write_text(json.dumps({"job_id": job_id}) + "\n")
-    commit_file(tmp, staging / PUBLISHED_BY)
-    fsync_path(staging)
-    source = staging
+    with writing("the model"):
+        model_dir.mkdir(parents=True, exist_ok=True)
+        tmp = staging / f"{PUBLISHED_BY}.tmp"
+        tmp.write_text(json.dumps({"job_id": job_id}) + "\n")
+        commit_file(tmp, staging / PUBLISHED_BY)
+        fsync_path(staging)
+        try:
+            return _rename_to_next(staging, model_dir, job_id)
+        except BaseException:
+            for partial in model_dir.glob(f"{_INCOMING}{job_id}-*"):  # a copy the disk cut short
+                shutil.rmtree(partial, ignore_errors=True)
+            raise
+
+
+_INCOMING = ".incoming-"  # a hidden name: no scan lists the copy before its rename
+
+
+def _rename_to_next(source: Path, model_dir: Path, job_id: str) -> str:
+    """Rename `source` to the next free version of `model_dir`; its name."""
     for _ in range(1000):
         target = model_dir / str(next_version(model_dir))
         try:
@@ -64,8 +79,8 @@ def publish(staging: Path, model_dir: Path, job_id: str) -> str:
             return target.name
         except OSError as e:
             if e.errno == errno.EXDEV:  # data and models on different filesystems: copy next to it first
-                tmp = model_dir / f".incoming-{uuid.uuid4().hex}"
-                shutil.copytree(source, tmp)
+                tmp = model_dir / f"{_INCOMING}{job_id}-{uuid.uuid4().hex}"
+                _copy_tree(source, tmp)
                 fsync_tree(tmp)
                 shutil.rmtree(source, ignore_errors=True)
                 source = tmp
@@ -74,6 +89,16 @@ def publish(staging: Path, model_dir: Path, job_id: str) -> str:
                 continue
             raise
     raise OvexError(f"could not find a free version under {model_dir}")
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    """Copy a directory tree, stopping at the first file that fails with its own `OSError` (shutil's
+    copytree goes on and gathers the failures as strings, losing what they were: a full disk, say)."""
+    for dirpath, _dirs, files in os.walk(src):
+        into = dst / Path(dirpath).relative_to(src)
+        into.mkdir(parents=True, exist_ok=into != dst)
+        for name in files:
+            shutil.copy2(Path(dirpath) / name, into / name)
 
 
 def published_version(model_dir: Path, job_id: str) -> str | None:
@@ -261,9 +286,11 @@ class JobRunner:
         except OvexError as e:
             self._failed(job_id, job_dir, self._without_paths(str(e), job_dir))
         except Exception as e:
-            # the traceback names server paths: it goes to the worker's log, the job gets the kind only
+            # the traceback names server paths and classes: it goes to the worker's log, the job says what
             log.exception("job %s: internal error", job_id)
-            self._failed(job_id, job_dir, f"internal error ({type(e).__name__}); see the worker log")
+            disk = disk_error(e, "the job's files") if isinstance(e, OSError) else None
+            self._failed(job_id, job_dir, disk.message if disk is not None
+                         else "internal error while running the job; see the worker log")
         finally:
             lease.stop()
 
@@ -391,6 +418,14 @@ class JobRunner:
         return job is not None and job.worker == self.worker
 
     def _failed(self, job_id: str, job_dir: Path, message: str) -> None:
-        self.store.log(job_id, f"failed: {message}")
+        """End the job as failed. Its files go first while it is still ours: a full disk (the job
+        database's too, often) gets their space back before the failure is written."""
+        with contextlib.suppress(Exception):  # unknown: the files wait for the record, as below
+            if self._still_ours(job_id):
+                shutil.rmtree(job_dir, ignore_errors=True)
+        try:
+            self.store.log(job_id, f"failed: {message}")
+        except Exception:  # the log line is lost, not the job's end
+            log.warning("log write for %s failed", job_id, exc_info=True)
         if self.store.finish(job_id, self.worker, FAILED, error=message):
             shutil.rmtree(job_dir, ignore_errors=True)

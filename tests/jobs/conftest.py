@@ -423,9 +423,10 @@ class Server:
 
 
 @contextlib.contextmanager
-def sqlite_server(root: Path) -> Iterator[Server]:
-    """`ovex serve` on SQLite with its embedded job worker, its files under `root`; stopped on the way out."""
-    server = Server(root, Backend("sqlite"), embedded_worker=True, extra_env={})
+def sqlite_server(root: Path, **extra_env: str) -> Iterator[Server]:
+    """`ovex serve` on SQLite with its embedded job worker, its files under `root` (`extra_env`: more
+    settings); stopped on the way out."""
+    server = Server(root, Backend("sqlite"), embedded_worker=True, extra_env=extra_env)
     server.start()
     try:
         yield server
