@@ -6,7 +6,8 @@ what each builds for itself. Before a fork the supervisor only imports: it start
 torch/OpenMP parallel region, builds no app and loads no model. Each worker sets its own thread counts,
 builds its app, loads its models and indexes, follows the active versions, and serves the socket the
 supervisor bound. The supervisor replaces a worker that dies or whose event loop stops beating, hands
-SIGTERM/SIGINT on to every worker, and runs the one job worker for the group.
+SIGTERM/SIGINT on to every worker, and runs the one job worker for the group. It also keeps, in shared
+memory, which worker serves in which slot (`service.peers`): an activation waits for the live ones.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
 import uvicorn
+
+from service.peers import Peers, join
 
 if TYPE_CHECKING:
     from service.jobs.runtime import EmbeddedWorker
@@ -284,6 +287,7 @@ class Supervisor:
         self.sock = sock
         self.slots = [Slot(i) for i in range(workers)]
         self.loads = Loads(workers)
+        self.peers = Peers(workers)
         self.jobs = jobs
         self.stop_signal: int | None = None
 
@@ -300,6 +304,7 @@ class Supervisor:
             for slot in self.slots:  # the other workers' heartbeats are the supervisor's to read
                 if slot.beats is not None:
                     os.close(slot.beats)
+            join(self.peers, index)  # before the app is built: its registry follows from this slot
             server = HeartbeatServer(self.config, beat_fd, listen_when_loaded, self.loads, index)
             server.run(sockets=[self.sock])
             code = 0
@@ -319,11 +324,13 @@ class Supervisor:
         os.set_blocking(read_end, False)
         os.set_blocking(write_end, False)
         self.loads.counts[slot.index] = NOT_LISTENING  # until the new worker listens
+        self.peers.starting(slot.index)  # the new worker has followed nothing yet
         pid = os.fork()
         if pid == 0:
             self._serve_in_child(slot.index, write_end, listen_when_loaded=slot.restarts > 0)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         os.close(write_end)
+        self.peers.occupy(slot.index, pid)  # (the child writes the same)
         slot.pid, slot.beats = pid, read_end
         slot.started = slot.last_beat = time.monotonic()
         slot.beating = False
@@ -346,6 +353,7 @@ class Supervisor:
             lived = now - slot.started
             slot.pid = None
             self.loads.counts[slot.index] = NOT_LISTENING  # its connections died with it
+            self.peers.vacate(slot.index)  # an activation no longer waits for it
             if slot.beats is not None:
                 os.close(slot.beats)
                 slot.beats = None

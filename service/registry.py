@@ -7,7 +7,9 @@ A version that fails to load is refused with a log line and never replaces the o
 
 Which version is active is not this process's decision: it is a row of the shared database
 (`service.jobs.active`). Activation loads and warms the version here, then records it; every other
-process and replica polls the rows (`active_poll_s`) and follows. A model nobody activated gets the
+process and replica polls the rows (`active_poll_s`) and follows. The other workers of the same
+`ovex serve --workers N` are asked to follow at once, and the activation answers once they have
+(`service.peers`). A model nobody activated gets the
 highest version that loads, and that first choice is recorded too, so a restart, a second worker or a
 second replica serves the same version instead of re-deciding from what is on disk.
 """
@@ -32,6 +34,7 @@ from sqlalchemy.orm import Session
 from service.api.metrics import Metrics
 from service.errors import Conflict, NotFound, Unavailable
 from service.jobs.active import ActiveVersions
+from service.peers import Siblings, this_worker
 from service.predictor import Predictor
 from service.quantized_scan import Check, no_check
 from service.retrieval import ExactScorer, RetrievalConfig, Retriever, build_retriever, configure_threads
@@ -42,6 +45,9 @@ log = logging.getLogger("ovex.registry")
 
 # a version being deleted is first renamed to this prefix (hidden: the scan skips it), then removed
 DELETING = ".deleting-"
+# how long an activation waits for the other workers to follow it, beyond the time its own load took
+# (they load the same version)
+CONFIRM_S = 10.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -141,11 +147,19 @@ def build_serving_index(path: Path, settings: Settings, check: Check = no_check)
 class ModelRegistry:
     """Thread-safe: loads run under one lock (one at a time); reads are single dict lookups."""
 
-    def __init__(self, settings: Settings, store: ActiveVersions, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: ActiveVersions,
+        metrics: Metrics | None = None,
+        peers: Siblings | None = None,
+    ) -> None:
         self.settings = settings
         self.models_dir = Path(settings.models_dir)
         self.store = store
         self.metrics = metrics
+        # the other workers of this server, asked to follow an activation before it answers
+        self.peers = peers if peers is not None else this_worker()
         self._active: dict[str, ServedModel] = {}
         self._refused: dict[tuple[str, str], str] = {}
         self._refused_at: dict[tuple[str, str], float] = {}
@@ -177,7 +191,12 @@ class ModelRegistry:
         try:
             served = load_served(name, version, path, self.settings)
         except Exception as exc:
-            msg = f"{type(exc).__name__}: {exc}".replace(str(path), f"{name}/{version}")
+            if not path.is_dir():  # deleted while it loaded: nothing to refuse
+                raise NotFound(
+                    f"version {version!r} of model {name!r} no longer exists (deleted meanwhile); "
+                    "nothing was activated"
+                ) from exc
+            msg = (str(exc) or "its files could not be read").replace(str(path), f"{name}/{version}")
             self._refused[(name, version)] = msg
             self._refused_at[(name, version)] = time.monotonic()
             if self.metrics is not None:
@@ -257,7 +276,10 @@ class ModelRegistry:
                 except Exception as exc:
                     log.warning("active-version store unreachable; retrying", extra={"error": str(exc)})
                     self._stop.wait(2.0)
+            stamp = time.monotonic_ns()
             self.refresh()
+            if self.peers is not None:
+                self.peers.followed(stamp)
         finally:
             self.started.set()
         self._follower = threading.Thread(target=self._follow, name="ovex-active-follower", daemon=True)
@@ -265,16 +287,31 @@ class ModelRegistry:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.peers is not None:
+            self.peers.wake()
         if self._follower is not None:
             self._follower.join(timeout=10)
         self.store.close()
 
     def _follow(self) -> None:
-        while not self._stop.wait(self.settings.active_poll_s):
+        """Refresh every `active_poll_s`, and at once when another worker of this server asks; then tell
+        it from when on this one follows (`Siblings.followed`)."""
+        while not self._wait_for_news():
+            stamp = time.monotonic_ns()  # before the read: what was committed earlier is seen
             try:
                 self.refresh()
             except Exception as exc:
                 log.warning("following the active versions failed", extra={"error": str(exc)})
+                continue
+            if self.peers is not None:
+                self.peers.followed(stamp)
+
+    def _wait_for_news(self) -> bool:
+        """Wait a poll period or until asked; True once the registry is stopping."""
+        if self.peers is None:
+            return self._stop.wait(self.settings.active_poll_s)
+        self.peers.wait(self.settings.active_poll_s)
+        return self._stop.is_set()
 
     def refresh(self) -> None:
         """Make this process serve what the database says: models with nothing serving get their
@@ -296,8 +333,18 @@ class ModelRegistry:
                         continue
 
     def load_version(self, name: str, version: str, activate: bool = False) -> ServedModel:
-        """Load (and check) a version that just appeared, e.g. from a training job; activate if asked.
-        Raises `NotFound` for an unknown directory and `Conflict` when it fails to load."""
+        """Load (and check) a version that just appeared, e.g. from a training job; activate if asked,
+        then wait (bounded) for the other workers of this server to follow. Raises `NotFound` for an
+        unknown directory and `Conflict` when it fails to load."""
+        t0 = time.monotonic()
+        served, asked = self._load_version(name, version, activate)
+        if asked is not None:  # a job's activation: recorded, so the stragglers follow by poll
+            self._confirm(name, version, asked, time.monotonic() - t0, strict=False)
+        return served
+
+    def _load_version(self, name: str, version: str, activate: bool) -> tuple[ServedModel, int | None]:
+        """`load_version` here, under the lock; with the time the other workers were asked to follow an
+        activation (None: nobody to ask, or no activation)."""
         with self._lock:
             if version not in self.scan().get(name, []):
                 raise NotFound(f"model {name!r} has no version {version!r}")
@@ -305,9 +352,12 @@ class ModelRegistry:
             if current is not None and current.version == version:
                 if activate:
                     self._record(name, version)
-                return current
+                    return current, self._ask_peers()
+                return current, None
             try:
                 served = self._load(name, version)
+            except NotFound:
+                raise
             except Exception as exc:
                 raise Conflict(
                     f"version {version!r} of model {name!r} failed to load and was refused: "
@@ -316,13 +366,38 @@ class ModelRegistry:
             if activate:  # recorded first: a choice the database did not take must not serve here
                 self._record(name, version)
                 self._swap(served)
-            elif current is None:
+                return served, self._ask_peers()
+            if current is None:
                 recorded = self.store.record_first(name, version, self._present(name, version))
                 if recorded == version:
                     self._swap(served)
                 else:  # another process already chose for this model: the next refresh follows it
                     self.refresh()
-            return served
+            return served, None
+
+    def _ask_peers(self) -> int | None:
+        """Ask the other workers of this server to follow the database now (called once an activation is
+        recorded); the time to confirm against, or None when this process serves alone."""
+        return self.peers.ask() if self.peers is not None else None
+
+    def _confirm(self, name: str, version: str, asked: int, took_s: float, strict: bool) -> None:
+        """Wait, off the lock (a sibling following needs its own lock, and may be activating too), until
+        every live worker of this server serves what was recorded at `asked`. Those that do not confirm in
+        time are logged, and with `strict` the caller is told: recorded, but not yet served everywhere."""
+        assert self.peers is not None
+        timeout_s = CONFIRM_S + took_s
+        serving, alive = self.peers.confirm(asked, timeout_s)
+        if serving == alive:
+            return
+        message = (
+            f"version {version!r} of model {name!r} is recorded as active and serves in {serving} of this "
+            f"server's {alive} workers; the others did not confirm within {timeout_s:.0f} s and follow it "
+            "as soon as they can: activate it again to wait for them"
+        )
+        log.warning("activation not confirmed by every worker",
+                    extra={"model": name, "version": version, "serving": serving, "workers": alive})
+        if strict:
+            raise Unavailable(message, headers={"Retry-After": "1"})
 
     def _present(self, name: str, version: str) -> Callable[[], bool]:
         return (self.models_dir / name / version).is_dir
@@ -333,14 +408,19 @@ class ModelRegistry:
         self.store.set(name, version, self._present(name, version))
 
     def activate(self, name: str, version: str) -> tuple[ServedModel, str | None]:
-        """Hot swap: load + warm the version here, make it active, then record the choice for every
-        other process and replica to follow."""
+        """Hot swap: load + warm the version here, record the choice for every other process and replica
+        to follow, make it active here, and return once every worker of this server serves it (replicas
+        follow within `active_poll_s`). `Unavailable` when a worker did not confirm in time: the choice
+        is recorded and that worker follows it as soon as it can."""
+        t0 = time.monotonic()
         with self._lock:
             if name not in self.scan():
                 raise NotFound(f"unknown model {name!r}")
             prev = self._active.get(name)
-            served = self.load_version(name, version, activate=True)
-            return served, (prev.version if prev else None)
+            served, asked = self._load_version(name, version, activate=True)
+        if asked is not None:
+            self._confirm(name, version, asked, time.monotonic() - t0, strict=True)
+        return served, (prev.version if prev else None)
 
     def delete_version(self, name: str, version: str) -> None:
         """Remove a version's directory; refused for the active version (serving here, or recorded as
@@ -365,7 +445,7 @@ class ModelRegistry:
                 (self.models_dir / name / version).rename(gone)
             self._refused.pop((name, version), None)
             try:
-                shutil.rmtree(gone)
+                _remove(gone)
             except OSError as exc:  # deleted as far as anyone can see; the files are left to remove by hand
                 log.warning("files of a deleted version remain", extra={"model": name, "version": version,
                                                                         "error": str(exc)})
@@ -373,7 +453,12 @@ class ModelRegistry:
     def _sweep_deleted(self) -> None:
         """Remove what a deletion cut short (by a crash) left: versions already renamed out of sight."""
         for gone in self.models_dir.glob(f"*/{DELETING}*"):
-            shutil.rmtree(gone, ignore_errors=True)
+            try:
+                _remove(gone)
+            except OSError as exc:
+                log.warning("files of a deleted version remain",
+                            extra={"model": gone.parent.name, "error": str(exc)})
+                continue
             log.info("removed the files of a deleted version", extra={"model": gone.parent.name})
 
     # -- reads -------------------------------------------------------------------------------------
@@ -431,3 +516,12 @@ class ModelRegistry:
         except (OSError, ValueError):
             pass
         return out
+
+
+def _remove(gone: Path) -> None:
+    """Remove a version renamed out of sight. A version that was a link to a directory elsewhere loses
+    only its link: the target is never followed (its files are not the registry's to delete)."""
+    if gone.is_symlink() or not gone.is_dir():
+        gone.unlink()
+    else:
+        shutil.rmtree(gone)
