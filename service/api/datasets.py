@@ -116,6 +116,9 @@ _UPLOAD_BODY = {
         413: {"description": "upload over the size limit"},
         415: {"description": "not multipart/form-data"},
         422: {"description": "not a valid dataset (file and line named)"},
+        503: {"description": "the job database is unavailable, or the server's disk is read-only; retry "
+                             "after Retry-After seconds"},
+        507: {"description": "the server's disk is full: nothing was stored; free space or ask the operator"},
     },
 )
 async def upload_dataset(request: Request, response: Response, jobs: Jobs, _: ApiKey) -> DatasetOut:

@@ -134,6 +134,9 @@ async def activate(
     responses={
         **VERSION_ERRORS,
         409: {"model": ErrorBody, "description": "the version is the active one, or a job continues it"},
+        503: {"model": ErrorBody, "description": "the job database is unavailable, or the models disk is "
+                                                 "read-only: the version was not deleted"},
+        507: {"model": ErrorBody, "description": "the models disk is full: the version was not deleted"},
     },
 )
 async def delete_version(name: ModelName, version: VersionName, registry: RegistryDep, _: ApiKey) -> Response:
