@@ -114,6 +114,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         default_limit=settings.max_body_bytes,
         prefix_limits={"/v1/datasets": settings.max_upload_bytes},
         body_timeout_s=settings.body_timeout_s,
+        body_deadline_s=settings.body_deadline_s,
+        body_min_rate=settings.body_min_rate,
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(WorkerHeader)

@@ -16,8 +16,8 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
+from service.errors import Invalid
 from service.retrieval import ExactScorer, Retriever, TopK
-from trainer.errors import OvexError
 from trainer.sparse_maps import linear_head_means, normalize_topk
 
 log = logging.getLogger("ovex.predictor")
@@ -95,14 +95,15 @@ class RowPrediction:
     exact: bool
 
 
-class InputRowError(OvexError):
-    """One input of a request cannot be answered (e.g. its values overflow float32 in the encoder)."""
+class InputRowError(Invalid):
+    """One input of a request cannot be answered (e.g. its values overflow float32 in the encoder): a
+    value the client sent is wrong, as only the model can tell (422 like every invalid input)."""
 
     def __init__(self, row: int, field: str, message: str) -> None:
         self.row = row
         self.field = field
+        super().__init__(f"inputs[{row}].{field}: {message}", loc=["body", "inputs", row, field])
         self.message = message
-        super().__init__(f"inputs[{row}].{field}: {message}")
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ class Predictor:
                 out[ji] = InputRowError(
                     bad[0],
                     "features" if j.rows[bad[0]].text is None else "text",
-                    "the input overflows the model's float32 range",
+                    "the input overflows the model's float32 range: scale its values down",
                 )
             else:
                 keep.append(ji)

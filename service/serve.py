@@ -92,7 +92,7 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
         "log_level": settings.log_level.lower(),
         # open SSE streams (/v1/jobs/{id}/events) would otherwise hold shutdown until their job ends
         "timeout_graceful_shutdown": 5,
-        "http": with_header_timeout(settings.header_timeout_s),
+        "http": with_header_timeout(settings.header_timeout_s, settings.max_header_bytes),
     }
 
 

@@ -58,6 +58,24 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         default=30.0, gt=0, description="a request body that sends nothing for this long is dropped (408)"
     )
+    body_deadline_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="a request body must have all arrived this long after its headers, plus its size at "
+        "`body_min_rate` (its Content-Length, or the path's body limit when it declares none), or it is "
+        "dropped (408)",
+    )
+    body_min_rate: int = Field(
+        default=64 << 10,
+        ge=1024,
+        description="bytes per second a body is given on top of `body_deadline_s` (a full 256 MiB upload: "
+        "about 68 minutes)",
+    )
+    max_header_bytes: int = Field(
+        default=64 << 10,
+        ge=1024,
+        description="request line and headers larger than this are answered 431 and the connection closed",
+    )
     header_timeout_s: float = Field(
         default=30.0,
         gt=0,

@@ -77,13 +77,20 @@ def detail_for(exc: OvexError) -> Any:
     return str(exc)
 
 
+MAX_FIELD_ERRORS = 20  # an answer lists this many field errors, then says how many more there are
+
+
 def _clean_validation_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
-    """Keep loc/msg/type only: pydantic's `input`/`ctx` may hold NaN or bytes that are not JSON."""
+    """Keep loc/msg/type only: pydantic's `input`/`ctx` may hold NaN or bytes that are not JSON. At most
+    `MAX_FIELD_ERRORS`, then one entry counting the rest: a bad list must not make a huge answer."""
     out = []
-    for e in errors:
+    for e in errors[:MAX_FIELD_ERRORS]:
         loc = [p if isinstance(p, int | str) else str(p) for p in e.get("loc", ())]
         msg, typ = str(e.get("msg", "invalid")), str(e.get("type", "value_error"))
         out.append({"loc": loc, "msg": msg, "type": typ})
+    if len(errors) > MAX_FIELD_ERRORS:
+        more = len(errors) - MAX_FIELD_ERRORS
+        out.append({"loc": ["body"], "msg": f"and {more} more errors", "type": "too_many_errors"})
     return out
 
 
@@ -100,6 +107,16 @@ def _v2(status: int, detail: Any, headers: Mapping[str, str] | None = None) -> J
     if isinstance(detail, list):
         detail = "; ".join(_loc_msg(d.get("loc", ()), str(d.get("msg", ""))) for d in detail)
     return JSONResponse({"error": str(detail)}, status_code=400 if status == 422 else status, headers=headers)
+
+
+def error_response(
+    path: str, status: int, detail: Any, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """The error answer for a request to `path` in its protocol's shape; also for the middleware and the
+    HTTP protocol, which answer (413, 408, 431) before any handler runs."""
+    if path.startswith(V2_PREFIX):
+        return _v2(status, detail, headers)
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -6,12 +6,13 @@ import json
 from collections.abc import Sequence
 
 import numpy as np
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Depends, Response
 
 from service.api.auth import PredictKey
 from service.api.deps import BatcherDep, MetricsDep, RegistryDep, SettingsDep
+from service.api.errors import MAX_FIELD_ERRORS
 from service.api.metrics import Metrics
-from service.api.schemas import ErrorBody, ModelName, PredictRequest, PredictResponse
+from service.api.schemas import BATCH_LIMIT, ErrorBody, ModelName, PredictRequest, PredictResponse
 from service.batching import MicroBatcher
 from service.errors import InputError, Loc, Unavailable
 from service.predictor import InputRow, Job, Options, RowPrediction
@@ -28,8 +29,15 @@ ERRORS: dict[int | str, dict[str, object]] = {
 }
 
 
+async def count_first(settings: SettingsDep) -> None:
+    """Hand this server's batch limit to the body's validation, which FastAPI runs after dependencies:
+    a list over it is refused on its length alone (`PredictRequest`)."""
+    BATCH_LIMIT.set(settings.max_batch)
+
+
 def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job:
-    """Check what only the limits and the model can tell, then build plain predictor inputs."""
+    """Check what only the limits and the model can tell, then build plain predictor inputs. The index
+    checks are numpy's, so a body full of numbers costs the event loop a few milliseconds at most."""
     errors: list[tuple[Loc, str]] = []
     if len(req.inputs) > settings.max_batch:
         errors.append(
@@ -40,7 +48,7 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
     rows: list[InputRow] = []
     nf = served.n_features
     kind = served.predictor.input_kind
-    for i, inp in enumerate(req.inputs):
+    for i, inp in enumerate(req.inputs[: settings.max_batch]):
         if inp.features is None:
             if kind != "text":
                 errors.append(
@@ -56,8 +64,12 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
                 (("body", "inputs", i, "features"), f"model {served.name!r} takes `text`, not features")
             )
             continue
-        over = [j for j, v in enumerate(inp.features.indices) if v >= nf]
-        for j in over[:5]:
+        try:
+            indices = np.asarray(inp.features.indices, dtype=np.int64)
+        except OverflowError:  # an index past int64 is out of range like any other
+            indices = np.asarray([min(v, nf) for v in inp.features.indices], dtype=np.int64)
+        over = np.flatnonzero(indices >= nf)
+        for j in over[:5].tolist():
             errors.append(
                 (
                     ("body", "inputs", i, "features", "indices", j),
@@ -65,17 +77,20 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
                     f"{served.name!r} has {nf} features (0..{nf - 1})",
                 )
             )
-        if over:
+        if over.size:
             continue
-        vals = np.asarray(inp.features.values, dtype=np.float64)
-        rows.append(
-            InputRow(indices=np.asarray(inp.features.indices, dtype=np.int64), values=vals.astype(np.float32))
-        )
-        if len(errors) > 20:
-            break
+        values = np.asarray(inp.features.values, dtype=np.float64).astype(np.float32)
+        rows.append(InputRow(indices=indices, values=values))
     if errors:
-        raise InputError(errors)
+        raise InputError(_bounded(errors))
     return Job(rows, Options(top_k=req.top_k, normalization=req.normalization, exact=req.exact))
+
+
+def _bounded(errors: list[tuple[Loc, str]]) -> list[tuple[Loc, str]]:
+    """The first `MAX_FIELD_ERRORS`, then one counting the rest: what to fix first, in a small answer."""
+    if len(errors) <= MAX_FIELD_ERRORS:
+        return errors
+    return [*errors[:MAX_FIELD_ERRORS], (("body",), f"and {len(errors) - MAX_FIELD_ERRORS} more errors")]
 
 
 def known_features(served: ServedModel, rows: Sequence[InputRow]) -> list[int]:
@@ -126,7 +141,12 @@ async def _predict(
     return Response(json.dumps(body, allow_nan=False, ensure_ascii=False), media_type="application/json")
 
 
-@router.post("/v1/models/{name}/predict", response_model=PredictResponse, responses=ERRORS)
+@router.post(
+    "/v1/models/{name}/predict",
+    response_model=PredictResponse,
+    responses=ERRORS,
+    dependencies=[Depends(count_first)],
+)
 async def predict_model(
     name: ModelName,
     req: PredictRequest,
@@ -141,7 +161,9 @@ async def predict_model(
     return await _predict(registry.get(name), req, batcher, settings, metrics)
 
 
-@router.post("/v1/predict", response_model=PredictResponse, responses=ERRORS)
+@router.post(
+    "/v1/predict", response_model=PredictResponse, responses=ERRORS, dependencies=[Depends(count_first)]
+)
 async def predict_default(
     req: PredictRequest,
     registry: RegistryDep,

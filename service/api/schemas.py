@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Annotated, Any, Literal
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 # words of the `ovex demo` model's vocabulary: the OpenAPI examples work against it as they stand
 DEMO_TEXT = "giravu cabo mirile mage"
@@ -15,7 +26,13 @@ F32_MAX = 3.4028234663852886e38
 FeatureIndex = Annotated[StrictInt, Field(ge=0)]
 ModelName = Annotated[str, Path(description="model name (GET /v1/models lists them)", examples=["demo"])]
 VersionName = Annotated[str, Path(description="version of the model (its directory name)", examples=["1"])]
-FeatureValue = Annotated[float, Field(allow_inf_nan=False, ge=-F32_MAX, le=F32_MAX)]
+# strict: `true` is not a feature value (V2 refuses it too); integers are still taken as floats
+FeatureValue = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-F32_MAX, le=F32_MAX)]
+
+# The most inputs the server answering this request takes (its `max_batch`), set per request by a
+# dependency that FastAPI resolves before the body: the list is counted before any input is validated,
+# so a huge list costs one `len`, not one validation and one error per input. None: not checked here.
+BATCH_LIMIT: ContextVar[int | None] = ContextVar("ovex_batch_limit", default=None)
 
 
 class SparseFeatures(BaseModel):
@@ -23,8 +40,11 @@ class SparseFeatures(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    indices: list[FeatureIndex] = Field(description="column indices, 0 ≤ i < the model's n_features")
-    values: list[FeatureValue] = Field(description="finite values, same length as indices")
+    # fail_fast: the first bad element is reported, not one error per element of a long list
+    indices: list[FeatureIndex] = Field(
+        fail_fast=True, description="column indices, 0 ≤ i < the model's n_features"
+    )
+    values: list[FeatureValue] = Field(fail_fast=True, description="finite values, same length as indices")
 
     @model_validator(mode="after")
     def _same_length(self) -> SparseFeatures:
@@ -87,6 +107,18 @@ class PredictRequest(BaseModel):
         "non-zero probability are listed), softmax a dense distribution, none scores only",
     )
     exact: StrictBool = Field(False, description="score every label instead of using the index")
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _count_first(cls, v: Any) -> Any:
+        limit = BATCH_LIMIT.get()
+        if limit is not None and isinstance(v, list) and len(v) > limit:
+            raise PydanticCustomError(
+                "too_long",
+                "at most {limit} inputs per request, got {count}: split them into several requests",
+                {"limit": limit, "count": len(v)},
+            )
+        return v
 
 
 class LabelOut(BaseModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import BatcherDep, MetricsDep, RegistryDep, SettingsDep
 from service.api.predict import predict_rows
@@ -130,7 +131,8 @@ async def _infer(
     metrics: MetricsDep,
 ) -> InferResponse:
     served = _served(registry, name, version)
-    pr = to_predict_request(req, served.predictor.input_kind)
+    # per-element checks in Python: in a thread, so a body full of numbers never stalls the event loop
+    pr = await run_in_threadpool(to_predict_request, req, served.predictor.input_kind, settings.max_batch)
     try:
         preds, _ = await predict_rows(served, pr, batcher, settings, metrics)
     except InputError as exc:  # /v1 names fields as body.inputs.<row>...; V2 inputs are tensors

@@ -14,7 +14,16 @@ import itertools
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    FailFast,
+    Field,
+    StrictFloat,
+    StrictInt,
+    TypeAdapter,
+    ValidationError,
+)
 
 from service.api.schemas import PredictInput, PredictRequest, SparseFeatures
 from service.errors import Malformed
@@ -29,6 +38,11 @@ INT_TYPES = ("INT64", "INT32", "INT16", "INT8", "UINT64", "UINT32", "UINT16", "U
 FLOAT_TYPES = ("FP32", "FP64", "FP16")
 OUTPUTS = ("label_ids", "label_names", "probabilities", "scores", "label_counts", "exact")
 PARAMETERS = ("top_k", "normalization", "exact")
+# element checks of INT and FP tensors: strict (no bools, no strings), stopping at the first bad element
+_INTS: TypeAdapter[list[Any]] = TypeAdapter(Annotated[list[StrictInt], FailFast()])
+_FLOATS: TypeAdapter[list[Any]] = TypeAdapter(
+    Annotated[list[Annotated[StrictFloat, Field(allow_inf_nan=False)]], FailFast()]
+)
 
 
 class TensorMeta(BaseModel):
@@ -134,8 +148,19 @@ OUTPUT_METADATA = [
 ]
 
 
+def _size(t: InferInput) -> int:
+    """The elements the tensor's shape declares, bounded before any element is looked at."""
+    need = math.prod(t.shape)
+    if need > MAX_TENSOR_ELEMENTS:
+        raise Malformed(f"input {t.name!r}: shape {t.shape} holds over {MAX_TENSOR_ELEMENTS} elements")
+    return need
+
+
 def _flat(t: InferInput) -> list[Any]:
-    """The tensor's elements in row-major order, checked against its shape."""
+    """The tensor's elements in row-major order, checked against its shape (stops at the first extra)."""
+    need = _size(t)
+    if len(t.data) == need and not any(type(x) is list for x in t.data):
+        return t.data  # already flat, as clients send it: no walk
     out: list[Any] = []
     stack = [iter(t.data)]
     while stack:
@@ -144,37 +169,48 @@ def _flat(t: InferInput) -> list[Any]:
                 stack.append(iter(x))
                 break
             out.append(x)
-            if len(out) > MAX_TENSOR_ELEMENTS:
-                raise Malformed(f"input {t.name!r} holds over {MAX_TENSOR_ELEMENTS} elements")
+            if len(out) > need:
+                raise Malformed(f"input {t.name!r}: shape {t.shape} needs {need} elements, data has more")
         else:
             stack.pop()
-    if len(out) != math.prod(t.shape):
-        need = math.prod(t.shape)
+    if len(out) != need:
         raise Malformed(f"input {t.name!r}: shape {t.shape} needs {need} elements, data has {len(out)}")
     return out
+
+
+def _checked(t: InferInput, adapter: TypeAdapter[list[Any]], what: str) -> list[Any]:
+    """The elements as `adapter` reads them (in pydantic's compiled code: no Python loop per element),
+    or a `Malformed` naming the first bad one."""
+    try:
+        return adapter.validate_python(_flat(t))
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        where = e["loc"][0] if e["loc"] else "?"
+        raise Malformed(f"input {t.name!r}: element {where} is {e.get('input')!r}, not {what}") from None
+
+
+def _rows_declared(by_name: dict[str, InferInput], input_kind: str) -> int:
+    """How many rows the request's shapes declare: the batch limit is checked on this, before any data."""
+    if input_kind == "text":
+        return by_name["text"].shape[0]
+    if "offsets" in by_name:
+        return max(0, _size(by_name["offsets"]) - 1)
+    return 1
 
 
 def _ints(t: InferInput) -> list[int]:
     if t.datatype not in INT_TYPES:
         raise Malformed(f"input {t.name!r} must be an integer tensor (INT64), not {t.datatype}")
-    data = _flat(t)
-    bad = next((i for i, x in enumerate(data) if not isinstance(x, int) or isinstance(x, bool)), None)
-    if bad is not None:
-        raise Malformed(f"input {t.name!r}: element {bad} is {data[bad]!r}, not an integer")
-    return data
+    return _checked(t, _INTS, "an integer")
 
 
 def _floats(t: InferInput) -> list[float]:
     if t.datatype not in FLOAT_TYPES:
         raise Malformed(f"input {t.name!r} must be a float tensor (FP32), not {t.datatype}")
-    data = _flat(t)
-    for i, x in enumerate(data):
-        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
-            raise Malformed(f"input {t.name!r}: element {i} is {x!r}, not a finite number")
-    return [float(x) for x in data]
+    return _checked(t, _FLOATS, "a finite number")
 
 
-def _rows(req: InferRequest, input_kind: str) -> list[PredictInput]:
+def _rows(req: InferRequest, input_kind: str, max_batch: int) -> list[PredictInput]:
     by_name = {t.name: t for t in req.inputs}
     if len(by_name) != len(req.inputs):
         raise Malformed("each input name may appear once")
@@ -190,19 +226,29 @@ def _rows(req: InferRequest, input_kind: str) -> list[PredictInput]:
             )
         )
     if input_kind == "text":
-        t = by_name["text"]
+        t = by_name.get("text")
+        if t is None:
+            raise Malformed("a text model takes one BYTES input 'text' of shape [N]")
         if t.datatype != "BYTES" or len(t.shape) > 2 or (len(t.shape) == 2 and t.shape[1] != 1):
             raise Malformed("input 'text' must be BYTES of shape [N] or [N, 1]")
-        texts = _flat(t)
+    elif "indices" not in by_name or "values" not in by_name:
+        raise Malformed("a sparse model takes INT64 'indices' and FP32 'values' (and 'offsets' for N rows)")
+    n_rows = _rows_declared(by_name, input_kind)
+    if n_rows > max_batch:
+        raise Malformed(
+            f"at most {max_batch} rows per request, the inputs' shapes declare {n_rows}: "
+            "split them into several requests"
+        )
+    if input_kind == "text":
+        texts = _flat(by_name["text"])
         bad = next((i for i, x in enumerate(texts) if not isinstance(x, str)), None)
         if bad is not None:
             raise Malformed(f"input 'text': element {bad} is not a string")
         return [PredictInput.model_construct(text=x, features=None) for x in texts]
-    if "indices" not in by_name or "values" not in by_name:
-        raise Malformed("a sparse model takes INT64 'indices' and FP32 'values' (and 'offsets' for N rows)")
+    n_indices, n_values = _size(by_name["indices"]), _size(by_name["values"])
+    if n_indices != n_values:
+        raise Malformed(f"'indices' and 'values' differ in length ({n_indices} vs {n_values})")
     indices, values = _ints(by_name["indices"]), _floats(by_name["values"])
-    if len(indices) != len(values):
-        raise Malformed(f"'indices' and 'values' differ in length ({len(indices)} vs {len(values)})")
     offsets = _ints(by_name["offsets"]) if "offsets" in by_name else [0, len(indices)]
     if len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != len(indices):
         raise Malformed(f"'offsets' must run from 0 to len(indices) = {len(indices)} (N + 1 entries)")
@@ -235,8 +281,10 @@ def _top_k(req: InferRequest) -> int | None:
     return ks.pop() if ks else None
 
 
-def to_predict_request(req: InferRequest, input_kind: str) -> PredictRequest:
-    """The /v1 request this V2 request means; every problem is an `Malformed` (400) saying what to fix."""
+def to_predict_request(req: InferRequest, input_kind: str, max_batch: int) -> PredictRequest:
+    """The /v1 request this V2 request means; every problem is a `Malformed` (400) saying what to fix.
+    Shapes are checked against the batch limit before any element is read; the per-element checks
+    are Python loops over up to a body's worth of numbers, so the caller runs this off the event loop."""
     params = dict(req.parameters or {})
     unknown = sorted(set(params) - set(PARAMETERS))
     if unknown:
@@ -246,7 +294,7 @@ def to_predict_request(req: InferRequest, input_kind: str) -> PredictRequest:
             raise Malformed(f"unknown output {o.name!r}; this model returns {', '.join(OUTPUTS)}")
         if set(o.parameters or {}) - {"classification"}:
             raise Malformed(f"output {o.name!r}: the only output parameter is 'classification'")
-    rows = _rows(req, input_kind)
+    rows = _rows(req, input_kind, max_batch)
     top_k = _top_k(req)
     fields: dict[str, Any] = {"inputs": [r.model_dump(exclude_none=True) for r in rows]}
     if top_k is not None:
