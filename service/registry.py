@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from service.api.metrics import Metrics
-from service.errors import Conflict, NotFound, Unavailable
+from service.errors import Conflict, NotFound, Unavailable, writing
 from service.jobs.active import ActiveVersions
 from service.peers import Siblings, this_worker
 from service.predictor import Predictor
@@ -442,7 +442,8 @@ class ModelRegistry:
                     self.before_delete(s, name, version)
                 retire(self.models_dir / name, version)
                 gone = self.models_dir / name / f"{DELETING}{version}-{uuid.uuid4().hex[:8]}"
-                (self.models_dir / name / version).rename(gone)
+                with writing(f"the directory of version {version}"):
+                    (self.models_dir / name / version).rename(gone)
             self._refused.pop((name, version), None)
             try:
                 _remove(gone)

@@ -77,6 +77,11 @@ def detail_for(exc: OvexError) -> Any:
     return str(exc)
 
 
+def _shown(text: str, limit: int) -> str:
+    """A client's own words echoed back (a field name it made up), cut to a readable length."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
 MAX_FIELD_ERRORS = 20  # an answer lists this many field errors, then says how many more there are
 
 
@@ -85,8 +90,8 @@ def _clean_validation_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
     `MAX_FIELD_ERRORS`, then one entry counting the rest: a bad list must not make a huge answer."""
     out = []
     for e in errors[:MAX_FIELD_ERRORS]:
-        loc = [p if isinstance(p, int | str) else str(p) for p in e.get("loc", ())]
-        msg, typ = str(e.get("msg", "invalid")), str(e.get("type", "value_error"))
+        loc = [p if isinstance(p, int) else _shown(str(p), 64) for p in e.get("loc", ())]
+        msg, typ = _shown(str(e.get("msg", "invalid")), 500), str(e.get("type", "value_error"))
         out.append({"loc": loc, "msg": msg, "type": typ})
     if len(errors) > MAX_FIELD_ERRORS:
         more = len(errors) - MAX_FIELD_ERRORS
@@ -125,9 +130,7 @@ def install_error_handlers(app: FastAPI) -> None:
     def respond(
         request: Request, status: int, detail: Any, headers: Mapping[str, str] | None = None
     ) -> JSONResponse:
-        if request.url.path.startswith(V2_PREFIX):
-            return _v2(status, detail, headers)
-        return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+        return error_response(request.url.path, status, detail, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -181,11 +184,7 @@ class ContainErrors:
             log.exception("unhandled error", extra={"path": path})
             if started:  # the answer is half sent: only closing the connection can end it
                 raise
-            if path.startswith(V2_PREFIX):
-                response = _v2(500, INTERNAL_ERROR)
-            else:
-                response = JSONResponse({"detail": INTERNAL_ERROR}, status_code=500)
-            await response(scope, receive, send)
+            await error_response(path, 500, INTERNAL_ERROR)(scope, receive, send)
 
 
 def document_errors(app: FastAPI) -> None:

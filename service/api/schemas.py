@@ -24,8 +24,12 @@ DEMO_TEXT = "giravu cabo mirile mage"
 F32_MAX = 3.4028234663852886e38
 
 FeatureIndex = Annotated[StrictInt, Field(ge=0)]
-ModelName = Annotated[str, Path(description="model name (GET /v1/models lists them)", examples=["demo"])]
-VersionName = Annotated[str, Path(description="version of the model (its directory name)", examples=["1"])]
+# as long as a stored name may be: a longer one names nothing, and is refused before it is echoed back
+NAME_MAX = 128
+ModelName = Annotated[str, Path(description="model name (GET /v1/models lists them)", examples=["demo"],
+                                max_length=NAME_MAX)]
+VersionName = Annotated[str, Path(description="version of the model (its directory name)", examples=["1"],
+                                  max_length=NAME_MAX)]
 # strict: `true` is not a feature value (V2 refuses it too); integers are still taken as floats
 FeatureValue = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-F32_MAX, le=F32_MAX)]
 

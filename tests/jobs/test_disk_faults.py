@@ -222,6 +222,16 @@ def test_deleting_a_version_on_a_full_or_read_only_disk_is_refused_and_the_versi
         _no_class_names(r.json()["detail"])
     assert (srv.models_dir / "d" / "1" / "config.json").is_file()
     assert srv.client.get("/v1/models/d").json()["active_version"] == "2"
+    # once a higher version was deleted, deleting version 1 writes no record: its rename is what fails
+    shutil.copytree(srv.models_dir / "d" / "2", srv.models_dir / "d" / "3")
+    while '"3"' not in srv.client.get("/v1/models/d/versions").text:
+        assert time.monotonic() < deadline + 60, srv.log_tail()
+        time.sleep(0.2)
+    assert srv.client.delete("/v1/models/d/versions/3").status_code == 204
+    with read_only(srv.models_dir):
+        r = srv.client.delete("/v1/models/d/versions/1")
+        assert r.status_code == 503 and "read-only" in r.json()["detail"], r.text
+    assert (srv.models_dir / "d" / "1" / "config.json").is_file()
     assert srv.client.delete("/v1/models/d/versions/1").status_code == 204
     assert sorted(os.listdir(srv.models_dir / "d")) == [".highest-version", "2"]
 
