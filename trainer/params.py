@@ -10,6 +10,7 @@ import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from trainer.errors import ParamsError
 
@@ -41,6 +42,27 @@ def validation_message(exc: Any, flags: bool = False) -> str:
     return "; ".join(parts)
 
 
+MAX_UNKNOWN_KEYS = 20  # more unknown keys than this are refused in one error, before any field is checked
+
+
+def refuse_many_unknown(model: type[BaseModel], data: Any) -> Any:
+    """For a `mode="before"` model validator: pydantic reports each unknown key of a mapping as its own
+    error, so a body of made-up keys would cost far more to describe than to send; past a few, one error
+    names some of them and how many there are."""
+    if not isinstance(data, dict) or len(data) <= MAX_UNKNOWN_KEYS:
+        return data
+    known = set(model.model_fields)
+    unknown = [key for key in data if key not in known]
+    if len(unknown) <= MAX_UNKNOWN_KEYS:
+        return data
+    shown = ", ".join(repr(str(key)[:40]) for key in unknown[:5])
+    raise PydanticCustomError(
+        "extra_forbidden",
+        "{count} unknown fields ({shown}, ...); the fields are: {known}",
+        {"count": len(unknown), "shown": shown, "known": ", ".join(model.model_fields)},
+    )
+
+
 def given_params(values: dict[str, Any], continuing: bool) -> TrainParams:
     """The params a caller set, each field checked (pydantic's ValidationError otherwise). The checks
     between fields too, unless the run continues a base: a pair may then take its other side from the
@@ -57,6 +79,11 @@ class TrainParams(BaseModel):
     """Every knob of a training run, with defaults chosen to work on the XC benchmark sets untuned."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _few_unknown(cls, data: Any) -> Any:
+        return refuse_many_unknown(cls, data)
 
     # objective
     loss: str = Field(

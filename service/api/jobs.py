@@ -13,6 +13,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from service.api.auth import ApiKey, ReadKey
+from service.api.bodies import ClientBody
 from service.api.datasets import DB_DOWN, KEYED, Cursor, Jobs, Limit
 from service.errors import InputError
 from service.jobs.models import JobRow
@@ -51,10 +52,8 @@ class JobParams(TrainParams):
         pass
 
 
-class JobBase(BaseModel):
+class JobBase(ClientBody):
     """The stored model version a job continues (`ovex train --init-from`): labels keep their ids."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: StrictStr | None = Field(None, pattern=MODEL_NAME, description="default: the job's model")
     version: StrictStr | None = Field(
@@ -68,11 +67,10 @@ class JobBase(BaseModel):
     )
 
 
-class JobCreate(BaseModel):
+class JobCreate(ClientBody):
     """A training request. Datasets are named by id (from `POST /v1/datasets`), never by path."""
 
     model_config = ConfigDict(
-        extra="forbid",
         json_schema_extra={
             "examples": [
                 {"model": "mymodel", "train_dataset": "ds_0123456789abcdef0123", "params": {"epochs": 3},

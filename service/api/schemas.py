@@ -18,6 +18,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from service.api.bodies import ClientBody
+
 # words of the `ovex demo` model's vocabulary: the OpenAPI examples work against it as they stand
 DEMO_TEXT = "giravu cabo mirile mage"
 # float32 is what the model computes in; larger magnitudes would become inf there.
@@ -39,10 +41,8 @@ FeatureValue = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-F32_MAX, le
 BATCH_LIMIT: ContextVar[int | None] = ContextVar("ovex_batch_limit", default=None)
 
 
-class SparseFeatures(BaseModel):
+class SparseFeatures(ClientBody):
     """A sparse vector in the model's input space: `values[i]` at column `indices[i]`."""
-
-    model_config = ConfigDict(extra="forbid")
 
     # fail_fast: the first bad element is reported, not one error per element of a long list
     indices: list[FeatureIndex] = Field(
@@ -59,11 +59,10 @@ class SparseFeatures(BaseModel):
         return self
 
 
-class PredictInput(BaseModel):
+class PredictInput(ClientBody):
     """Exactly one of `text` (featurized by the model) or `features` (already in its input space)."""
 
     model_config = ConfigDict(
-        extra="forbid",
         json_schema_extra={
             "examples": [
                 {"text": DEMO_TEXT},
@@ -93,11 +92,10 @@ class PredictInput(BaseModel):
         return self
 
 
-class PredictRequest(BaseModel):
+class PredictRequest(ClientBody):
     """Inputs to label, and how: how many labels at most, which map turns scores into probabilities."""
 
     model_config = ConfigDict(
-        extra="forbid",
         json_schema_extra={"examples": [{"inputs": [{"text": DEMO_TEXT}], "top_k": 5}]},
     )
 

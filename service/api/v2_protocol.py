@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     FailFast,
     Field,
     StrictFloat,
@@ -25,6 +24,7 @@ from pydantic import (
     ValidationError,
 )
 
+from service.api.bodies import ClientBody
 from service.api.schemas import PredictInput, PredictRequest, SparseFeatures
 from service.errors import Malformed
 from service.predictor import RowPrediction
@@ -64,10 +64,8 @@ class ModelMetadata(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict, description="the request parameters it takes")
 
 
-class InferInput(BaseModel):
+class InferInput(ClientBody):
     """One input tensor: `text` (BYTES), or sparse rows as `indices`, `values` and `offsets`."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(max_length=64, description="text, indices, values or offsets")
     shape: list[Annotated[StrictInt, Field(ge=0)]] = Field(
@@ -78,10 +76,8 @@ class InferInput(BaseModel):
     data: list[Any] = Field(description="row-major, flat or nested")
 
 
-class RequestedOutput(BaseModel):
+class RequestedOutput(ClientBody):
     """An output the client wants back (all of them when the request names none)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(max_length=64, description="label_ids, label_names, probabilities, scores, ...")
     parameters: dict[str, Any] | None = Field(
@@ -89,10 +85,8 @@ class RequestedOutput(BaseModel):
     )
 
 
-class InferRequest(BaseModel):
+class InferRequest(ClientBody):
     """An inference request of the Open Inference Protocol (V2)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: str | None = Field(None, max_length=256, description="echoed in the response")
     parameters: dict[str, Any] | None = Field(
