@@ -696,7 +696,7 @@ def render(result: dict[str, Any]) -> str:
         f"Command: `{result['command']}`.",
         "",
         "| requests | 5xx (not 503/507) | dropped | bad error bodies | connection unusable after | "
-        "/healthz checks | /healthz p99 ms | /healthz max ms | slowest refusal s |",
+        "/healthz checks | /healthz p99 ms | /healthz max ms | slowest answer s |",
         "|---|---|---|---|---|---|---|---|---|",
         f"| {r['cases']} | {len(r['server_errors'])} | {len(r['dropped'])} | {len(r['bad_bodies'])} | "
         f"{len(r['unusable_after'])} | {r['healthz_checks']} | {r['healthz_p99_ms']} | "

@@ -112,6 +112,12 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             "send fewer or smaller headers (and a shorter URL)",
         )
 
+    def send_400_response(self, msg: str) -> None:
+        """What the parser cannot read (a Content-Length that is no number, an unknown Transfer-Encoding)
+        is answered in the error shape of every other answer, not uvicorn's plain text."""
+        self._answer(400, "the request is not valid HTTP/1.1: check its request line and its Content-Length "
+                          "and Transfer-Encoding headers")
+
     def _arm(self, answer: bool) -> None:
         self._disarm()
         self._deadline = self.loop.call_later(self.header_timeout_s, self._expired, answer)
