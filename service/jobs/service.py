@@ -114,8 +114,9 @@ class JobsService:
                     "device 'cuda' requested but no GPU is available", loc=["body", "params", "device"]
                 )
         train = self.get_dataset(req.train_dataset, ["body", "train_dataset"])
-        check_input_kind(self.cfg.models_dir / req.model, req.model, KIND_OF_FORMAT[train.format],
-                         f"dataset {train.id}")
+        if req.base is None:  # a base is checked against its own kind (`resolve_base`)
+            check_input_kind(self.cfg.models_dir / req.model, req.model, KIND_OF_FORMAT[train.format],
+                             f"dataset {train.id}")
         params, base, labels, features = req.params, None, train.labels, train.features
         # what a test set may hold: the training set's labels and features, or with a base the model's
         space = Space("the training set", train.features, train.labels)
