@@ -1,0 +1,260 @@
+"""The label tower: a label's head row from its text, plus the free part learned from its rows.
+
+A label k with a text gets the head row  w_k = v_k + γ · enc(φ(text_k)),  where φ is the model's input
+featurizer, enc the model's own input encoder (projection and hidden layers, no dropout) and γ one learned
+gain; v_k (with the bias) is the free part, the ordinary head row the optimizer updates from k's rows.
+Sharing the encoder makes ⟨h(x), enc(φ(text))⟩ a learned similarity between an input and a label's text
+that starts, with a random projection, as the tf-idf cosine between the two.
+
+A step embeds the texts of its candidate labels only (positives and sampled negatives), gathered from a
+CSR of every label's featurized text, so its cost does not grow with K. The whole head (v + γ·enc(text)
+for every label) is materialized for evaluation and saving only: serving reads an ordinary head.
+
+A label with a text and no training rows has no free part (v_k = 0) and is kept out of the sampled
+negatives: it would only ever be pushed down, while a label added later by its text (`label_rows`) never
+is. Its bias is the median bias of the rarest labels that have rows (`zero_row_bias`), so it competes as
+a label of the lowest frequency seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch import nn
+
+from trainer.errors import ArtifactError, ParamsError
+from trainer.model import XCModel, project_rows
+from trainer.negatives import NegativeSampler, SampledNegatives
+
+TOWER_VERSION = 1
+RARE_MAX = 2  # the rarest labels with rows: at most this many rows (or the fewest any label has)
+
+
+@dataclass
+class TextRows:
+    """Every label's featurized text as host CSR tensors, and which labels have one (a text whose words
+    the featurizer does not know counts as none: its row would be the encoder's bias alone)."""
+
+    indptr: torch.Tensor  # int64 [K+1]
+    indices: torch.Tensor  # int64 [nnz]
+    values: torch.Tensor  # float32 [nnz]
+    has_text: torch.Tensor  # bool [K]
+
+    @classmethod
+    def from_csr(cls, x: sp.csr_matrix) -> TextRows:
+        x = sp.csr_matrix(x, dtype=np.float32)
+        indptr = np.asarray(x.indptr, dtype=np.int64)
+        return cls(torch.from_numpy(indptr), torch.from_numpy(np.asarray(x.indices, dtype=np.int64)),
+                   torch.from_numpy(np.asarray(x.data, dtype=np.float32)),
+                   torch.from_numpy(np.diff(indptr) > 0))
+
+    def csr(self, n_features: int) -> sp.csr_matrix:
+        k = self.indptr.numel() - 1
+        return sp.csr_matrix((self.values.numpy(), self.indices.numpy(), self.indptr.numpy()),
+                             shape=(k, n_features))
+
+    def gather(self, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(feature ids, bag offsets, values) of the given labels' texts, in EmbeddingBag form."""
+        labels = labels.cpu()
+        starts = self.indptr.index_select(0, labels)
+        counts = self.indptr.index_select(0, labels + 1) - starts
+        offsets = torch.cumsum(counts, 0) - counts
+        total = int(counts.sum())
+        pos = torch.arange(total) - torch.repeat_interleave(offsets - starts, counts, output_size=total)
+        return self.indices.index_select(0, pos), offsets, self.values.index_select(0, pos)
+
+
+class LabelTower(nn.Module):
+    """The learned part of the tower (γ) and the label texts it embeds; attached as `model.tower`."""
+
+    def __init__(self, texts: TextRows, gain: float, text_only: np.ndarray) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.tensor(float(gain)))
+        self.texts = texts
+        self.text_only = np.asarray(text_only, dtype=bool)  # [K]: a text and no training rows
+        self.embedded = 0  # labels embedded by the last step (the step cost is flat in K)
+
+    def embed(self, model: XCModel, table: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+              values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """γ·enc(text) for a step's candidate labels ([C, d]); `table` holds the gathered input rows."""
+        z = project_rows(table, indices, offsets, values) + model.input_bias
+        for layer in model.hidden:
+            z = layer(z)
+        self.embedded = int(offsets.numel())
+        return self.gain * z * mask.unsqueeze(1).to(z.dtype)
+
+    @torch.no_grad()
+    def all_rows(self, model: XCModel) -> torch.Tensor:
+        """γ·enc(text) of every label ([K, d], eval mode), as `label_rows` computes them."""
+        x = self.texts.csr(model.shape.n_features)
+        z = model.encode(x)
+        return self.gain.detach() * z * self.texts.has_text.to(z.device).unsqueeze(1).to(z.dtype)
+
+
+def zero_row_bias(bias: np.ndarray, counts: np.ndarray) -> float:
+    """The bias a label without rows gets: the median bias of the rarest labels with rows (those with at
+    most `RARE_MAX` rows, or the fewest any label has); 0 when no label has rows."""
+    counts = np.asarray(counts)
+    has = counts > 0
+    if not has.any():
+        return 0.0
+    rare = has & (counts <= max(RARE_MAX, int(counts[has].min())))
+    return float(np.median(np.asarray(bias, dtype=np.float64)[rare]))
+
+
+def tower_of(model: XCModel) -> LabelTower | None:
+    tower = getattr(model, "tower", None)
+    return tower if isinstance(tower, LabelTower) else None
+
+
+@torch.no_grad()
+def materialized_head(model: XCModel, counts: np.ndarray) -> tuple[torch.Tensor, float]:
+    """The head serving reads (free part + tower rows; text-only labels get the rare labels' bias), and
+    that bias."""
+    tower = tower_of(model)
+    assert tower is not None
+    d = model.shape.dim
+    head = model.head.detach().clone()
+    head[:, :d] += tower.all_rows(model).to(head.dtype)
+    b0 = zero_row_bias(model.head[:, d].detach().cpu().numpy(), counts)
+    only = torch.from_numpy(tower.text_only).to(head.device)
+    head[only, d] = b0
+    return head, b0
+
+
+@contextlib.contextmanager
+def materialized(model: XCModel, counts: np.ndarray) -> Iterator[float | None]:
+    """Within the block `model.head` is the materialized head (evaluation, saving); the free part after.
+    Yields the text-only labels' bias (None without a tower)."""
+    if tower_of(model) is None:
+        yield None
+        return
+    free = model.head.data
+    head, b0 = materialized_head(model, counts)
+    model.head.data = head
+    try:
+        yield b0
+    finally:
+        model.head.data = free
+
+
+class SubsetSampler:
+    """A sampler over some of the labels (`ids`, sorted), drawing as `inner` does over range(len(ids))."""
+
+    def __init__(self, inner: NegativeSampler, ids: np.ndarray) -> None:
+        self.inner = inner
+        self.ids = torch.from_numpy(np.asarray(ids, dtype=np.int64))
+        self.kind = inner.kind
+        self.generator = inner.generator
+        self.n_labels = inner.n_labels
+
+    def draw(self, m: int, device: torch.device | str = "cpu") -> SampledNegatives:
+        neg = self.inner.draw(m)
+        return SampledNegatives(self.ids.index_select(0, neg.ids).to(device), neg.log_weight.to(device),
+                                neg.n_draws)
+
+    def log_q(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.inner.log_q(torch.searchsorted(self.ids, ids))
+
+    def get_state(self) -> torch.Tensor:
+        return self.inner.get_state()
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.inner.set_state(state)
+
+
+# ------------------------------------------------------------------------------------ the artifact
+
+
+def save_tower(directory: Path, tower: LabelTower, b0: float, names: Sequence[str],
+               texts: dict[str, str]) -> None:
+    """Write the tower's files into a model directory being assembled (before it is published)."""
+    config = {"version": TOWER_VERSION, "gain": float(tower.gain.detach()), "zero_row_bias": b0,
+              "combine": "free + gain * encoder(featurizer(text))"}
+    from trainer.label_texts import TEXTS_FILE, TOWER_CONFIG, TOWER_WEIGHTS
+
+    (directory / TOWER_CONFIG).write_text(json.dumps(config, indent=2))
+    from safetensors.torch import save_file
+
+    tensors = {"gain": tower.gain.detach().cpu().reshape(1).contiguous(),
+               "text_only": torch.from_numpy(tower.text_only.astype(np.uint8))}
+    save_file(tensors, str(directory / TOWER_WEIGHTS))
+    with open(directory / TEXTS_FILE, "w", encoding="utf-8") as fh:
+        for name in names:
+            text = texts.get(name)
+            fh.write(json.dumps({"name": name, "text": text} if text is not None else {"name": name},
+                                ensure_ascii=False) + "\n")
+
+
+@dataclass
+class StoredTower:
+    """A saved model's tower, enough to give a new label its row from its text."""
+
+    loaded: Any  # trainer.artifact.LoadedModel
+    gain: float
+    zero_bias: float
+
+    def zero_rows(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        model = self.loaded.model
+        x = self.loaded.featurizer.transform_texts(texts) if texts else None
+        d = model.shape.dim
+        if x is None:
+            return np.zeros((0, d), np.float32), np.zeros(0, np.float32)
+        with torch.no_grad():
+            z = model.encode(x)
+            has = torch.from_numpy(np.diff(x.indptr) > 0).to(z.device)
+            rows = torch.tensor(self.gain, dtype=z.dtype) * z * has.unsqueeze(1).to(z.dtype)
+        return (np.ascontiguousarray(rows.cpu().numpy(), dtype=np.float32),
+                np.full(len(texts), self.zero_bias, dtype=np.float32))
+
+
+def load_tower(directory: Path) -> StoredTower:
+    from trainer.artifact import load_artifact
+    from trainer.label_texts import TOWER_CONFIG
+
+    try:
+        config = json.loads((directory / TOWER_CONFIG).read_text())
+        gain, b0 = float(config["gain"]), float(config["zero_row_bias"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ArtifactError(str(directory), f"unreadable label tower settings: {exc}") from None
+    loaded = load_artifact(directory)
+    if loaded.featurizer.kind != "text":
+        raise ArtifactError(str(directory), "the model's input is not text, so a label text cannot be read")
+    return StoredTower(loaded, gain, b0)
+
+
+def read_stored_texts(directory: Path) -> dict[str, str]:
+    """The label texts a model was trained with (name -> text; labels without a text are left out)."""
+    from trainer.label_texts import TEXTS_FILE
+
+    out: dict[str, str] = {}
+    path = directory / TEXTS_FILE
+    if not path.is_file():
+        return out
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                obj = json.loads(line)
+                if isinstance(obj.get("text"), str):
+                    out[str(obj["name"])] = obj["text"]
+    return out
+
+
+def check_usable(is_text: bool, exhaustive: bool, ranks: int) -> None:
+    """Refuse the runs a label tower does not support, saying why."""
+    if not is_text:
+        raise ParamsError("label texts need a text training set (JSONL): a label's text is featurized as "
+                          "the input texts are, and a feature file has no words to match it with")
+    if exhaustive:
+        raise ParamsError("label texts need a sampled loss: an exact loss over all labels would embed every "
+                          "label's text at every step")
+    if ranks > 1:
+        raise ParamsError("label texts train in one process; set nproc_per_node 1")
