@@ -177,6 +177,51 @@ def build_cells(
     return Cells(order, offsets, centroids, _round_up32(r))
 
 
+def append_rows(
+    head: Int8Head, cells: Cells, weight: F32, bias: F32, check: Check = no_check
+) -> tuple[Int8Head, Cells]:
+    """The int8 head and cells of the labels of (`head`, `cells`) followed by the new rows `weight`,
+    `bias` (ids K, K+1, ...), without k-means: each new row joins its nearest centroid's cell, whose
+    radius widens to cover it, and gets its own codes and exact error terms, so every bound of the
+    scan holds as for a built index. The old labels' codes and error terms are kept as they are."""
+    k0, m = int(cells.order.shape[0]), int(weight.shape[0])
+    if m == 0:
+        return head, cells
+    check()
+    new = quantize_head(weight, bias, check=check)
+    x = np.hstack([weight.astype(np.float64), bias.astype(np.float64)[:, None]])
+    mu = cells.centroids.astype(np.float64)
+    # nearest centroid by ‖x − μ‖² = ‖x‖² − 2⟨x, μ⟩ + ‖μ‖², in float64; the radius below is measured
+    # directly, so a near-tie picked the other way only widens a cell a little more
+    d2 = (x * x).sum(axis=1)[:, None] - 2.0 * (x @ mu.T) + (mu * mu).sum(axis=1)[None, :]
+    assign = np.argmin(d2, axis=1).astype(np.int64)
+    dist = np.linalg.norm(x - mu[assign], axis=1)
+    radius = cells.radius.astype(np.float64)
+    widened = np.full(cells.nlist, -np.inf)
+    np.maximum.at(widened, assign, dist * (1 + 1e-9) + 1e-30)
+    radius = np.maximum(radius, widened)
+    # positions: each cell's old labels, then its new ones (a stable sort by cell keeps both in order)
+    sizes = np.diff(cells.offsets)
+    cell_of = np.concatenate([np.repeat(np.arange(cells.nlist, dtype=np.int64), sizes), assign])
+    perm = np.argsort(cell_of, kind="stable")
+    check()
+
+    def joined(old: npt.NDArray[Any], add: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        return np.ascontiguousarray(np.concatenate([old, add])[perm])
+
+    order = joined(cells.order, np.arange(k0, k0 + m, dtype=np.int64)).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(cell_of, minlength=cells.nlist))]).astype(np.int64)
+    out_head = Int8Head(
+        joined(head.codes, new.codes),
+        joined(head.scale, new.scale),
+        joined(head.bias, new.bias),
+        joined(head.radius, new.radius),
+        joined(head.bias_err, new.bias_err),
+    )
+    out_radius = np.where(np.isneginf(radius), -np.inf, radius)
+    return out_head, Cells(order, offsets, np.ascontiguousarray(cells.centroids), _round_up32(out_radius))
+
+
 @functools.cache
 def _kernel() -> Any:
     """Compiled at first use (numba import and compile cost a serving process nothing until then)."""

@@ -53,6 +53,7 @@ from service.quantized_scan import (
     Check,
     Int8Head,
     Scan,
+    append_rows,
     build_cells,
     no_check,
     quantize_head,
@@ -609,9 +610,11 @@ def _index_dir(artifact_dir: Path, kind: str) -> Path:
 
 
 def _write_index_dir(
-    artifact_dir: Path, kind: str, index: Any, meta: dict[str, Any], arrays: dict[str, npt.NDArray[Any]]
+    artifact_dir: Path, kind: str, index: Any, meta: dict[str, Any], arrays: dict[str, npt.NDArray[Any]],
+    strict: bool = False,
 ) -> None:
-    """Write `<artifact>/index/<kind>/` atomically: temp dir beside it, then rename over."""
+    """Write `<artifact>/index/<kind>/` atomically: temp dir beside it, then rename over. A failure costs
+    only the cache (logged), unless `strict` (the caller's write of a whole version depends on it)."""
     final = _index_dir(artifact_dir, kind)
     tmp: Path | None = None
     try:
@@ -633,6 +636,8 @@ def _write_index_dir(
     except OSError as exc:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+        if strict:
+            raise
         log.warning("index cache not written", extra={"dir": str(final), "error": str(exc)})
 
 
@@ -668,6 +673,52 @@ def choose_kind(n_labels: int, dim: int, cfg: RetrievalConfig) -> IndexKind:
     return "exact" if n_labels * dim <= cfg.exact_max_weights else "int8"
 
 
+def _int8_arrays(head: Int8Head, cells: Cells) -> dict[str, npt.NDArray[Any]]:
+    """The int8 scan's arrays as its cache stores them."""
+    return {
+        "codes": head.codes,
+        "scale": head.scale,
+        "bias": head.bias,
+        "radius": head.radius,
+        "bias_err": head.bias_err,
+        "order": cells.order,
+        "offsets": cells.offsets,
+        "centroids": cells.centroids,
+        "cell_radius": cells.radius,
+    }
+
+
+def extend_int8_cache(
+    base_dir: Path, base_weight: F32, base_bias: F32, out_dir: Path, weight: F32, bias: F32,
+    cfg: RetrievalConfig, check: Check = no_check,
+) -> bool:
+    """Write `out_dir`'s int8 scan cache for a head that is the base's head with rows appended (`weight`,
+    `bias`: all rows, the base's first), from the base's own cache: the new rows join the nearest cells
+    (`append_rows`) instead of k-means running again. False, with nothing written, when the new head is
+    not served by the int8 scan or the base has no cache built from its head (the service then builds
+    the index at load). The base's files are only read. Errors writing the cache are raised."""
+    k0 = int(base_weight.shape[0])
+    if choose_kind(int(weight.shape[0]), int(weight.shape[1]), cfg) != "int8":
+        return False
+    if choose_kind(k0, int(base_weight.shape[1]), cfg) != "int8":
+        return False
+    cached = _read_index_dir(base_dir, "int8", fingerprint(base_weight, base_bias, base_dir))
+    if cached is None:
+        return False
+    a = cached[2]
+    if int(a["order"].shape[0]) != k0:
+        return False
+    head = Int8Head(a["codes"], a["scale"], a["bias"], a["radius"], a["bias_err"])
+    cells = Cells(a["order"], a["offsets"], a["centroids"], a["cell_radius"])
+    head, cells = append_rows(
+        head, cells, np.ascontiguousarray(weight[k0:]), np.ascontiguousarray(bias[k0:]), check
+    )
+    fp = fingerprint(weight, bias, out_dir)
+    _write_index_dir(out_dir, "int8", None, {"fingerprint": fp, "nlist": cells.nlist, "appended": True},
+                     _int8_arrays(head, cells), strict=True)
+    return True
+
+
 def _int8_scanner(
     weight: F32, bias: F32, cfg: RetrievalConfig, artifact_dir: Path | None, fp: str, check: Check
 ) -> QuantizedScanner:
@@ -688,18 +739,8 @@ def _int8_scanner(
         cells = build_cells(weight, bias, nlist, cfg.seed, check=check)
         head = quantize_head(weight, bias, cells.order, check=check)
         if artifact_dir is not None:
-            arrays: dict[str, npt.NDArray[Any]] = {
-                "codes": head.codes,
-                "scale": head.scale,
-                "bias": head.bias,
-                "radius": head.radius,
-                "bias_err": head.bias_err,
-                "order": cells.order,
-                "offsets": cells.offsets,
-                "centroids": cells.centroids,
-                "cell_radius": cells.radius,
-            }
-            _write_index_dir(artifact_dir, "int8", None, {"fingerprint": fp, "nlist": cells.nlist}, arrays)
+            _write_index_dir(artifact_dir, "int8", None, {"fingerprint": fp, "nlist": cells.nlist},
+                             _int8_arrays(head, cells))
     log.info(
         "int8 scan ready",
         extra={
