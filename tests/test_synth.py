@@ -107,3 +107,35 @@ def test_zero_rows_and_bad_parameters() -> None:
         synth(10, 20, 5, config=SynthConfig(labels_per_row=(3, 2)))
     with pytest.raises(ParamsError, match="signal"):
         synth(10, 20, 5, config=SynthConfig(signal=1.5))
+
+
+def test_jsonl_rows_and_label_texts_say_what_the_planted_structure_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Text rows hold each feature's word as often as its count, labels named by id; a label's text is
+    its prototype's words, and the label-texts reader takes the file."""
+    import json
+
+    from trainer.label_texts import read_label_texts
+    from trainer.synth import write_label_texts
+
+    monkeypatch.setattr(synth_mod, "_BLOCK", 64)
+    rows, texts = tmp_path / "tr.jsonl", tmp_path / "texts.jsonl"
+    write_synth(rows, 40, 300, 150, seed=3, fmt="jsonl")
+    X, Y = synth(40, 300, 150, seed=3)
+    lines = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert len(lines) == 150
+    for i, obj in enumerate(lines):
+        words = obj["text"].split()
+        got = {int(w[1:]): words.count(w) for w in set(words)}
+        a, b = X.indptr[i], X.indptr[i + 1]
+        assert got == {int(f): int(v) for f, v in zip(X.indices[a:b], X.data[a:b], strict=True)}
+        assert obj["labels"] == [str(k) for k in Y.indices[Y.indptr[i] : Y.indptr[i + 1]]]
+    write_label_texts(texts, 40, 300, seed=3)
+    pairs = read_label_texts(texts)
+    protos = planted_prototypes(40, 300, seed=3)
+    assert [n for n, _ in pairs] == [str(k) for k in range(40)]
+    for k, (_, text) in enumerate(pairs):
+        assert sorted(int(w[1:]) for w in text.split()) == sorted(protos[k].indices.tolist())
+    with pytest.raises(ParamsError):
+        write_synth(rows, 40, 300, 10, fmt="csv")  # type: ignore[arg-type]

@@ -241,7 +241,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from trainer.synth import write_synth
+    from trainer.synth import write_label_texts, write_synth
 
     try:
         write_synth(
@@ -252,7 +252,10 @@ def cmd_synth(args: argparse.Namespace) -> int:
             seed=args.seed,
             test_path=args.test_out,
             test_rows=args.test_rows if args.test_out else 0,
+            fmt=args.format,
         )
+        if args.label_texts:
+            write_label_texts(args.label_texts, args.labels, args.features, seed=args.seed)
     except ValueError as exc:
         raise ParamsError(str(exc)) from None
     return 0
@@ -309,11 +312,15 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--out", default=None, help="write to this .jsonl file instead of stdout (atomically)")
     p.set_defaults(func=cmd_predict)
 
-    p = subparsers.add_parser("synth", help="generate XC-format data with planted structure")
+    p = subparsers.add_parser("synth", help="generate XC-format (or JSONL text) data with planted structure")
     p.add_argument("--labels", type=int, required=True, help="number of labels L")
     p.add_argument("--features", type=int, required=True, help="number of features D")
     p.add_argument("--rows", type=int, required=True, help="number of training rows N")
-    p.add_argument("--out", required=True, help="XC file to write")
+    p.add_argument("--out", required=True, help="data file to write")
+    p.add_argument("--format", choices=["xc", "jsonl"], default="xc",
+                   help="xc (default), or jsonl: text rows, feature f as the word w<f> repeated by its count")
+    p.add_argument("--label-texts", metavar="OUT",
+                   help="also write each label's text (its planted prototype words) as JSONL {name, text}")
     p.add_argument("--seed", type=int, default=0, help="same seed, same data (default: 0)")
     p.add_argument("--test-out", help="also write a test split from the same planted structure")
     p.add_argument("--test-rows", type=int, default=1000, help="rows in the test split (default: 1000)")

@@ -13,12 +13,18 @@ dialled up without downloading anything. The generative story:
 Everything is a pure function of (seed, part, block), vectorised in blocks of rows, so a million
 rows cost seconds and CSR-sized memory, and the same call always gives the same bytes. `part`
 separates train and test rows drawn from the *same* planted structure (same seed).
+
+Rows can also be written as text (JSONL: feature f is the word `w<f>`, repeated by its count), and each
+label's prototype words as its label text (`write_label_texts`): planted data whose labels say what they
+are, for models trained with label texts.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Literal
 
 import numpy as np
 import scipy.sparse as sp
@@ -26,7 +32,7 @@ import scipy.sparse as sp
 from trainer.data import Dataset, write_xc_rows
 from trainer.errors import ParamsError
 
-__all__ = ["SynthConfig", "planted_prototypes", "synth", "synth_dataset", "write_synth"]
+__all__ = ["SynthConfig", "planted_prototypes", "synth", "synth_dataset", "write_label_texts", "write_synth"]
 
 _BLOCK = 65536  # rows per generated block; fixed so results do not depend on the total row count
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -175,13 +181,50 @@ def synth_dataset(labels: int, features: int, rows: int, seed: int = 0, *, part:
     return Dataset(Y=Y, n_features=features, n_labels=labels, X=X, path=f"<synth seed={seed} part={part}>")
 
 
+def word(feature: int) -> str:
+    """The word standing for a feature id in text output."""
+    return f"w{feature}"
+
+
+def write_jsonl_rows(fh: IO[str], X: sp.csr_matrix, Y: sp.csr_matrix) -> None:
+    """Rows as JSONL text: each feature's word repeated by its count, labels named by their ids."""
+    lines = []
+    for i in range(X.shape[0]):
+        a, b = X.indptr[i], X.indptr[i + 1]
+        words = " ".join(" ".join([word(int(f))] * max(1, round(float(v))))
+                         for f, v in zip(X.indices[a:b], X.data[a:b], strict=True))
+        names = [str(int(k)) for k in Y.indices[Y.indptr[i] : Y.indptr[i + 1]]]
+        lines.append(json.dumps({"text": words, "labels": names}) + "\n")
+    fh.write("".join(lines))
+
+
+def write_label_texts(path: str | Path, labels: int, features: int, seed: int = 0, *,
+                      config: SynthConfig | None = None, first: int = 0) -> None:
+    """Label texts of labels `first`.. `labels`-1: each label's prototype words (in slot order, without
+    repeats), named by its id as the rows name it: the text that says what its rows are about."""
+    cfg = config or SynthConfig()
+    cfg.validate(labels, features, 0)
+    with open(path, "w", encoding="ascii", newline="\n") as fh:
+        for s in range(first, labels, _BLOCK):
+            e = min(s + _BLOCK, labels)
+            lab = np.repeat(np.arange(s, e, dtype=np.int64), cfg.proto_size)
+            slot = np.tile(np.arange(cfg.proto_size, dtype=np.int64), e - s)
+            feat = _proto_features(lab, slot, features, cfg.proto_size, seed).reshape(e - s, cfg.proto_size)
+            texts = (" ".join(word(f) for f in dict.fromkeys(row)) for row in feat.tolist())
+            fh.write("".join(json.dumps({"name": str(k), "text": t}) + "\n"
+                             for k, t in zip(range(s, e), texts, strict=True)))
+
+
 def write_synth(path: str | Path, labels: int, features: int, rows: int, seed: int = 0, *,
                 part: int = 0, config: SynthConfig | None = None, test_path: str | Path | None = None,
-                test_rows: int = 0) -> None:
-    """Write `synth` rows to an XC file block by block (memory stays one block, whatever `rows`).
+                test_rows: int = 0, fmt: Literal["xc", "jsonl"] = "xc") -> None:
+    """Write `synth` rows to an XC file (or JSONL text, `fmt`) block by block (memory stays one block,
+    whatever `rows`).
 
     With `test_path`, also writes `test_rows` rows of part+1 from the same planted structure.
     """
+    if fmt not in ("xc", "jsonl"):
+        raise ParamsError(f"format must be xc or jsonl, got {fmt!r}")
     cfg = config or SynthConfig()
     cfg.validate(labels, features, rows)
     struct = _Structure(labels, features, seed, cfg)
@@ -191,7 +234,11 @@ def write_synth(path: str | Path, labels: int, features: int, rows: int, seed: i
         targets.append((test_path, test_rows, part + 1))
     for out, n_rows, p in targets:
         with open(out, "w", encoding="ascii", newline="\n") as fh:
-            fh.write(f"{n_rows} {features} {labels}\n")
+            if fmt == "xc":
+                fh.write(f"{n_rows} {features} {labels}\n")
             for b, n in _blocks(n_rows):
                 X, Y = _block(struct, labels, features, n, seed, p, b, cfg)
-                write_xc_rows(fh, X, Y)
+                if fmt == "xc":
+                    write_xc_rows(fh, X, Y)
+                else:
+                    write_jsonl_rows(fh, X, Y)
