@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     max_batch: int = Field(default=256, ge=1, description="most inputs in one predict request")
     max_top_k: int = Field(default=1000, ge=1, description="largest top_k a request may ask for")
     request_timeout_s: float = Field(default=30.0, gt=0, description="a predict request never waits longer")
+    max_labels_per_request: int = Field(
+        default=10_000, ge=1, description="most labels one POST /v1/models/{name}/labels may add"
+    )
 
     # --- micro-batching ------------------------------------------------------------------------------
     batch_window_ms: float = Field(default=1.0, ge=0, description="how long a batch waits for more requests")

@@ -1,4 +1,5 @@
-"""GET /v1/models (paged), GET /v1/models/{name}, its versions (paged), activate and delete a version."""
+"""GET /v1/models (paged), GET /v1/models/{name}, its versions (paged), activate and delete a version, add
+labels by their texts."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
+from service.add_labels import add_labels
 from service.api.auth import ApiKey
 from service.api.datasets import Limit
-from service.api.deps import RegistryDep
+from service.api.deps import RegistryDep, SettingsDep
 from service.api.schemas import (
     ActivateResponse,
+    AddLabelsRequest,
+    AddLabelsResponse,
     ErrorBody,
     ModelInfo,
     ModelList,
@@ -144,3 +148,45 @@ async def delete_version(name: ModelName, version: VersionName, registry: Regist
     base of a queued or running job (cancel it, or wait until it ends)."""
     await run_in_threadpool(registry.delete_version, name, version)
     return Response(status_code=204)
+
+
+@router.post(
+    "/v1/models/{name}/labels",
+    status_code=201,
+    response_model=AddLabelsResponse,
+    responses={
+        **VERSION_ERRORS,
+        409: {"model": ErrorBody, "description": "a name the model already has, a model trained without "
+                                                 "label texts, or a new version that failed to load"},
+        422: {"model": ErrorBody, "description": "a blank text, a bad or repeated name, too many labels"},
+        503: {"model": ErrorBody, "description": "the models disk is read-only (nothing written), or a "
+                                                 "worker did not confirm the activation in time"},
+        507: {"model": ErrorBody, "description": "the models disk is full: nothing was written"},
+    },
+)
+async def post_labels(
+    name: ModelName, body: AddLabelsRequest, registry: RegistryDep, settings: SettingsDep, _: ApiKey
+) -> AddLabelsResponse:
+    """Add labels by their texts: writes the next version with their rows (computed from the texts by the
+    model's label tower) appended to the active version's (or `base_version`'s), which stays as it was,
+    and activates it when asked. Only for models trained with label texts."""
+    added = await run_in_threadpool(
+        add_labels,
+        registry,
+        name,
+        [(x.name, x.text) for x in body.labels],
+        base_version=body.base_version,
+        activate=body.activate,
+        max_labels=settings.max_labels_per_request,
+    )
+    return AddLabelsResponse(
+        name=added.model,
+        version=added.version,
+        base_version=added.base_version,
+        n_labels=added.n_labels,
+        added=added.added,
+        first_label_id=added.first_label_id,
+        index=added.index,
+        activated=added.activated,
+        seconds=round(added.seconds, 3),
+    )

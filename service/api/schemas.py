@@ -13,6 +13,7 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    StrictStr,
     field_validator,
     model_validator,
 )
@@ -212,6 +213,45 @@ class ActivateResponse(BaseModel):
     name: str = Field(description="the model")
     active_version: str = Field(description="the version that now answers")
     previous_version: str | None = Field(description="the version that answered before (null: none)")
+
+
+class NewLabel(ClientBody):
+    """A label to add, by its name and the text that says what it is."""
+
+    name: StrictStr = Field(description="the label's name, new to the model", examples=["giravu"])
+    text: StrictStr = Field(description="what the label is: its row is computed from this text",
+                            examples=[DEMO_TEXT])
+
+
+class AddLabelsRequest(ClientBody):
+    """Labels to append to a model trained with label texts, as a new version."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"labels": [{"name": "new-topic", "text": DEMO_TEXT}], "activate": True}]
+        }
+    )
+
+    labels: list[NewLabel] = Field(description="the labels to add (names new to the model, texts not blank)")
+    activate: StrictBool = Field(False, description="activate the new version once it is written")
+    base_version: str | None = Field(
+        None, max_length=NAME_MAX, description="the version to extend; omitted: the active one"
+    )
+
+
+class AddLabelsResponse(BaseModel):
+    """The version written with the labels appended."""
+
+    name: str = Field(description="the model")
+    version: str = Field(description="the new version: the base's labels, then the added ones")
+    base_version: str = Field(description="the version it extends (left as it was)")
+    n_labels: int = Field(description="labels of the new version")
+    added: int = Field(description="labels added")
+    first_label_id: int = Field(description="id of the first added label (the others follow in order)")
+    index: str = Field(description="how its serving index came to be: `appended` (the base's int8 cells "
+                       "extended), `built` (from scratch), or `exact` (none needed)")
+    activated: bool = Field(description="whether the new version now answers")
+    seconds: float = Field(description="time taken, activation included")
 
 
 class Health(BaseModel):
