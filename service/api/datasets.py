@@ -31,7 +31,7 @@ class DatasetOut(BaseModel):
         description="input width (XC header D); null for JSONL text: the featurizer fixes it in training"
     )
     labels: int = Field(description="number of labels (XC header L, or distinct names in JSONL)")
-    format: str = Field(description="xc or jsonl")
+    format: str = Field(description="xc or jsonl (training data), or label_texts (a job's `label_texts`)")
     size_bytes: int = Field(description="file size")
     checksum: str = Field(description="SHA-256 of the file: the same bytes uploaded twice are one dataset")
     filename: str = Field(description="the uploaded file's name")
@@ -93,9 +93,13 @@ _UPLOAD_BODY = {
                         "file": {
                             "type": "string",
                             "format": "binary",
-                            "description": "XC-format (header `N D L`) or JSONL (`{text, labels}`) file",
+                            "description": "XC-format (header `N D L`) or JSONL (`{text, labels}`) file, "
+                            "or label texts (JSONL `{name, text}`)",
                         },
                         "name": {"type": "string", "description": "display name (default: the file name)"},
+                        "kind": {"type": "string", "enum": ["data", "label_texts"],
+                                 "description": "what the file is; omitted: told by its first line (a "
+                                 "`{name, text}` object is label texts)"},
                     },
                 }
             }

@@ -93,6 +93,11 @@ class JobCreate(ClientBody):
         description="continue a stored version instead of training from scratch; params not given come "
         "from it, and the job's metrics add new.* and old.* (test rows with and without a new label)",
     )
+    label_texts: StrictStr | None = Field(
+        None, pattern=DATASET_ID, description="id of an uploaded label-texts file (JSONL `{\"name\", "
+        "\"text\"}` lines): every label in it joins the label space and learns from its text as well as its "
+        "rows; the model can then take labels by text (POST /v1/models/{name}/labels). Text data only",
+    )
 
 
 class JobProgress(BaseModel):
@@ -130,6 +135,7 @@ class JobOut(BaseModel):
     resumed_from_step: int | None = Field(description="the checkpoint step a retry resumed from")
     cancel_requested: bool = Field(description="a cancel was asked for; a running job stops at its next step")
     base: dict[str, Any] | None = Field(None, description="the stored version the job continues, if any")
+    label_texts: str | None = Field(None, description="id of the label-texts file it trains with, if any")
 
 
 class JobList(BaseModel):
@@ -180,6 +186,7 @@ def job_out(job: JobRow) -> JobOut:
         resumed_from_step=job.resumed_from_step,
         cancel_requested=job.cancel_requested,
         base=job.base,
+        label_texts=job.label_texts,
     )
 
 
@@ -201,7 +208,8 @@ def submit_job(body: JobCreate, jobs: Jobs, _: ApiKey) -> JobAccepted:
     """Validate params (types, ranges), datasets, the base version and the memory budget; only then queue
     the job."""
     base = None if body.base is None else body.base.model_dump()
-    req = JobRequest(body.model, body.train_dataset, body.test_dataset, job_params(body), body.activate, base)
+    req = JobRequest(body.model, body.train_dataset, body.test_dataset, job_params(body), body.activate, base,
+                     body.label_texts)
     return JobAccepted(id=jobs.submit(req).id, state="queued")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import tempfile
@@ -33,7 +34,7 @@ from service.errors import (
     writing,
 )
 from service.jobs.config import JobsConfig
-from service.jobs.models import DatasetRow
+from service.jobs.models import LABEL_TEXTS, DatasetRow
 from service.jobs.runner import dataset_path
 from service.jobs.store import JobStore
 from trainer.durable import commit_file
@@ -231,36 +232,76 @@ def _display_name(received: ReceivedFile) -> str:
     return name[:255]
 
 
+KINDS = ("data", LABEL_TEXTS)  # what the `kind` form field of an upload may say
+
+
+def _upload_kind(received: ReceivedFile) -> str:
+    """`kind` as the form says it, else by content: a first line that is a JSON object with a `name` and
+    no `labels` (only `name`/`text` keys) is a label-texts file; anything else is data."""
+    kind = received.fields.get("kind", "").strip()
+    if kind:
+        if kind not in KINDS:
+            raise Invalid(f"form field `kind` must be one of {', '.join(KINDS)}, got {kind[:40]!r}",
+                          loc=["body", "kind"])
+        return kind
+    try:
+        with open(received.path, "rb") as fh:
+            head = fh.read(1 << 16)
+    except OSError:
+        return "data"
+    for raw in head.split(b"\n"):
+        if raw.strip():
+            try:
+                obj = json.loads(raw.decode("utf-8-sig"))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                return "data"
+            keys = set(obj) if isinstance(obj, dict) else set()
+            return LABEL_TEXTS if "name" in keys and keys <= {"name", "text"} else "data"
+    return "data"
+
+
+def _read_upload(received: ReceivedFile) -> tuple[str, int, int | None, int]:
+    """Validate an upload with the trainer's reader of its kind: (format, rows, features, labels);
+    `DataFormatError` naming the line otherwise."""
+    from trainer.data import read_dataset
+    from trainer.label_texts import read_label_texts
+
+    if _upload_kind(received) == LABEL_TEXTS:
+        pairs = read_label_texts(received.path)
+        return LABEL_TEXTS, len(pairs), None, len(pairs)
+    ds = read_dataset(received.path)
+    if ds.n_rows == 0:
+        raise DataFormatError(received.filename, 1, "the dataset has no rows")
+    if ds.n_labels == 0:
+        raise DataFormatError(received.filename, 1, "the dataset has no labels")
+    return ("jsonl" if ds.is_text else "xc"), ds.n_rows, None if ds.is_text else int(ds.n_features), int(
+        ds.n_labels)
+
+
 def ingest(cfg: JobsConfig, store: JobStore, received: ReceivedFile) -> tuple[DatasetRow, bool]:
     """Validate a received file with the trainer's reader and store it; (row, created).
 
     Runs in a thread (reading a large file takes a while). On any failure the temp file is removed, so
     nothing is stored.
     """
-    from trainer.data import read_dataset
-
     try:
         existing = store.dataset_by_checksum(received.sha256)
         if existing is not None:
             return existing, False
         try:
-            ds = read_dataset(received.path)
+            fmt, rows, features, labels = _read_upload(received)
         except DataFormatError as e:
             raise _invalid_file(received.filename, e.line, e.message) from None
-        if ds.n_rows == 0:
-            raise _invalid_file(received.filename, 1, "the dataset has no rows")
-        if ds.n_labels == 0:
-            raise _invalid_file(received.filename, 1, "the dataset has no labels")
         row = DatasetRow(
             id=f"ds_{received.sha256[:20]}",
             name=_display_name(received),
             checksum=received.sha256,
-            format="jsonl" if ds.is_text else "xc",
+            format=fmt,
             filename=received.filename[:255],
             size_bytes=received.size,
-            rows=ds.n_rows,
-            features=None if ds.is_text else int(ds.n_features),
-            labels=int(ds.n_labels),
+            rows=rows,
+            features=features,
+            labels=labels,
             created_at=time.time(),
         )
         final = dataset_path(cfg, row)

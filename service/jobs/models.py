@@ -22,6 +22,8 @@ CANCELLED = "cancelled"
 TERMINAL_STATES = frozenset({SUCCEEDED, FAILED, CANCELLED})
 ACTIVE_STATES = frozenset({QUEUED, RUNNING})
 STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+# the format of an uploaded label-texts file ({"name", "text"} lines), beside the data formats jsonl and xc
+LABEL_TEXTS = "label_texts"
 
 
 class Base(DeclarativeBase):
@@ -53,6 +55,8 @@ class JobRow(Base):
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
     # {"model", "version", "replay_dataset"} of the version a continual job grows (service.continual)
     base: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True, default=None)
+    # the dataset (of format "label_texts") whose label texts the job trains with
+    label_texts: Mapped[str | None] = mapped_column(String(40), nullable=True, default=None)
     activate: Mapped[bool] = mapped_column(Boolean, default=False)
     state: Mapped[str] = mapped_column(String(16), index=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)

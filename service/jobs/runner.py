@@ -25,7 +25,7 @@ from service.continual import trainer_inputs
 from service.errors import disk_error, writing
 from service.input_kind import artifact_kind, check_input_kind
 from service.jobs.config import JobsConfig
-from service.jobs.models import CANCELLED, FAILED, SUCCEEDED, DatasetRow, JobRow
+from service.jobs.models import CANCELLED, FAILED, LABEL_TEXTS, SUCCEEDED, DatasetRow, JobRow
 from service.jobs.store import JobStore
 from service.versions import next_version, version_key
 from trainer.durable import commit_file, fsync_path, fsync_tree
@@ -40,7 +40,7 @@ PUBLISHED_BY = "published_by.json"
 
 def dataset_path(cfg: JobsConfig, ds: DatasetRow) -> Path:
     """Where a stored dataset lives: named by its content checksum, never by a user-given path."""
-    ext = ".jsonl" if ds.format == "jsonl" else ".txt"
+    ext = ".jsonl" if ds.format in ("jsonl", LABEL_TEXTS) else ".txt"
     return cfg.datasets_dir / f"{ds.checksum}{ext}"
 
 
@@ -344,6 +344,8 @@ class JobRunner:
                 # has not trained on counts as a miss, with a warning in the job's log
                 test_ds = read_dataset(dataset_path(self.cfg, test_row))
             test_ds.path = _public(test_row)
+        if job.label_texts is not None:
+            base_kw["label_texts"] = self._read_label_texts(job.label_texts)
         shutil.rmtree(staging, ignore_errors=True)  # a partial artifact from a killed attempt
         checkpoints.mkdir(parents=True, exist_ok=True)
         return train(
@@ -382,6 +384,15 @@ class JobRunner:
             self.store.log(job_id, "serving: exact scan of every label, no index to build")
         else:
             self.store.log(job_id, f"serving index ({kind}) built in {time.perf_counter() - t0:.1f} s")
+
+    def _read_label_texts(self, dataset_id: str) -> list[tuple[str, str]]:
+        from trainer.label_texts import read_label_texts
+
+        row = self.store.get_dataset(dataset_id)
+        if row is None:
+            raise OvexError(f"label texts {dataset_id} no longer exist")
+        with _named(row):
+            return read_label_texts(dataset_path(self.cfg, row))
 
     def _read_replay(self, dataset_id: str) -> Any:
         from trainer.data import read_dataset

@@ -25,7 +25,7 @@ from service.input_kind import KIND_OF_FORMAT, check_input_kind
 from service.jobs import budget
 from service.jobs.config import JobsConfig
 from service.jobs.datasets import ingest, receive_file
-from service.jobs.models import SUCCEEDED, TERMINAL_STATES, DatasetRow, JobEventRow, JobRow
+from service.jobs.models import LABEL_TEXTS, SUCCEEDED, TERMINAL_STATES, DatasetRow, JobEventRow, JobRow
 from service.jobs.runner import dataset_path
 from service.jobs.store import MAX_EVENT_ID, JobStore
 from trainer.errors import ParamsError
@@ -52,6 +52,7 @@ class JobRequest:
     params: TrainParams
     activate: bool
     base: dict[str, Any] | None = None  # continue a stored version: optional model, version, replay_dataset
+    label_texts: str | None = None  # an uploaded label-texts file: its labels' texts train with the rows
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,12 @@ class JobsService:
                     "device 'cuda' requested but no GPU is available", loc=["body", "params", "device"]
                 )
         train = self.get_dataset(req.train_dataset, ["body", "train_dataset"])
+        if train.format == LABEL_TEXTS:
+            raise Invalid(f"dataset {train.id} is a label-texts file, not training data: name it as the "
+                          "job's `label_texts` and a data set of rows as `train_dataset`",
+                          loc=["body", "train_dataset"])
+        if req.label_texts is not None:
+            self._check_label_texts(req.label_texts, train)
         if req.base is None:  # a base is checked against its own kind (`resolve_base`)
             check_input_kind(self.cfg.models_dir / req.model, req.model, KIND_OF_FORMAT[train.format],
                              f"dataset {train.id}")
@@ -158,7 +165,19 @@ class JobsService:
             activate=req.activate,
             base=base,
             base_exists=None if base is None else lambda: self._base_exists(base),
+            label_texts=req.label_texts,
         )
+
+    def _check_label_texts(self, dataset_id: str, train: DatasetRow) -> None:
+        """The job's `label_texts` names an uploaded label-texts file, and the rows are text."""
+        loc: list[str | int] = ["body", "label_texts"]
+        texts = self.get_dataset(dataset_id, loc)
+        if texts.format != LABEL_TEXTS:
+            raise Invalid(f"dataset {texts.id} is {texts.format} training data, not a label-texts file: "
+                          "upload a JSONL file of {\"name\", \"text\"} lines and name its id", loc=loc)
+        if train.format != "jsonl":
+            raise Invalid(f"label texts are read by the model's text featurizer, but dataset {train.id} is "
+                          f"{train.format} (feature ids): train on a JSONL text data set", loc=loc)
 
     def _base_exists(self, base: dict[str, Any]) -> None:
         """Checked again under the version's lock: it may have been deleted since it was resolved."""

@@ -108,6 +108,7 @@ class JobStore:
                 s.scalars(
                     select(JobRow)
                     .where(or_(JobRow.train_dataset == dataset_id, JobRow.test_dataset == dataset_id,
+                               JobRow.label_texts == dataset_id,
                                JobRow.base["replay_dataset"].as_string() == dataset_id))
                     .order_by(JobRow.created_at)
                     .limit(20)
@@ -155,6 +156,7 @@ class JobStore:
         activate: bool,
         base: dict[str, Any] | None = None,
         base_exists: Callable[[], None] | None = None,
+        label_texts: str | None = None,
     ) -> JobRow:
         """Record a queued job, once its datasets are seen to exist under a lock that deleting them waits
         for (`NotFound` naming the field when one was deleted since the caller checked it). One that
@@ -163,6 +165,8 @@ class JobStore:
         uses: dict[str, list[str | int]] = {train_dataset: ["body", "train_dataset"]}
         if test_dataset is not None:
             uses.setdefault(test_dataset, ["body", "test_dataset"])
+        if label_texts is not None:
+            uses.setdefault(label_texts, ["body", "label_texts"])
         if base is not None and base.get("replay_dataset"):
             uses.setdefault(str(base["replay_dataset"]), ["body", "base", "replay_dataset"])
         now = time.time()
@@ -173,6 +177,7 @@ class JobStore:
             test_dataset=test_dataset,
             params=params,
             base=base,
+            label_texts=label_texts,
             activate=activate,
             state=QUEUED,
             cancel_requested=False,
