@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -21,6 +21,7 @@ from .models import (
     ActivateResult,
     DatasetInfo,
     Job,
+    LabelsAdded,
     ModelInfo,
     ModelVersion,
     PredictInput,
@@ -180,8 +181,32 @@ def activate(name: str, version: str | int) -> Request:
     return Request("POST", f"/v1/models/{seg(name)}/versions/{seg(version)}/activate", idempotent=True)
 
 
+def add_labels(
+    name: str,
+    labels: Iterable[Mapping[str, str] | tuple[str, str]],
+    activate: bool | None = None,
+    base_version: str | int | None = None,
+) -> Request:
+    body: dict[str, Any] = {"labels": [_label(x) for x in labels]}
+    if activate is not None:
+        body["activate"] = activate
+    if base_version is not None:
+        body["base_version"] = str(base_version)
+    # Each call writes a new version: never retried.
+    return Request("POST", f"/v1/models/{seg(name)}/labels", idempotent=False, json=body)
+
+
+def _label(x: Mapping[str, str] | tuple[str, str]) -> dict[str, str]:
+    """A label to add as the server takes it: a `(name, text)` pair or a mapping with both keys."""
+    if isinstance(x, tuple):
+        name, text = x
+        return {"name": name, "text": text}
+    return {"name": x["name"], "text": x["text"]}
+
+
 def upload_file(
-    file: str | os.PathLike[str] | bytes | IO[bytes], filename: str | None, name: str | None = None
+    file: str | os.PathLike[str] | bytes | IO[bytes], filename: str | None, name: str | None = None,
+    kind: str | None = None,
 ) -> tuple[Request, IO[bytes] | None]:
     """The multipart upload; returns the file object it opened (the caller closes it)."""
     opened: IO[bytes] | None = None
@@ -196,8 +221,10 @@ def upload_file(
         content, name = file, filename or Path(getattr(file, "name", "dataset.txt")).name
     files = {"file": (name, content, "application/octet-stream")}
     # Uploading creates a dataset: never retried.
-    data = {"name": name} if name else None
-    return Request("POST", "/v1/datasets", idempotent=False, files=files, data=data), opened
+    data = {"name": name} if name else {}
+    if kind:
+        data["kind"] = kind
+    return Request("POST", "/v1/datasets", idempotent=False, files=files, data=data or None), opened
 
 
 def _page_params(limit: int | None, cursor: str | None, **filters: Any) -> dict[str, Any] | None:
@@ -247,8 +274,11 @@ def submit_job(
     params: Mapping[str, Any] | None,
     activate: bool | None,
     base: Mapping[str, Any] | None = None,
+    label_texts: str | int | None = None,
 ) -> Request:
     body: dict[str, Any] = {"model": model, "train_dataset": str(train_dataset)}
+    if label_texts is not None:
+        body["label_texts"] = str(label_texts)
     if base is not None:
         body["base"] = _base_body(base)
     if test_dataset is not None:
@@ -296,6 +326,7 @@ def PARSE_DEFAULT(r: httpx.Response) -> str | None:
 
 
 PARSE_ACTIVATE = as_model(ActivateResult)
+PARSE_LABELS = as_model(LabelsAdded)
 PARSE_DATASET = as_model(DatasetInfo)
 PARSE_DATASETS = as_list(DatasetInfo, "datasets")
 PARSE_JOB = as_model(Job)

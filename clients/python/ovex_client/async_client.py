@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
 import httpx
@@ -18,6 +18,7 @@ from .models import (
     DatasetInfo,
     Job,
     JobEvent,
+    LabelsAdded,
     ModelInfo,
     ModelVersion,
     PredictInput,
@@ -169,6 +170,19 @@ class AsyncClient:
     async def activate(self, name: str, version: str | int) -> ActivateResult:
         return await self._call(_api.activate(name, version), _api.PARSE_ACTIVATE)
 
+    async def add_labels(
+        self,
+        name: str,
+        labels: Iterable[Mapping[str, str] | tuple[str, str]],
+        *,
+        activate: bool | None = None,
+        base_version: str | int | None = None,
+    ) -> LabelsAdded:
+        """Add labels by their texts (`(name, text)` pairs or `{"name", "text"}` mappings) to a model trained
+        with label texts: the server writes its next version with them appended to the active version (or
+        `base_version`), and activates it when `activate`."""
+        return await self._call(_api.add_labels(name, labels, activate, base_version), _api.PARSE_LABELS)
+
     async def delete_version(self, name: str, version: str | int) -> None:
         await self._call(_api.delete_version(name, version), _api.no_content)
 
@@ -180,18 +194,19 @@ class AsyncClient:
         *,
         filename: str | None = None,
         name: str | None = None,
+        kind: str | None = None,
     ) -> DatasetInfo:
         if isinstance(file, str | os.PathLike):
             # httpx's async multipart wants bytes, not a blocking file object.
             path = os.fspath(file)
             with open(path, "rb") as fh:
                 content = fh.read()
-            req, _ = _api.upload_file(content, filename or os.path.basename(path), name)
+            req, _ = _api.upload_file(content, filename or os.path.basename(path), name, kind)
         elif isinstance(file, bytes):
-            req, _ = _api.upload_file(file, filename, name)
+            req, _ = _api.upload_file(file, filename, name, kind)
         else:
             fname = filename or os.path.basename(getattr(file, "name", "")) or None
-            req, _ = _api.upload_file(file.read(), fname, name)
+            req, _ = _api.upload_file(file.read(), fname, name, kind)
         return await self._call(req, _api.PARSE_DATASET)
 
     async def list_datasets(
@@ -221,9 +236,11 @@ class AsyncClient:
         params: Mapping[str, Any] | None = None,
         activate: bool | None = None,
         base: Mapping[str, Any] | None = None,
+        label_texts: str | int | None = None,
     ) -> Job:
         req = _api.submit_job(
-            model, train_dataset, test_dataset=test_dataset, params=params, activate=activate, base=base
+            model, train_dataset, test_dataset=test_dataset, params=params, activate=activate, base=base,
+            label_texts=label_texts,
         )
         return await self._call(req, _api.PARSE_JOB)
 

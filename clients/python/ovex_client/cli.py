@@ -93,9 +93,21 @@ def build_parser() -> argparse.ArgumentParser:
         mv.add_argument("name")
         mv.add_argument("version")
 
+    lab = add(sub, "labels", help="add labels by their texts to a model trained with label texts")
+    lsub = lab.add_subparsers(dest="action", required=True)
+    la = add(lsub, "add", help="write the model's next version with these labels appended")
+    la.add_argument("model", help="the model (trained with label texts)")
+    la.add_argument("--file", type=Path, required=True,
+                    help='JSONL file, one {"name": ..., "text": ...} per line')
+    la.add_argument("--activate", action="store_true", help="serve the new version at once")
+    la.add_argument("--base-version", help="the version to extend (default: the active one)")
+
     ds = add(sub, "datasets", help="upload, list, show or delete datasets")
     dsub = ds.add_subparsers(dest="action", required=True)
-    add(dsub, "upload").add_argument("file", type=Path)
+    up = add(dsub, "upload")
+    up.add_argument("file", type=Path)
+    up.add_argument("--kind", choices=["data", "label_texts"], default=None,
+                    help="what the file is (default: told by the server from its first line)")
     add(dsub, "list", help="every dataset (all pages), newest first")
     for name in ("show", "delete"):
         add(dsub, name).add_argument("dataset_id")
@@ -409,7 +421,7 @@ def cmd_datasets(client: Client, args: argparse.Namespace) -> int:
     if args.action == "upload":
         if not args.file.is_file():
             raise UsageError(f"{args.file}: no such file")
-        dump(client.upload_dataset(args.file), sys.stdout)
+        dump(client.upload_dataset(args.file, kind=args.kind), sys.stdout)
     elif args.action == "list":
         dump(list(client.iter_datasets()), sys.stdout)
     elif args.action == "delete":
@@ -417,6 +429,47 @@ def cmd_datasets(client: Client, args: argparse.Namespace) -> int:
         print(f"dataset {args.dataset_id}: deleted")
     else:
         dump(client.get_dataset(args.dataset_id), sys.stdout)
+    return 0
+
+
+def read_labels(path: Path) -> list[dict[str, str]]:
+    """Labels to add from a JSONL file of `{"name", "text"}` objects; a line that is not one is a
+    `path:line:` error (the server checks the names and texts themselves)."""
+    out: list[dict[str, str]] = []
+    try:
+        fh = path.open("rb")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot open: {exc.strerror}") from exc
+    with fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise UsageError(f"{path}:{lineno}: not UTF-8 text ({exc.reason})") from exc
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) \
+                    or not isinstance(obj.get("text"), str):
+                raise UsageError(f'{path}:{lineno}: expected {{"name": "...", "text": "..."}}')
+            out.append({"name": obj["name"], "text": obj["text"]})
+    if not out:
+        raise UsageError(f"{path}: no labels in the file")
+    return out
+
+
+def cmd_labels(client: Client, args: argparse.Namespace) -> int:
+    added = client.add_labels(args.model, read_labels(args.file), activate=args.activate or None,
+                              base_version=args.base_version)
+    if args.json:
+        dump(added, sys.stdout)
+    else:
+        state = "active" if added.activated else "not activated"
+        print(f"model {added.name}: version {added.version} ({state}) has {added.n_labels} labels, "
+              f"{added.added} added (ids {added.first_label_id}..{added.first_label_id + added.added - 1})")
     return 0
 
 
@@ -433,6 +486,7 @@ COMMANDS = {
     "jobs": cmd_jobs,
     "models": cmd_models,
     "datasets": cmd_datasets,
+    "labels": cmd_labels,
     "health": cmd_health,
 }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
 import httpx
@@ -17,6 +17,7 @@ from .models import (
     DatasetInfo,
     Job,
     JobEvent,
+    LabelsAdded,
     ModelInfo,
     ModelVersion,
     PredictInput,
@@ -183,6 +184,19 @@ class Client:
         """Make `version` of `name` the one that answers (hot swap, no restart)."""
         return self._call(_api.activate(name, version), _api.PARSE_ACTIVATE)
 
+    def add_labels(
+        self,
+        name: str,
+        labels: Iterable[Mapping[str, str] | tuple[str, str]],
+        *,
+        activate: bool | None = None,
+        base_version: str | int | None = None,
+    ) -> LabelsAdded:
+        """Add labels by their texts (`(name, text)` pairs or `{"name", "text"}` mappings) to a model trained
+        with label texts: the server writes its next version with them appended to the active version (or
+        `base_version`), and activates it when `activate`."""
+        return self._call(_api.add_labels(name, labels, activate, base_version), _api.PARSE_LABELS)
+
     def delete_version(self, name: str, version: str | int) -> None:
         """Remove a model version's files; 409 for the active version."""
         self._call(_api.delete_version(name, version), _api.no_content)
@@ -195,9 +209,10 @@ class Client:
         *,
         filename: str | None = None,
         name: str | None = None,
+        kind: str | None = None,
     ) -> DatasetInfo:
         """Upload an XC-format or JSONL file; the server validates it before accepting it."""
-        req, opened = _api.upload_file(file, filename, name)
+        req, opened = _api.upload_file(file, filename, name, kind)
         try:
             return self._call(req, _api.PARSE_DATASET)
         finally:
@@ -230,11 +245,13 @@ class Client:
         params: Mapping[str, Any] | None = None,
         activate: bool | None = None,
         base: Mapping[str, Any] | None = None,
+        label_texts: str | int | None = None,
     ) -> Job:
         """Queue a training job; `params` are trainer options (e.g. `{"epochs": 2, "dim": 64}`); `base`
         (`{"model": ..., "version": ...}`, `{}` = the model's active version) continues a stored version."""
         req = _api.submit_job(
-            model, train_dataset, test_dataset=test_dataset, params=params, activate=activate, base=base
+            model, train_dataset, test_dataset=test_dataset, params=params, activate=activate, base=base,
+            label_texts=label_texts,
         )
         return self._call(req, _api.PARSE_JOB)
 

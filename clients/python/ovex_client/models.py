@@ -145,6 +145,20 @@ class ActivateResult(_Answer):
     previous_version: Id | None = None
 
 
+class LabelsAdded(_Answer):
+    """The version written by adding labels by their texts."""
+
+    name: str
+    version: Id
+    base_version: Id
+    n_labels: int
+    added: int
+    first_label_id: int
+    index: str | None = None
+    activated: bool = False
+    seconds: float | None = None
+
+
 class DatasetInfo(_Answer):
     id: Id
     name: str | None = None
