@@ -119,12 +119,14 @@ def save_artifact(
     n_train_rows: int = 0,
     write_weights: WeightsWriter | None = None,
     row_hashes: np.ndarray | None = None,
+    extra_files: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write the model directory atomically and durably (`trainer.durable`); an existing model at
     `out_dir` is replaced.
 
     `label_counts`/`n_train_rows` (training label frequencies) let evaluation compute PSP@k later.
     `write_weights` replaces the plain safetensors writer (ranks of a sharded head write their rows).
+    `extra_files` writes more files into the directory before it is published (a label tower's).
     """
     out = Path(out_dir)
     if len(label_names) != model.shape.n_labels:
@@ -156,6 +158,8 @@ def save_artifact(
         (tmp / "labels.txt").write_text(labels_text(label_names), encoding="utf-8")
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
         featurizer.save(tmp / "featurizer")
+        if extra_files is not None:
+            extra_files(tmp)
         fsync_tree(tmp)  # on disk before the rename publishes it (a crash must not leave empty weights)
         old = None
         if out.exists():

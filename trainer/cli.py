@@ -108,6 +108,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.label_names:  # XC test and replay files share the training file's label ids, so its names
         test_ds = _named_like(test_ds, train_ds, args.label_names)
         replay_ds = _named_like(replay_ds, train_ds, args.label_names)
+    label_texts = None
+    if args.label_texts:
+        from trainer.label_texts import read_label_texts
+
+        label_texts = read_label_texts(args.label_texts)
     result = train(
         params,
         train_ds,
@@ -118,6 +123,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         base=args.init_from,
         replay_ds=replay_ds,
+        label_texts=label_texts,
     )
     if result.metrics and os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 answers
         print(json.dumps(result.metrics))
@@ -286,6 +292,12 @@ def add_commands(subparsers: Any) -> None:
         "--label-names",
         metavar="FILE",
         help="XC data: label names, one a line (line i names label i-1), served instead of ids",
+    )
+    p.add_argument(
+        "--label-texts",
+        metavar="FILE",
+        help="JSONL of {\"name\": ..., \"text\": ...}: every named label joins the label space (rows or not) "
+        "and its row is learned from its text as well as its rows (text training sets)",
     )
     add_train_flags(p)
     p.set_defaults(func=cmd_train)

@@ -12,8 +12,8 @@ for every label) is materialized for evaluation and saving only: serving reads a
 
 A label with a text and no training rows has no free part (v_k = 0) and is kept out of the sampled
 negatives: it would only ever be pushed down, while a label added later by its text (`label_rows`) never
-is. Its bias is the median bias of the rarest labels that have rows (`zero_row_bias`), so it competes as
-a label of the lowest frequency seen.
+is. Its row takes its direction from the text and its norm and bias from the rarest labels that have rows
+(`zero_row_scale`), so it competes as a label of the lowest frequency seen.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class LabelTower(nn.Module):
 
     def __init__(self, texts: TextRows, gain: float, text_only: np.ndarray) -> None:
         super().__init__()
-        self.gain = nn.Parameter(torch.tensor(float(gain)))
+        self.gain = nn.Parameter(torch.tensor([float(gain)]))
         self.texts = texts
         self.text_only = np.asarray(text_only, dtype=bool)  # [K]: a text and no training rows
         self.embedded = 0  # labels embedded by the last step (the step cost is flat in K)
@@ -99,15 +99,31 @@ class LabelTower(nn.Module):
         return self.gain.detach() * z * self.texts.has_text.to(z.device).unsqueeze(1).to(z.dtype)
 
 
-def zero_row_bias(bias: np.ndarray, counts: np.ndarray) -> float:
-    """The bias a label without rows gets: the median bias of the rarest labels with rows (those with at
-    most `RARE_MAX` rows, or the fewest any label has); 0 when no label has rows."""
+def rare_labels(counts: np.ndarray) -> np.ndarray:
+    """bool [K]: the rarest labels with rows (at most `RARE_MAX` rows, or the fewest any label has)."""
     counts = np.asarray(counts)
     has = counts > 0
     if not has.any():
-        return 0.0
-    rare = has & (counts <= max(RARE_MAX, int(counts[has].min())))
-    return float(np.median(np.asarray(bias, dtype=np.float64)[rare]))
+        return has
+    return has & (counts <= max(RARE_MAX, int(counts[has].min())))
+
+
+def zero_row_scale(head: np.ndarray, counts: np.ndarray) -> tuple[float, float]:
+    """(norm, bias) a label without rows gets: the median row norm and median bias of the rarest labels
+    with rows. Its text gives the direction; labels of the lowest frequency seen give the scale, since the
+    free parts of trained labels grow with training and a text-only row of the tower's scale alone would
+    lose to every trained label. (0, 0) when no label has rows."""
+    rare = rare_labels(counts)
+    if not rare.any():
+        return 0.0, 0.0
+    rows = np.asarray(head[rare], dtype=np.float64)
+    return float(np.median(np.linalg.norm(rows[:, :-1], axis=1))), float(np.median(rows[:, -1]))
+
+
+def scaled_rows(rows: torch.Tensor, norm: float) -> torch.Tensor:
+    """Rows rescaled to `norm` (empty rows stay empty)."""
+    length = rows.norm(dim=1, keepdim=True)
+    return torch.where(length > 0, rows * (norm / length.clamp_min(1e-30)), rows)
 
 
 def tower_of(model: XCModel) -> LabelTower | None:
@@ -117,23 +133,24 @@ def tower_of(model: XCModel) -> LabelTower | None:
 
 @torch.no_grad()
 def materialized_head(model: XCModel, counts: np.ndarray) -> tuple[torch.Tensor, float]:
-    """The head serving reads (free part + tower rows; text-only labels get the rare labels' bias), and
-    that bias."""
+    """The head serving reads (free part + tower rows; text-only labels get the scale of the rarest
+    labels with rows, `zero_row_scale`), and that (norm, bias)."""
     tower = tower_of(model)
     assert tower is not None
     d = model.shape.dim
     head = model.head.detach().clone()
     head[:, :d] += tower.all_rows(model).to(head.dtype)
-    b0 = zero_row_bias(model.head[:, d].detach().cpu().numpy(), counts)
+    norm, b0 = zero_row_scale(head.cpu().numpy(), counts)
     only = torch.from_numpy(tower.text_only).to(head.device)
+    head[only, :d] = scaled_rows(head[only, :d], norm)
     head[only, d] = b0
-    return head, b0
+    return head, (norm, b0)
 
 
 @contextlib.contextmanager
-def materialized(model: XCModel, counts: np.ndarray) -> Iterator[float | None]:
+def materialized(model: XCModel, counts: np.ndarray) -> Iterator[tuple[float, float] | None]:
     """Within the block `model.head` is the materialized head (evaluation, saving); the free part after.
-    Yields the text-only labels' bias (None without a tower)."""
+    Yields the text-only labels' (norm, bias) (None without a tower)."""
     if tower_of(model) is None:
         yield None
         return
@@ -174,11 +191,13 @@ class SubsetSampler:
 # ------------------------------------------------------------------------------------ the artifact
 
 
-def save_tower(directory: Path, tower: LabelTower, b0: float, names: Sequence[str],
+def save_tower(directory: Path, *, tower: LabelTower, scale: tuple[float, float], names: Sequence[str],
                texts: dict[str, str]) -> None:
     """Write the tower's files into a model directory being assembled (before it is published)."""
-    config = {"version": TOWER_VERSION, "gain": float(tower.gain.detach()), "zero_row_bias": b0,
-              "combine": "free + gain * encoder(featurizer(text))"}
+    config = {"version": TOWER_VERSION, "gain": float(tower.gain.detach()[0]), "zero_row_norm": scale[0],
+              "zero_row_bias": scale[1],
+              "combine": "free + gain * encoder(featurizer(text)); a label without rows: "
+                         "zero_row_norm * unit(encoder(featurizer(text))), bias zero_row_bias"}
     from trainer.label_texts import TEXTS_FILE, TOWER_CONFIG, TOWER_WEIGHTS
 
     (directory / TOWER_CONFIG).write_text(json.dumps(config, indent=2))
@@ -199,7 +218,7 @@ class StoredTower:
     """A saved model's tower, enough to give a new label its row from its text."""
 
     loaded: Any  # trainer.artifact.LoadedModel
-    gain: float
+    norm: float
     zero_bias: float
 
     def zero_rows(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -211,24 +230,34 @@ class StoredTower:
         with torch.no_grad():
             z = model.encode(x)
             has = torch.from_numpy(np.diff(x.indptr) > 0).to(z.device)
-            rows = torch.tensor(self.gain, dtype=z.dtype) * z * has.unsqueeze(1).to(z.dtype)
+            rows = scaled_rows(z * has.unsqueeze(1).to(z.dtype), self.norm)
         return (np.ascontiguousarray(rows.cpu().numpy(), dtype=np.float32),
                 np.full(len(texts), self.zero_bias, dtype=np.float32))
 
 
-def load_tower(directory: Path) -> StoredTower:
-    from trainer.artifact import load_artifact
+def _tower_config(directory: Path) -> tuple[float, float, float]:
     from trainer.label_texts import TOWER_CONFIG
 
     try:
         config = json.loads((directory / TOWER_CONFIG).read_text())
-        gain, b0 = float(config["gain"]), float(config["zero_row_bias"])
+        return float(config["gain"]), float(config["zero_row_norm"]), float(config["zero_row_bias"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ArtifactError(str(directory), f"unreadable label tower settings: {exc}") from None
+
+
+def load_tower_gain(directory: Path) -> float:
+    """The tower gain γ a saved model was trained to."""
+    return _tower_config(directory)[0]
+
+
+def load_tower(directory: Path) -> StoredTower:
+    from trainer.artifact import load_artifact
+
+    _, norm, b0 = _tower_config(directory)
     loaded = load_artifact(directory)
     if loaded.featurizer.kind != "text":
         raise ArtifactError(str(directory), "the model's input is not text, so a label text cannot be read")
-    return StoredTower(loaded, gain, b0)
+    return StoredTower(loaded, norm, b0)
 
 
 def read_stored_texts(directory: Path) -> dict[str, str]:

@@ -210,6 +210,13 @@ class TrainParams(BaseModel):
         description="with a base model: start of the head rows of labels new to it: mean (the mean "
         "encoding of their positive rows, scaled to score them as trained labels score theirs) or random",
     )
+    # label texts (`train --label-texts`): w_k = free_k + gain * encoder(featurizer(text_k))
+    label_tower_gain: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1000.0,
+        description="with label texts: initial gain of the label tower's rows (learned during training)",
+    )
     # evaluation
     eval_every: int = Field(
         default=1, ge=0, le=10_000, description="evaluate every N epochs (0 = only at the end)"

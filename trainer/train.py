@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import math
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,7 +35,7 @@ from trainer.continual import (
     split_metrics,
     warm_start,
 )
-from trainer.data import Dataset, check_compatible, label_counts, unseen_labels_note
+from trainer.data import Dataset, check_compatible, label_counts, label_names_of, unseen_labels_note
 from trainer.errors import ParamsError, TrainingCancelled
 from trainer.label_shards import (
     LabelShard,
@@ -43,6 +44,18 @@ from trainer.label_shards import (
     shard_candidates,
     shard_softmax_loss,
     shard_topk,
+)
+from trainer.label_texts import has_label_tower
+from trainer.label_tower import (
+    LabelTower,
+    SubsetSampler,
+    TextRows,
+    check_usable,
+    load_tower_gain,
+    materialized,
+    read_stored_texts,
+    save_tower,
+    tower_of,
 )
 from trainer.losses import (
     CandidateBatch,
@@ -279,6 +292,11 @@ class StepInputs:
     values: torch.Tensor  # float32 [nnz]
     cand: Candidates
     owned: torch.Tensor  # int64 [P_r]: the positive pairs whose label this rank owns (`ShardCandidates`)
+    # with a label tower: the candidate labels' texts, their non-zeros indexing `features` too
+    text_inverse: torch.Tensor | None = None
+    text_offsets: torch.Tensor | None = None
+    text_values: torch.Tensor | None = None
+    text_mask: torch.Tensor | None = None  # bool [C]: the candidate has a text
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, low: bool) -> torch.Tensor:
@@ -330,7 +348,6 @@ class Stepper:
         per = -(-(j - i) // group.world)
         li, lj = min(j, i + group.rank * per), min(j, i + (group.rank + 1) * per)
         a, b = int(ep.x_ptr_np[li]), int(ep.x_ptr_np[lj])
-        features, inverse = torch.unique(ep.x_ind[a:b], return_inverse=True)
         ya, yb = int(ep.y_ptr_np[i]), int(ep.y_ptr_np[j])
         y_ind, y_ptr = ep.y_ind[ya:yb], ep.y_ptr[i : j + 1] - ya
         if self.exhaustive:  # every label is a column: the [B, K] masks are made on the device
@@ -342,17 +359,27 @@ class Stepper:
             sc = shard_candidates(y_ptr, y_ind, self.shard, self.sampler, params.negatives, groups)
             sc.cand.masked = torch.stack(masked_negative_pairs(sc.cand))
         cand = sc.cand
+        x_ind = ep.x_ind[a:b]
+        tower = tower_of(self.model)
+        text: dict[str, torch.Tensor] = {}
+        if tower is not None:  # the candidates' texts share the step's gather of input rows
+            t_ind, text["text_offsets"], text["text_values"] = tower.texts.gather(cand.label_ids)
+            text["text_mask"] = tower.texts.has_text.index_select(0, cand.label_ids.cpu())
+            features, inverse = torch.unique(torch.cat([x_ind, t_ind]), return_inverse=True)
+            inverse, text["text_inverse"] = inverse[: x_ind.numel()], inverse[x_ind.numel() :]
+        else:
+            features, inverse = torch.unique(x_ind, return_inverse=True)
         if params.label_weighting == "row":
             cand.pair_weight = row_pair_weights(cand)
         if ep.row_weight is not None:
             weights = ep.row_weight[i:j].to(cand.pos_rows.device)
             cand.pair_weight = _reweighted(pair_weights(cand), weights, cand.pos_rows)
         moved = to_device({"features": features, "inverse": inverse, "offsets": ep.x_ptr[li:lj] - a,
-                           "values": ep.x_val[a:b], "owned": sc.owned,
+                           "values": ep.x_val[a:b], "owned": sc.owned, **text,
                            **{f"cand.{k}": v for k, v in cand.tensors().items()}}, device)
         cand = cand.with_tensors({k[len("cand."):]: v for k, v in moved.items() if k.startswith("cand.")})
         return StepInputs(moved["features"], moved["inverse"], moved["offsets"], moved["values"], cand,
-                          moved["owned"])
+                          moved["owned"], **{k: moved[k] for k in text})
 
     def learn(self, inp: StepInputs, lr: float) -> torch.Tensor:
         """The step's device part: encode, score, backward, update the touched rows; the loss."""
@@ -370,15 +397,21 @@ class Stepper:
         else:
             rows = cand.label_ids
             head_rows = model.head.index_select(0, rows).requires_grad_()
+        used_rows = head_rows  # the rows scored: the free part, plus the tower's rows from the labels' texts
+        tower = tower_of(model)
+        if tower is not None and inp.text_inverse is not None:
+            assert inp.text_offsets is not None and inp.text_values is not None and inp.text_mask is not None
+            t = tower.embed(model, e_rows, inp.text_inverse, inp.text_offsets, inp.text_values, inp.text_mask)
+            used_rows = head_rows + torch.cat([t, t.new_zeros(t.shape[0], 1)], dim=1)
         h_aug = torch.cat([h, h.new_ones(h.shape[0], 1)], dim=1)
         own_rows = cand.pos_rows.index_select(0, inp.owned)
         own_cols = cand.pos_cols.index_select(0, inp.owned)
         if self.spec.sampled_scores_only and not self.exhaustive:
             # score only the sampled columns; f_y by row-wise dot products (P·d, not B·C·d)
-            scores = _product(h_aug, head_rows[: cand.n_sampled], low)
-            own = (h_aug.index_select(0, own_rows) * head_rows.index_select(0, own_cols)).sum(1)
+            scores = _product(h_aug, used_rows[: cand.n_sampled], low)
+            own = (h_aug.index_select(0, own_rows) * used_rows.index_select(0, own_cols)).sum(1)
         else:
-            scores = _product(h_aug, head_rows, low)
+            scores = _product(h_aug, used_rows, low)
             own = scores[own_rows, own_cols]
         # f_y of every pair: each scored by the rank owning its label, summed over ranks
         pos_scores = own
@@ -531,6 +564,7 @@ def train(
     base: str | Path | None = None,
     base_name: str | None = None,
     replay_ds: Dataset | None = None,
+    label_texts: list[tuple[str, str]] | None = None,
 ) -> TrainResult:
     """Train on `train_ds`, evaluate on `test_ds` every `params.eval_every` epochs, write the artifact.
 
@@ -547,6 +581,11 @@ def train(
     it are the ones saved and reported; `test_ds` is only ever reported, never used to decide. With
     `params.refit` as well, a second run on all training rows stops at that epoch (same schedule) and
     is the one saved: the held-out rows then only choose how long to train, and are not lost.
+
+    With `label_texts` ((name, text) pairs, `trainer.label_texts.read_label_texts`) every named label joins
+    the label space, with training rows or not, and the model learns a label tower (`trainer.label_tower`);
+    a base trained with label texts keeps its tower and texts, the given ones added (a name's new text
+    replaces its old one).
     """
     hooks = hooks or LoggingHooks()
     if replay_ds is not None and base is None:
@@ -561,6 +600,12 @@ def train(
         return train_on_ranks(params, train_ds, test_ds, out_dir=out_dir, hooks=hooks,
                               checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                               base=base, base_name=base_name, replay_ds=replay_ds)
+    texts: dict[str, str] | None = None
+    if label_texts or (base is not None and has_label_tower(Path(base))):
+        texts = {} if base is None else read_stored_texts(Path(base))
+        texts.update(label_texts or [])
+        check_usable(train_ds.is_text, get_loss(params.loss).needs_all_labels, params.nproc_per_node)
+        train_ds = with_labels(train_ds, list(texts))
     warm: WarmStart | None = None
     if base is not None:
         warm, train_ds, test_ds = warm_start(base, train_ds, test_ds, base_name=base_name,
@@ -579,7 +624,7 @@ def train(
         # the selection run never sees the test split, not even to report it
         select = _fit(params, train_ds, None, out_dir=None, hooks=hooks, warm=warm,
                       checkpoint_dir=None if ckpt is None else ckpt / "select",
-                      checkpoint_every=checkpoint_every)
+                      checkpoint_every=checkpoint_every, texts=texts)
         assert select.best_epoch is not None and select.metrics_valid_p1 is not None
         hooks.on_log(f"refit on all {train_ds.n_rows} training rows, stop after epoch {select.best_epoch}")
         refit = params.model_copy(
@@ -589,14 +634,48 @@ def train(
                       checkpoint_dir=None if ckpt is None else ckpt / "refit",
                       checkpoint_every=checkpoint_every, artifact_params=params,
                       extra_summary={"best_epoch": float(select.best_epoch),
-                                     "valid_p@1": float(select.metrics_valid_p1)})
+                                     "valid_p@1": float(select.metrics_valid_p1)}, texts=texts)
         result.best_epoch = select.best_epoch
         result.metrics_valid_p1 = select.metrics_valid_p1
         result.history = [{**h, "phase": "select"} for h in select.history] + result.history
         result.seconds += select.seconds
         return result
     return _fit(params, train_ds, test_ds, out_dir=out_dir, hooks=hooks, warm=warm,
-                checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
+                checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, texts=texts)
+
+
+def with_labels(ds: Dataset, names: list[str]) -> Dataset:
+    """`ds` in a label space that also holds `names` (those it lacks appended, without rows)."""
+    own = label_names_of(ds)
+    known = set(own)
+    extra = [n for n in names if n not in known]
+    if not extra:
+        return ds if ds.label_names is not None else replace(ds, label_names=own)
+    width = len(own) + len(extra)
+    y = sp.csr_matrix(ds.Y)
+    Y = sp.csr_matrix((y.data, y.indices, y.indptr), shape=(ds.n_rows, width))
+    return replace(ds, Y=Y, n_labels=width, label_names=own + extra)
+
+
+def _attach_tower(model: XCModel, featurizer: Any, names: list[str], texts: dict[str, str],
+                  counts: np.ndarray, params: TrainParams, warm: WarmStart | None) -> LabelTower:
+    """Give `model` its label tower. Labels with a text and no rows start with no free part; a base's
+    labels keep their served rows: their free part is the base's row less the tower's."""
+    rows = TextRows.from_csr(featurizer.transform_texts([texts.get(n, "") for n in names], "<label texts>"))
+    text_only = rows.has_text.numpy() & (np.asarray(counts) <= 0)
+    gain = params.label_tower_gain
+    if warm is not None and has_label_tower(warm.base.path):
+        gain = load_tower_gain(warm.base.path)
+    tower = LabelTower(rows, gain, text_only).to(model.head.device)
+    d = model.shape.dim
+    with torch.no_grad():
+        if warm is not None:
+            k0 = warm.n_base_labels
+            model.head[:k0, :d] -= tower.all_rows(model)[:k0].to(model.head.dtype)
+        only = torch.from_numpy(text_only).to(model.head.device)
+        model.head[only] = 0.0
+    model.tower = tower
+    return tower
 
 
 def _fit(
@@ -611,6 +690,7 @@ def _fit(
     artifact_params: TrainParams | None = None,
     extra_summary: dict[str, float] | None = None,
     warm: WarmStart | None = None,
+    texts: dict[str, str] | None = None,
 ) -> TrainResult:
     """One training run (the body of `train`); the artifact records `artifact_params` when given."""
     tune_malloc()
@@ -689,6 +769,11 @@ def _fit(
         torch.manual_seed(params.seed + group.rank)  # dropout: each rank masks its own rows
     all_counts = label_counts(y)
     counts = all_counts[shard.lo : shard.hi]
+    # every row the model has trained on, a base's included: a label of none has no free part to learn
+    model_counts = all_counts if warm is None else warm.artifact_stats(y)[0]
+    tower = None
+    if texts is not None:
+        tower = _attach_tower(model, featurizer, label_names, texts, model_counts, params, warm)
     # rank 0 keeps the stream of a one-process run; other ranks draw their own
     seed = params.seed + 1 + 7919 * group.rank
     # a continual run oversamples its new labels with rows as negatives
@@ -697,8 +782,13 @@ def _fit(
         focus, share = warm.learning(counts, shard.lo), params.new_label_negatives
         if group.world > 1:
             share = _shard_focus_share(share, focus, int(warm.learning(all_counts).sum()), shard)
-    sampler = NegativeSampler(shard.size, params.sampler, params.alpha, counts, seed=seed, focus=focus,
-                              focus_share=share)
+    sampler: Any = NegativeSampler(shard.size, params.sampler, params.alpha, counts, seed=seed, focus=focus,
+                                   focus_share=share)
+    if tower is not None and tower.text_only.any():  # text-only labels are never sampled as negatives
+        keep = np.flatnonzero(~tower.text_only)
+        sampler = SubsetSampler(NegativeSampler(
+            keep.size, params.sampler, params.alpha, counts[keep], seed=seed,
+            focus=None if focus is None else focus[keep], focus_share=share), keep)
     stepper = Stepper(model, spec, params, sampler, group, shard)
     if focus is not None:
         stepper.head_lr = WarmStart.label_lr(focus, params.new_label_lr, device)
@@ -774,11 +864,13 @@ def _fit(
             is_last = epoch + 1 == last_epoch
             due = params.eval_every > 0 and (epoch + 1) % params.eval_every == 0
             if xt is not None and yt is not None and (due or is_last):
-                evaluated = evaluate_model(model, xt, yt, prop, shard, group, new_labels)
+                with materialized(model, model_counts):
+                    evaluated = evaluate_model(model, xt, yt, prop, shard, group, new_labels)
                 last_metrics = evaluated
                 record["metrics"] = evaluated
             if xv is not None and yv is not None:
-                valid = evaluate_model(model, xv, yv, None, shard, group)
+                with materialized(model, model_counts):
+                    valid = evaluate_model(model, xv, yv, None, shard, group)
                 record["valid"] = valid
                 best.update(epoch + 1, valid["p@1"], model)
             history.append(record)
@@ -803,7 +895,8 @@ def _fit(
         if best.epoch != epochs_run or not history or "metrics" not in history[-1]:
             best.restore(model)
             if xt is not None and yt is not None:
-                last_metrics = evaluate_model(model, xt, yt, prop, shard, group, new_labels)
+                with materialized(model, model_counts):
+                    last_metrics = evaluate_model(model, xt, yt, prop, shard, group, new_labels)
         hooks.on_log(f"kept the weights of epoch {best.epoch} (valid p@1 {best.score:.4f})")
     seconds = time.perf_counter() - t_start
     overall_rate = examples / max(train_time, 1e-9)
@@ -824,10 +917,13 @@ def _fit(
     if out_dir is not None:
         counts, n_rows, hashes = (label_counts(y), n, row_fingerprints(train_ds)) if warm is None \
             else warm.artifact_stats(y)
-        out_path = _save_model(
-            Path(out_dir), stepper, featurizer, label_names, artifact_params or params, summary,
-            counts, n_rows, hashes,
-        )
+        with materialized(model, model_counts) as scale:
+            extra = None if tower is None or texts is None or scale is None else \
+                functools.partial(save_tower, tower=tower, scale=scale, names=label_names, texts=texts)
+            out_path = _save_model(
+                Path(out_dir), stepper, featurizer, label_names, artifact_params or params, summary,
+                counts, n_rows, hashes, extra,
+            )
         hooks.on_log(f"model written to {out_path}")
     return TrainResult(
         out_dir=out_path,
@@ -863,6 +959,7 @@ def _save_model(
     counts: np.ndarray,
     n_rows: int,
     row_hashes: np.ndarray | None,
+    extra_files: Callable[[Path], None] | None = None,
 ) -> Path:
     """The artifact, in one format whatever the number of ranks; with several, every rank writes its
     label rows into the one weights file (`trainer.merged_weights`) and rank 0 writes the rest."""
@@ -872,7 +969,8 @@ def _save_model(
     group, shard, model = stepper.group, stepper.shard, stepper.model
     if group.world == 1:
         return save_artifact(out, model, featurizer, label_names, params, summary,
-                             label_counts=counts, n_train_rows=n_rows, row_hashes=row_hashes)
+                             label_counts=counts, n_train_rows=n_rows, row_hashes=row_hashes,
+                             extra_files=extra_files)
     if group.is_main:
         def write(file: Path, tensors: dict[str, torch.Tensor]) -> dict[str, list[int]]:
             return write_merged_weights(file, tensors, shard, group)

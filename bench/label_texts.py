@@ -1,0 +1,251 @@
+"""Label texts: `ovex train` with defaults against defaults plus `--label-texts`, on WordNet, Bibtex, Corel5k.
+
+Each run is the console command (`bench/real.py`'s `ovex_train`: `python -m service.cli train ...` as a
+subprocess, its wall time from `os.wait4`); the artifact is loaded back and the test rows scored with
+`model.topk` by real.py's scorer (`trainer.metrics.evaluate_topk` plus `tail_metrics`), in one label space
+(training labels first, test-only ones after), predictions mapped by name.
+
+* `wordnet`: the JSONL files as given; label texts from `wordnet_label_texts.jsonl` (every label, 1,199
+  of them in the test rows only). `unseen_hit@5`: over the test rows that carry a label no training row has,
+  the share whose top 5 holds one of those labels of the row.
+* `bibtex`, `corel5k`: XC feature files carry no words a label name could match, so each row is rendered as
+  text (the names of its features, `NAME_features.txt`) into a JSONL file and both arms train on that; a
+  label's text is its name (`NAME_labels.txt`, a `TAG_` prefix dropped, `_` as a space). Bibtex's features
+  are words, Corel5k's are visual-word clusters (`Cluster12`) that share no word with a tag name.
+
+`step_ratio`: the run's training examples per second without label texts over those with them (the
+steps are the same in number: > 1 means a step with label texts is slower by that factor).
+
+    .venv/bin/python bench/label_texts.py [--sets wordnet bibtex corel5k] [--seeds 0 1 2]
+        [--out bench/results/label_texts] [--extra="--label-tower-gain 2"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from real import (  # noqa: E402
+    TAIL_MAX,
+    K,
+    _git,
+    _stats,
+    _version,
+    load_set,
+    machine,
+    ovex_train,
+    tail_metrics,
+)
+
+from trainer import metrics as xc_metrics  # noqa: E402
+from trainer.data import read_xc  # noqa: E402
+
+SETS = ("wordnet", "bibtex", "corel5k")
+ARMS = ("defaults", "label-texts")
+RESULTS = ROOT / "bench" / "results"
+SHOWN = ("p@1", "p@3", "p@5", "psp@5", "tail_p@1", "tail_p@5", "unseen_hit@5", "train_wall_s",
+         "examples_per_s")
+
+
+def label_text(name: str) -> str:
+    """A label's name as its text: a Bibtex `TAG_` prefix dropped, underscores as spaces."""
+    return name.removeprefix("TAG_").replace("_", " ").strip() or name
+
+
+def render_xc(name: str, data_dir: Path, work: Path) -> tuple[Path, Path, Path]:
+    """An XC set as JSONL texts (each row: the names of its features) and its label names as label texts."""
+    features = (data_dir / f"{name}_features.txt").read_text().splitlines()
+    labels = (data_dir / f"{name}_labels.txt").read_text().splitlines()
+    out = []
+    for split in ("train", "test"):
+        ds = read_xc(data_dir / f"{name}_{split}.txt")
+        assert ds.X is not None
+        x, y = sp.csr_matrix(ds.X), sp.csr_matrix(ds.Y)
+        path = work / f"{name}_{split}.jsonl"
+        with open(path, "w") as fh:
+            for i in range(ds.n_rows):
+                words = " ".join(features[j] for j in x.indices[x.indptr[i] : x.indptr[i + 1]])
+                fh.write(json.dumps({"text": words or "empty",
+                                     "labels": [labels[j] for j in y.indices[y.indptr[i] : y.indptr[i + 1]]]})
+                         + "\n")
+        out.append(path)
+    texts = work / f"{name}_label_texts.jsonl"
+    with open(texts, "w") as fh:
+        for lab in labels:
+            fh.write(json.dumps({"name": lab, "text": label_text(lab)}) + "\n")
+    return out[0], out[1], texts
+
+
+def unseen_hit(top: np.ndarray, y: sp.csr_matrix, counts: np.ndarray) -> tuple[float | None, int]:
+    """Over the rows carrying a label without training rows: the share whose top 5 holds such a label of
+    theirs; and the number of those rows."""
+    y = sp.csr_matrix(y)
+    unseen = np.zeros(y.shape[1], bool)
+    unseen[len(counts):] = True
+    unseen[: len(counts)] = np.asarray(counts) == 0
+    hit = xc_metrics.hits(np.asarray(top, np.int64)[:, :K], y, K)
+    top_unseen = unseen[np.clip(top[:, :K], 0, None)] & (top[:, :K] >= 0)
+    row_of = np.repeat(np.arange(y.shape[0]), np.diff(y.indptr))
+    rows = np.bincount(row_of[unseen[y.indices]], minlength=y.shape[0]) > 0
+    if not rows.any():
+        return None, 0
+    return float((hit & top_unseen)[rows].any(axis=1).mean()), int(rows.sum())
+
+
+def run(set_name: str, arm: str, seed: int, data_dir: Path, work: Path, extra: list[str]) -> dict[str, Any]:
+    from trainer.artifact import load_artifact
+    from trainer.data import in_label_space, read_jsonl
+
+    if set_name == "wordnet":
+        b = load_set("wordnet", data_dir)
+        train_path, test, texts = b.train_path, b.test, data_dir / "wordnet_label_texts.jsonl"
+        names, counts = b.names, np.asarray(b.y_train.sum(axis=0)).ravel()[: b.n_train_labels]
+    else:
+        train_path, test_path, texts = render_xc(set_name, data_dir, work)
+        tr = read_jsonl(train_path)
+        assert tr.label_names is not None
+        test = in_label_space(read_jsonl(test_path), tr.label_names)
+        assert test.label_names is not None
+        names = list(test.label_names)
+        counts = np.bincount(tr.Y.indices, minlength=tr.n_labels)
+    flags = ["--label-texts", str(texts), *extra] if arm == "label-texts" else []
+    res: dict[str, Any] = ovex_train(train_path, work / "model", seed, flags, work / "train.log")
+    model = load_artifact(work / "model")
+    ids, _ = model.topk(model.featurizer.transform(test), K)
+    index = {n: i for i, n in enumerate(names)}
+    to_shared = np.array([index.get(n, -1) for n in model.label_names] + [-1], dtype=np.int64)
+    ids = np.asarray(ids, np.int64)
+    top = to_shared[np.where(ids >= 0, ids, len(model.label_names))]
+    y = sp.csr_matrix(test.Y, dtype=np.float32)
+    y = sp.csr_matrix((y.data, y.indices, y.indptr), shape=(y.shape[0], len(names)))
+    metrics = xc_metrics.evaluate_topk(top, y, None)
+    metrics.update({k: v for k, v in tail_metrics(top, y, counts).items() if k.startswith("tail_p@")})
+    metrics["unseen_hit@5"], metrics["unseen_rows"] = unseen_hit(top, y, counts)
+    res["examples_per_s"] = float(model.metrics.get("examples_per_s", float("nan")))
+    res["metrics"] = metrics
+    return res
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for set_name in dict.fromkeys(r["set"] for r in runs):
+        per: dict[str, Any] = {}
+        for arm in ARMS:
+            rs = [r for r in runs if r["set"] == set_name and r["arm"] == arm]
+            if not rs:
+                continue
+            s: dict[str, Any] = {}
+            for key in SHOWN:
+                vals = [r["metrics"].get(key, r.get(key)) for r in rs]
+                vals = [float(v) for v in vals if v is not None]
+                if vals:
+                    s[key] = _stats(vals)
+            per[arm] = s
+        a, b = per.get("defaults", {}), per.get("label-texts", {})
+        if "examples_per_s" in a and "examples_per_s" in b:
+            per["step_ratio"] = a["examples_per_s"]["mean"] / b["examples_per_s"]["mean"]
+        out[set_name] = per
+    return out
+
+
+def _cell(s: dict[str, Any], key: str) -> str:
+    if key not in s:
+        return "–"
+    m, sd = s[key]["mean"], s[key]["std"]
+    if key.endswith("_s") or key == "examples_per_s":
+        return f"{m:,.1f} ± {sd:,.1f}"
+    return f"{m:.4f} ± {sd:.4f}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    lines = [
+        "# Label texts: `ovex train` defaults vs defaults + `--label-texts`",
+        "",
+        f"Command: `{' '.join(result['command'])}`  ",
+        f"Commit {result['commit'][:12]}{' (dirty)' if result['dirty'] else ''}, {result['date']}; "
+        f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']:.1f} GiB; torch {result['torch']}; load average "
+        f"before {result['loadavg_before'][0]:.2f}, after {result['loadavg_after'][0]:.2f}.  ",
+        f"Seeds {result['seeds']}: mean ± sample std. Tail = labels with 1–{TAIL_MAX} training rows. "
+        "Unseen hit@5: test rows with a label no training row has, share whose top 5 holds one of them. "
+        "Bibtex and Corel5k rows are rendered as the names of their features (see bench/label_texts.py); "
+        "their figures are not those of the XC files in real.md.",
+        "",
+    ]
+    for set_name, per in result["summary"].items():
+        lines += [f"## {set_name}", "", "| arm | " + " | ".join(SHOWN) + " |",
+                  "|---" * (len(SHOWN) + 1) + "|"]
+        for arm in ARMS:
+            if arm in per:
+                lines.append(f"| {arm} | " + " | ".join(_cell(per[arm], k) for k in SHOWN) + " |")
+        if "step_ratio" in per:
+            lines += ["", f"Step time ratio (label texts / defaults): {per['step_ratio']:.2f}×"]
+        lines.append("")
+    for note in result.get("notes", []):
+        lines.append(f"- {note}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--extra", default="", help="more `ovex train` flags for the label-texts arm")
+    ap.add_argument("--out", type=Path, default=RESULTS / "label_texts")
+    args = ap.parse_args()
+    extra = shlex.split(args.extra)
+    runs: list[dict[str, Any]] = []
+    result: dict[str, Any] = {
+        "command": [Path(sys.executable).name, *sys.argv],
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain")),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "loadavg_before": list(os.getloadavg()),
+        "loadavg_after": list(os.getloadavg()),
+        "torch": _version("torch"),
+        "seeds": args.seeds,
+        "extra": extra,
+        "runs": runs,
+        "summary": {},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for set_name in args.sets:
+        for seed in args.seeds:
+            for arm in args.arms:
+                with tempfile.TemporaryDirectory(prefix="ovex-label-texts-") as tmp:
+                    t0 = time.perf_counter()
+                    row = {"set": set_name, "arm": arm, "seed": seed,
+                           **run(set_name, arm, seed, args.data_dir, Path(tmp), extra)}
+                    row["bench_s"] = time.perf_counter() - t0
+                runs.append(row)
+                mt = row["metrics"]
+                print(f"{set_name:8s} {arm:12s} seed {seed} p@1 {mt['p@1']:.4f} p@5 {mt['p@5']:.4f} "
+                      f"unseen {mt['unseen_hit@5']} tail@5 {mt['tail_p@5']} "
+                      f"train {row['train_wall_s']:.1f}s {row['examples_per_s']:.0f} ex/s", flush=True)
+                result["summary"] = summarise(runs)
+                result["loadavg_after"] = list(os.getloadavg())
+                args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+                args.out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""Label texts: the reader, the label tower in training, `label_rows`, resume and continual runs."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.test_train import Recorder
+from trainer.artifact import load_artifact
+from trainer.data import Dataset
+from trainer.errors import ArtifactError, DataFormatError, ParamsError, TrainingCancelled
+from trainer.label_texts import (
+    MAX_LABEL_TEXT_CHARS,
+    check_label_text,
+    has_label_tower,
+    label_rows,
+    read_label_texts,
+)
+from trainer.label_tower import tower_of
+from trainer.params import TrainParams
+from trainer.train import QuietHooks, Stepper, train
+
+# ------------------------------------------------------------------------------------ the reader
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("not json", "invalid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"name": "a"}', "missing key 'text'"),
+        ('{"text": "a"}', "missing key 'name'"),
+        ('{"name": 3, "text": "a"}', "'name' must be a string"),
+        ('{"name": "a", "text": null}', "'text' must be a string"),
+        ('{"name": "", "text": "a"}', "'name' is empty"),
+        ('{"name": "a", "text": "  "}', "'text' is empty"),
+        ('{"name": "a", "text": "x", "id": 1}', "unknown key"),
+        ('{"name": "a", "text": "bad \\ud800 half"}', "lone surrogate"),
+        ('{"name": "first", "text": "again"}', "duplicate label name 'first' (first on line 1)"),
+        (json.dumps({"name": "a", "text": "x" * (MAX_LABEL_TEXT_CHARS + 1)}), "at most 10,000"),
+        (json.dumps({"name": "n" * 1001, "text": "x"}), "at most 1000"),
+    ],
+)
+def test_reader_names_the_line_and_what_to_fix(tmp_path: Path, line: str, expected: str) -> None:
+    path = tmp_path / "texts.jsonl"
+    path.write_text('{"name": "first", "text": "a label"}\n\n' + line + "\n")
+    with pytest.raises(DataFormatError) as info:
+        read_label_texts(path)
+    assert info.value.line == 3
+    assert expected in info.value.message
+
+
+def test_reader_reads_names_and_texts_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "texts.jsonl"
+    path.write_text('\ufeff{"name": "b", "text": "bee"}\n{"name": "a", "text": "ay \\u00e9"}\n')
+    assert read_label_texts(path) == [("b", "bee"), ("a", "ay é")]
+    assert check_label_text("a", "fine") is None
+    assert check_label_text("a", "") == "'text' is empty"
+
+
+def test_reader_errors_on_empty_undecodable_and_missing_files(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(DataFormatError, match="no label texts"):
+        read_label_texts(empty)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"name": "a", "text": "b"}\n{"name": "\xff", "text": "b"}\n')
+    with pytest.raises(DataFormatError) as info:
+        read_label_texts(bad)
+    assert info.value.line == 2 and "UTF-8" in info.value.message
+    with pytest.raises(DataFormatError, match="cannot open"):
+        read_label_texts(tmp_path / "absent.jsonl")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=300) | st.text(max_size=200).map(lambda s: s.encode("utf-8", "surrogatepass")))
+def test_reader_raises_only_data_format_errors(tmp_path: Path, raw: bytes) -> None:
+    path = tmp_path / "fuzz.jsonl"
+    path.write_bytes(raw)
+    try:
+        out = read_label_texts(path)
+    except DataFormatError as exc:
+        assert exc.line >= 1
+        return
+    assert out and all(check_label_text(n, t) is None for n, t in out)
+
+
+# ------------------------------------------------------------------------------------ planted data
+
+N_LABELS = 12
+
+
+def planted(n_rows: int, seed: int = 0) -> tuple[Dataset, list[tuple[str, str]]]:
+    """Rows about one of 12 labels (two of its three words, filler words, now and then a rare word);
+    every label has a text of its own words, and two more labels (zeta, omega) have texts of rare words
+    and no rows."""
+    rng = random.Random(seed)
+    words = {f"lab{k}": [f"w{k}a", f"w{k}b", f"w{k}c"] for k in range(N_LABELS)}
+    filler = ["filler", "stuff", "thing"]
+    rare = ["zetaa", "zetab", "zetac", "omegaa", "omegab", "omegac"]  # now and then, in any label's rows
+    texts, rows = [], []
+    for i in range(n_rows):
+        k = i % N_LABELS
+        toks = rng.sample(words[f"lab{k}"], 2) + rng.sample(filler, 2)
+        if rng.random() < 0.1:
+            toks.append(rng.choice(rare))
+        rng.shuffle(toks)
+        texts.append(" ".join(toks))
+        rows.append([f"lab{k}"])
+    names = list(words)
+    index = {n: i for i, n in enumerate(names)}
+    indptr = np.arange(n_rows + 1)
+    y = sp.csr_matrix((np.ones(n_rows, np.float32), [index[r[0]] for r in rows], indptr),
+                      shape=(n_rows, len(names)))
+    ds = Dataset(Y=y, n_features=0, n_labels=len(names), texts=texts, label_names=names, path="<planted>")
+    label_texts = [(n, " ".join(w)) for n, w in words.items()]
+    label_texts += [("zeta", "zetaa zetab zetac"), ("omega", "omegaa omegab omegac")]
+    return ds, label_texts
+
+
+def _params(**kw: object) -> TrainParams:
+    base: dict[str, object] = {"dim": 64, "epochs": 4, "batch_size": 32, "negatives": 8, "group_size": 4,
+                               "dropout": 0.0}
+    base.update(kw)
+    return TrainParams(**base)  # type: ignore[arg-type]
+
+
+def test_a_label_without_rows_is_the_top_answer_for_its_text(tmp_path: Path) -> None:
+    ds, label_texts = planted(600)
+    train(_params(), ds, None, out_dir=tmp_path / "m", hooks=QuietHooks(), label_texts=label_texts)
+    model = load_artifact(tmp_path / "m")
+    assert model.label_names[-2:] == ["zeta", "omega"]  # joined the label space without rows
+    for query, want in (("zetaa zetab zetac", "zeta"), ("omegaa omegac omegab", "omega"),
+                        ("w3a w3b", "lab3")):
+        ids, _ = model.topk(model.featurizer.transform_texts([query]), 1)
+        assert model.label_names[int(ids[0, 0])] == want
+    # the same model trained without the texts has neither label and cannot compute rows from text
+    train(_params(), ds, None, out_dir=tmp_path / "plain", hooks=QuietHooks())
+    assert not has_label_tower(tmp_path / "plain")
+    with pytest.raises(ArtifactError, match="without label texts"):
+        label_rows(tmp_path / "plain", ["zetaa"])
+
+
+def test_label_rows_equal_the_saved_rows_of_labels_without_rows(tmp_path: Path) -> None:
+    ds, label_texts = planted(300)
+    train(_params(epochs=2), ds, None, out_dir=tmp_path / "m", hooks=QuietHooks(), label_texts=label_texts)
+    model = load_artifact(tmp_path / "m")
+    rows, bias = label_rows(tmp_path / "m", ["zetaa zetab zetac", "omegaa omegab omegac"])
+    d = model.model.shape.dim
+    head = model.model.head.detach().numpy()
+    assert rows.dtype == np.float32 and rows.shape == (2, d) and bias.shape == (2,)
+    np.testing.assert_allclose(rows, head[-2:, :d], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bias, head[-2:, d], rtol=1e-6)
+    assert np.abs(rows).max() > 0
+    stored = [json.loads(line) for line in (tmp_path / "m" / "label_texts.jsonl").read_text().splitlines()]
+    assert [s["name"] for s in stored] == model.label_names
+    assert stored[-1] == {"name": "omega", "text": "omegaa omegab omegac"}
+    # a text of words the model does not know gets an empty row (it scores as the bias alone)
+    rows, _ = label_rows(tmp_path / "m", ["unknownword"])
+    assert not rows.any()
+
+
+def _stepper_embeds(tmp_path: Path, extra_labels: int) -> tuple[int, int]:
+    """Labels embedded per step, and the step's candidate count, with `extra_labels` text-only labels."""
+    ds, label_texts = planted(200)
+    label_texts += [(f"more{i}", f"w{i % N_LABELS}a zetaa") for i in range(extra_labels)]
+    seen: list[tuple[int, int]] = []
+    original = Stepper.learn
+
+    def spy(self: Stepper, inp, lr):  # type: ignore[no-untyped-def]
+        out = original(self, inp, lr)
+        tower = tower_of(self.model)
+        assert tower is not None
+        seen.append((tower.embedded, int(inp.cand.label_ids.numel())))
+        return out
+
+    Stepper.learn = spy  # type: ignore[method-assign]
+    try:
+        train(_params(epochs=1, negatives=8), ds, None, out_dir=None, hooks=QuietHooks(),
+              label_texts=label_texts)
+    finally:
+        Stepper.learn = original  # type: ignore[method-assign]
+    return max(e for e, _ in seen), max(c for _, c in seen)
+
+
+def test_step_embeds_only_its_candidate_labels_whatever_k(tmp_path: Path) -> None:
+    small = _stepper_embeds(tmp_path, 10)
+    large = _stepper_embeds(tmp_path, 20_000)
+    for embedded, candidates in (small, large):
+        assert embedded == candidates <= 8 + N_LABELS  # sampled negatives plus the batch's positives
+    assert large[0] <= small[0]
+
+
+def test_resume_restores_the_tower(tmp_path: Path) -> None:
+    ds, label_texts = planted(300)
+    params = _params(epochs=2, dropout=0.2)
+    train(params, ds, None, out_dir=tmp_path / "full", hooks=Recorder(), label_texts=label_texts)
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(TrainingCancelled):
+        train(params, ds, None, out_dir=None, hooks=Recorder(stop_after=12), checkpoint_dir=ckpt,
+              checkpoint_every=5, label_texts=label_texts)
+    resumed = train(params, ds, None, out_dir=tmp_path / "m", hooks=Recorder(), checkpoint_dir=ckpt,
+                    checkpoint_every=5, label_texts=label_texts)
+    assert resumed.resumed_from_step == 10
+    a, b = load_artifact(tmp_path / "full"), load_artifact(tmp_path / "m")
+    np.testing.assert_allclose(a.head_weight, b.head_weight, rtol=1e-4, atol=1e-5)
+    ga = json.loads((tmp_path / "full" / "label_tower.json").read_text())["gain"]
+    gb = json.loads((tmp_path / "m" / "label_tower.json").read_text())["gain"]
+    assert ga == pytest.approx(gb, rel=1e-5) and ga != 1.0  # the gain learned, and was restored
+
+
+def test_continual_runs_keep_the_tower(tmp_path: Path) -> None:
+    ds, label_texts = planted(300)
+    train(_params(epochs=2), ds, None, out_dir=tmp_path / "base", hooks=QuietHooks(), label_texts=label_texts)
+    more, _ = planted(120, seed=1)
+    # without new texts: the base's texts and tower carry over, its served rows are where training starts
+    train(_params(epochs=1), more, None, out_dir=tmp_path / "c1", hooks=QuietHooks(), base=tmp_path / "base")
+    assert has_label_tower(tmp_path / "c1")
+    c1 = load_artifact(tmp_path / "c1")
+    assert c1.label_names[-2:] == ["zeta", "omega"]
+    rows, _ = label_rows(tmp_path / "c1", ["zetaa zetab zetac"])
+    np.testing.assert_allclose(rows[0], c1.model.head.detach().numpy()[-2, :-1], rtol=1e-5, atol=1e-6)
+    ids, _ = c1.topk(c1.featurizer.transform_texts(["zetaa zetab zetac"]), 1)
+    assert c1.label_names[int(ids[0, 0])] == "zeta"
+    # with new texts: a new label joins by its text alone
+    train(_params(epochs=1), more, None, out_dir=tmp_path / "c2", hooks=QuietHooks(), base=tmp_path / "c1",
+          label_texts=[("kappa", "filler stuff thing")])
+    c2 = load_artifact(tmp_path / "c2")
+    assert c2.label_names[-1] == "kappa" and c2.model.shape.n_labels == N_LABELS + 3
+    # a base trained without texts, continued with them, gets a tower
+    train(_params(epochs=1), ds, None, out_dir=tmp_path / "plain", hooks=QuietHooks())
+    train(_params(epochs=1), more, None, out_dir=tmp_path / "c3", hooks=QuietHooks(), base=tmp_path / "plain",
+          label_texts=label_texts)
+    assert has_label_tower(tmp_path / "c3")
+    assert load_artifact(tmp_path / "c3").label_names[-2:] == ["zeta", "omega"]
+
+
+def test_label_texts_are_refused_where_the_tower_cannot_run(tmp_path: Path) -> None:
+    ds, label_texts = planted(50)
+    with pytest.raises(ParamsError, match="sampled loss"):
+        train(_params(loss="softmax", group_size=1), ds, None, out_dir=None, hooks=QuietHooks(),
+              label_texts=label_texts)
+    xc = Dataset(Y=ds.Y, n_features=4, n_labels=ds.n_labels, X=sp.csr_matrix(np.ones((50, 4), np.float32)))
+    with pytest.raises(ParamsError, match="text training set"):
+        train(_params(), xc, None, out_dir=None, hooks=QuietHooks(), label_texts=label_texts)
+
+
+def test_cli_trains_with_label_texts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from service.cli import main
+
+    ds, label_texts = planted(120)
+    assert ds.texts is not None and ds.label_names is not None
+    train_path = tmp_path / "train.jsonl"
+    train_path.write_text("".join(json.dumps({"text": t, "labels": [ds.label_names[int(j)]]}) + "\n"
+                                  for t, j in zip(ds.texts, ds.Y.indices, strict=True)))
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"name": n, "text": t}) + "\n" for n, t in label_texts))
+    assert main(["train", "--train", str(train_path), "--out", str(tmp_path / "m"), "--label-texts",
+                 str(texts), "--dim", "32", "--epochs", "1", "--quiet"]) == 0
+    assert has_label_tower(tmp_path / "m")
+    texts.write_text('{"name": "x", "text": ""}\n')
+    assert main(["train", "--train", str(train_path), "--out", str(tmp_path / "m2"), "--label-texts",
+                 str(texts), "--quiet"]) != 0
+    assert "texts.jsonl:1: 'text' is empty" in capsys.readouterr().err
+    assert not (tmp_path / "m2").exists()
