@@ -98,7 +98,7 @@ class Worker:
                 log.exception("job %s failed outside its runner", job.id)
 
     def start(self) -> None:
-        log.info("worker %s: claiming jobs from %s", self.id, self.engine.url.render_as_string(),
+        log.info("%s: claiming jobs from %s", self.id, self.engine.url.render_as_string(),
                  extra={"host": socket.gethostname(), "pid": os.getpid()})
         threads = [
             threading.Thread(target=self._reaper, name="reaper", daemon=True),
@@ -124,7 +124,7 @@ class Worker:
         """Run until SIGTERM/SIGINT (or the parent `ovex serve` is gone); running jobs are handed back."""
 
         def _on_signal(signum: int, _frame: FrameType | None) -> None:
-            log.info("worker %s: %s, stopping", self.id, signal.Signals(signum).name)
+            log.info("%s: %s, stopping", self.id, signal.Signals(signum).name)
             self.request_stop()
 
         signal.signal(signal.SIGTERM, _on_signal)
@@ -135,7 +135,7 @@ class Worker:
                 log.warning("worker %s: parent process %d is gone, stopping", self.id, self.parent_pid)
                 self.request_stop()
         self.join()
-        log.info("worker %s stopped", self.id)
+        log.info("%s stopped", self.id)
 
 
 def _warm_imports() -> None:

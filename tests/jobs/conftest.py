@@ -12,6 +12,7 @@ import contextlib
 import glob
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -350,6 +351,16 @@ class Server:
                 if time.monotonic() > deadline:
                     raise AssertionError(f"worker {i} did not start:\n{self.log_tail()}")
                 time.sleep(0.1)
+
+    def worker_pid(self, worker: str) -> int:
+        """The process behind a job's opaque worker id, from the line the worker logs when it starts."""
+        for path in sorted(self.root.glob("*.log")):
+            text = path.read_text(errors="replace")
+            # a terminal's "pid=…" or a JSON line's "pid": …
+            found = re.search(rf'{re.escape(worker)}: claiming jobs from .*?\bpid(?:=|": )(\d+)', text)
+            if found:
+                return int(found.group(1))
+        raise AssertionError(f"no worker {worker!r} in the logs:\n{self.log_tail()}")
 
     def log_tail(self, n: int = 4000) -> str:
         parts = []

@@ -232,7 +232,7 @@ def test_stopped_and_killed_workers_resume_from_checkpoints(
     params = {**TINY, "epochs": 400, "eval_every": 0}
     job_id = srv.submit({"model": "crash", "train_dataset": train["id"], "params": params, "activate": True})
     before = srv.wait(job_id, lambda j: (j["progress"]["step"] or 0) >= 60, 60, "training past step 60")
-    first = by_pid[int(before["worker"].split(":")[1])]
+    first = by_pid[srv.worker_pid(before["worker"])]
 
     # graceful stop: the job goes back to the queue straight away, keeping its checkpoint
     first.send_signal(signal.SIGTERM)
@@ -240,11 +240,11 @@ def test_stopped_and_killed_workers_resume_from_checkpoints(
     assert "worker shutting down" in srv.logs(job_id)
     mid = srv.wait(
         job_id,
-        lambda j: j["state"] == "running" and f":{first.pid}:" not in (j["worker"] or f":{first.pid}:"),
+        lambda j: j["state"] == "running" and j["worker"] not in (None, before["worker"]),
         60,
         "another worker to take the job",
     )
-    second = by_pid[int(mid["worker"].split(":")[1])]
+    second = by_pid[srv.worker_pid(mid["worker"])]
     resumed_1 = mid["progress"]["step"] or 0
     srv.wait(job_id, lambda j: (j["progress"]["step"] or 0) >= resumed_1 + 100, 60, "progress on worker 2")
     os.kill(second.pid, signal.SIGSTOP)  # frozen: it cannot finish the job between our look and the kill
@@ -296,7 +296,7 @@ def test_embedded_worker_is_a_fresh_child_that_follows_ovex_serve(
         60,
         "the embedded worker to run the job",
     )
-    pid = int(job["worker"].split(":")[1])
+    pid = srv.worker_pid(job["worker"])
     assert srv.proc is not None and pid != srv.proc.pid
     stat = Path(f"/proc/{pid}/stat").read_text()
     assert int(stat.rsplit(")", 1)[1].split()[1]) == srv.proc.pid  # its parent is the server
@@ -317,7 +317,7 @@ def test_embedded_worker_is_a_fresh_child_that_follows_ovex_serve(
         60,
         "the restarted server's worker to resume the job",
     )
-    assert int(resumed["worker"].split(":")[1]) != pid
+    assert srv.worker_pid(resumed["worker"]) != pid
     srv.wait(job_id, lambda j: "resumed from step" in srv.logs(job_id), 30, "the resume log line")
     assert srv.client.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
     srv.wait(job_id, lambda j: j["state"] == "cancelled", 120, "the cancel")
