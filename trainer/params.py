@@ -297,5 +297,5 @@ class TrainParams(BaseModel):
         """
         try:
             return cls.model_validate({"group_size": 1, "ngrams": 1, **data})
-        except Exception as exc:  # pydantic.ValidationError, but keep the message user-readable
-            raise ParamsError(f"invalid training parameters: {exc}") from exc
+        except ValidationError as exc:  # said as `field: what is wrong`, without pydantic's links
+            raise ParamsError(f"invalid training parameters: {validation_message(exc)}") from exc
