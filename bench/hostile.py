@@ -71,6 +71,9 @@ class Report:
     healthz_checks: int = 0
     healthz_max_ms: float = 0.0
     healthz_p99_ms: float = 0.0
+    # the longest /healthz wait that overlapped a refused (4xx) request, and the request
+    healthz_max_ms_while_refusing: float = 0.0
+    healthz_max_refusing_case: str = ""
     slowest: list[tuple[str, float]] = field(default_factory=list)  # the ten slowest answers
     accepted: list[str] = field(default_factory=list)  # answered 2xx: taken as valid
 
@@ -514,6 +517,7 @@ class _Health(threading.Thread):
         super().__init__(daemon=True)
         self.host, self.port = host, port
         self.waits: list[float] = []
+        self.spans: list[tuple[float, float]] = []  # (start, end) of each check, perf_counter seconds
         self.errors: list[str] = []
         self.stop = threading.Event()
 
@@ -531,7 +535,9 @@ class _Health(threading.Thread):
                 self.errors.append(f"/healthz: {exc!r}")
                 conn.close()
                 conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
-            self.waits.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            self.waits.append(t1 - t0)
+            self.spans.append((t0, t1))
             self.stop.wait(0.005)
         conn.close()
 
@@ -565,6 +571,7 @@ def run_suite(base_url: str, api_key: str, suite: list[Case], secrets: tuple[str
     report = Report(cases=len(suite))
     secrets = (*secrets, socket.gethostname(), api_key)
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    refused: list[tuple[float, float, str]] = []  # (start, end, case) of each request answered 4xx
     try:
         for case in suite:
             headers = {"Connection": "keep-alive", **dict(case.headers)}
@@ -587,6 +594,8 @@ def run_suite(base_url: str, api_key: str, suite: list[Case], secrets: tuple[str
                 :10
             ]
             status = response.status
+            if 400 <= status < 500:
+                refused.append((t0, t0 + seconds, case.name))
             if status < 300:
                 report.accepted.append(f"{case.name}: {status}")
             report.statuses[str(status)] = report.statuses.get(str(status), 0) + 1
@@ -618,6 +627,11 @@ def run_suite(base_url: str, api_key: str, suite: list[Case], secrets: tuple[str
     if waits:
         report.healthz_max_ms = round(1000 * waits[-1], 1)
         report.healthz_p99_ms = round(1000 * waits[int(0.99 * (len(waits) - 1))], 1)
+    for start, end in health.spans:
+        during = [name for t0, t1, name in refused if t0 < end and start < t1]
+        wait_ms = round(1000 * (end - start), 1)
+        if during and wait_ms > report.healthz_max_ms_while_refusing:
+            report.healthz_max_ms_while_refusing, report.healthz_max_refusing_case = wait_ms, during[0]
     report.dropped += health.errors
     return report
 
@@ -693,14 +707,17 @@ def render(result: dict[str, Any]) -> str:
         "# Hostile requests against `ovex serve`",
         "",
         f"Commit `{result['commit']}`, {result['date']}, {result['machine']}.",
-        f"Command: `{result['command']}`.",
+        f"Command: `{result['command']}`. Load average (1 min) before and after: "
+        f"{result['load_average_before_after'][0]}, {result['load_average_before_after'][1]}.",
         "",
         "| requests | 5xx (not 503/507) | dropped | bad error bodies | connection unusable after | "
-        "/healthz checks | /healthz p99 ms | /healthz max ms | slowest answer s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "/healthz checks | /healthz p99 ms | /healthz max ms | /healthz max ms while a request was refused | "
+        "slowest answer s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         f"| {r['cases']} | {len(r['server_errors'])} | {len(r['dropped'])} | {len(r['bad_bodies'])} | "
         f"{len(r['unusable_after'])} | {r['healthz_checks']} | {r['healthz_p99_ms']} | "
-        f"{r['healthz_max_ms']} | {r['slowest'][0][1]:.3f} ({r['slowest'][0][0]}) |",
+        f"{r['healthz_max_ms']} | {r['healthz_max_ms_while_refusing']} ({r['healthz_max_refusing_case']}) | "
+        f"{r['slowest'][0][1]:.3f} ({r['slowest'][0][0]}) |",
         "",
         "Statuses: " + ", ".join(f"{k}: {v}" for k, v in sorted(r["statuses"].items())),
         "",
@@ -723,6 +740,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     key = "hostile-bench-key"
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         models = work / "models"
@@ -748,6 +766,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "command": "python bench/hostile.py",
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "report": asdict(report),
     }
     args.out.mkdir(parents=True, exist_ok=True)
