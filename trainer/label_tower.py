@@ -75,9 +75,12 @@ class TextRows:
 class LabelTower(nn.Module):
     """The learned part of the tower (γ) and the label texts it embeds; attached as `model.tower`."""
 
-    def __init__(self, texts: TextRows, gain: float, text_only: np.ndarray) -> None:
+    def __init__(self, texts: TextRows, gain: float, text_only: np.ndarray, dim: int) -> None:
         super().__init__()
         self.gain = nn.Parameter(torch.tensor([float(gain)]))
+        # a learned map from a text's encoding to a row: without it ⟨h(x), enc(text)⟩ is symmetric and peaks
+        # where an input's text is the label's own, while a label's text need not read like its inputs
+        self.proj = nn.Parameter(torch.eye(dim))
         self.texts = texts
         self.text_only = np.asarray(text_only, dtype=bool)  # [K]: a text and no training rows
         self.embedded = 0  # labels embedded by the last step (the step cost is flat in K)
@@ -89,13 +92,13 @@ class LabelTower(nn.Module):
         for layer in model.hidden:
             z = layer(z)
         self.embedded = int(offsets.numel())
-        return self.gain * z * mask.unsqueeze(1).to(z.dtype)
+        return self.gain * (z @ self.proj) * mask.unsqueeze(1).to(z.dtype)
 
     @torch.no_grad()
     def all_rows(self, model: XCModel) -> torch.Tensor:
         """γ·enc(text) of every label ([K, d], eval mode), as `label_rows` computes them."""
         x = self.texts.csr(model.shape.n_features)
-        z = model.encode(x)
+        z = model.encode(x) @ self.proj.detach()
         return self.gain.detach() * z * self.texts.has_text.to(z.device).unsqueeze(1).to(z.dtype)
 
 
@@ -132,7 +135,7 @@ def tower_of(model: XCModel) -> LabelTower | None:
 
 
 @torch.no_grad()
-def materialized_head(model: XCModel, counts: np.ndarray) -> tuple[torch.Tensor, float]:
+def materialized_head(model: XCModel, counts: np.ndarray) -> tuple[torch.Tensor, tuple[float, float]]:
     """The head serving reads (free part + tower rows; text-only labels get the scale of the rarest
     labels with rows, `zero_row_scale`), and that (norm, bias)."""
     tower = tower_of(model)
@@ -155,10 +158,10 @@ def materialized(model: XCModel, counts: np.ndarray) -> Iterator[tuple[float, fl
         yield None
         return
     free = model.head.data
-    head, b0 = materialized_head(model, counts)
+    head, scale = materialized_head(model, counts)
     model.head.data = head
     try:
-        yield b0
+        yield scale
     finally:
         model.head.data = free
 
@@ -204,6 +207,7 @@ def save_tower(directory: Path, *, tower: LabelTower, scale: tuple[float, float]
     from safetensors.torch import save_file
 
     tensors = {"gain": tower.gain.detach().cpu().reshape(1).contiguous(),
+               "proj": tower.proj.detach().cpu().contiguous(),
                "text_only": torch.from_numpy(tower.text_only.astype(np.uint8))}
     save_file(tensors, str(directory / TOWER_WEIGHTS))
     with open(directory / TEXTS_FILE, "w", encoding="utf-8") as fh:
@@ -218,6 +222,7 @@ class StoredTower:
     """A saved model's tower, enough to give a new label its row from its text."""
 
     loaded: Any  # trainer.artifact.LoadedModel
+    proj: torch.Tensor  # [d, d]
     norm: float
     zero_bias: float
 
@@ -228,7 +233,7 @@ class StoredTower:
         if x is None:
             return np.zeros((0, d), np.float32), np.zeros(0, np.float32)
         with torch.no_grad():
-            z = model.encode(x)
+            z = model.encode(x) @ self.proj.to(model.head.device)
             has = torch.from_numpy(np.diff(x.indptr) > 0).to(z.device)
             rows = scaled_rows(z * has.unsqueeze(1).to(z.dtype), self.norm)
         return (np.ascontiguousarray(rows.cpu().numpy(), dtype=np.float32),
@@ -257,7 +262,20 @@ def load_tower(directory: Path) -> StoredTower:
     loaded = load_artifact(directory)
     if loaded.featurizer.kind != "text":
         raise ArtifactError(str(directory), "the model's input is not text, so a label text cannot be read")
-    return StoredTower(loaded, norm, b0)
+    return StoredTower(loaded, load_tower_tensors(directory)["proj"], norm, b0)
+
+
+def load_tower_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """The tower's saved tensors (gain, proj, text_only)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from trainer.label_texts import TOWER_WEIGHTS
+
+    try:
+        return load_file(str(directory / TOWER_WEIGHTS))
+    except (OSError, SafetensorError) as exc:
+        raise ArtifactError(str(directory), f"unreadable label tower weights: {exc}") from None
 
 
 def read_stored_texts(directory: Path) -> dict[str, str]:

@@ -52,6 +52,7 @@ from trainer.label_tower import (
     TextRows,
     check_usable,
     load_tower_gain,
+    load_tower_tensors,
     materialized,
     read_stored_texts,
     save_tower,
@@ -664,9 +665,12 @@ def _attach_tower(model: XCModel, featurizer: Any, names: list[str], texts: dict
     rows = TextRows.from_csr(featurizer.transform_texts([texts.get(n, "") for n in names], "<label texts>"))
     text_only = rows.has_text.numpy() & (np.asarray(counts) <= 0)
     gain = params.label_tower_gain
-    if warm is not None and has_label_tower(warm.base.path):
-        gain = load_tower_gain(warm.base.path)
-    tower = LabelTower(rows, gain, text_only).to(model.head.device)
+    tower = LabelTower(rows, gain, text_only, model.shape.dim)
+    if warm is not None and has_label_tower(warm.base.path):  # the base's tower, as it was trained
+        with torch.no_grad():
+            tower.gain.fill_(load_tower_gain(warm.base.path))
+            tower.proj.copy_(load_tower_tensors(warm.base.path)["proj"])
+    tower = tower.to(model.head.device)
     d = model.shape.dim
     with torch.no_grad():
         if warm is not None:
