@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from service.api.metrics import Metrics
 from service.errors import Conflict, NotFound, Unavailable, writing
-from service.jobs.active import ActiveVersions
+from service.jobs.active import ActiveVersions, Flags
 from service.peers import Siblings, this_worker
 from service.predictor import Predictor
 from service.quantized_scan import Check, no_check
@@ -49,6 +49,8 @@ DELETING = ".deleting-"
 # (they load the same version)
 CONFIRM_S = 10.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# the model `ovex demo` trains: the default when none was set
+DEMO = "demo"
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,8 @@ class ModelRegistry:
         self.peers = peers if peers is not None else this_worker()
         self._active: dict[str, ServedModel] = {}
         self._refused: dict[tuple[str, str], str] = {}
+        self._flags = Flags()  # deactivated models and the default set through the API, as last read
+        self._auto_default: str | None = None  # the default when none is set, as of the last refresh
         self._refused_at: dict[tuple[str, str], float] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -170,6 +174,11 @@ class ModelRegistry:
         # called while a version is deleted, in the transaction holding its lock; raises to keep it (the job
         # system keeps the bases of its jobs)
         self.before_delete: Callable[[Session, str, str], None] | None = None
+        # called while a whole model is deleted, in the transaction holding its versions' locks: raises to
+        # keep it while a job uses it (jobs whose cancel was requested count only when the flag is False)
+        self.before_model_delete: Callable[[Session, str, bool], None] | None = None
+        # cancels the queued and running jobs that use a model (`DELETE ...?force=true`); their ids
+        self.cancel_model_jobs: Callable[[str], list[str]] | None = None
 
     # -- discovery -------------------------------------------------------------------------------
     def scan(self) -> dict[str, list[str]]:
@@ -319,7 +328,14 @@ class ModelRegistry:
         swapped in. A version refused here is retried only after `refused_retry_s`."""
         with self._lock:
             choices = self.store.all()
-            for name, versions in self.scan().items():
+            self._flags = flags = self.store.flags()
+            scanned = self.scan()
+            for name in [n for n in self._active if n not in scanned or n in flags.deactivated]:
+                self._drop(name)
+            self._auto_default = self._pick_default(scanned, flags)
+            for name, versions in scanned.items():
+                if name in flags.deactivated:
+                    continue
                 chosen = choices.get(name)
                 current = self._active.get(name)
                 if current is None:
@@ -365,9 +381,10 @@ class ModelRegistry:
                 ) from exc
             if activate:  # recorded first: a choice the database did not take must not serve here
                 self._record(name, version)
+                self._flags = self.store.flags()  # activation serves a deactivated model again
                 self._swap(served)
                 return served, self._ask_peers()
-            if current is None:
+            if current is None and name not in self.store.flags().deactivated:
                 recorded = self.store.record_first(name, version, self._present(name, version))
                 if recorded == version:
                     self._swap(served)
@@ -398,6 +415,32 @@ class ModelRegistry:
                     extra={"model": name, "version": version, "serving": serving, "workers": alive})
         if strict:
             raise Unavailable(message, headers={"Retry-After": "1"})
+
+    def _drop(self, name: str) -> None:
+        """Stop serving `name` here (deleted or deactivated); requests that pinned it finish on it."""
+        prev = self._active.pop(name, None)
+        if prev is not None:
+            if self.metrics is not None:
+                self.metrics.set_inactive(name, prev.version)
+            log.info("model no longer served", extra={"model": name, "previous": prev.version})
+
+    def _pick_default(self, scanned: dict[str, list[str]], flags: Flags) -> str | None:
+        """The default when none is set: the demo model if present, else the model whose first version was
+        created first (a model trained later never takes its place). Deactivated models are passed over."""
+        names = [n for n in scanned if n not in flags.deactivated]
+        if DEMO in names:
+            return DEMO
+        if not names:
+            return None
+        return min(names, key=lambda n: (self.created_at(n, scanned[n][0]), n))
+
+    def created_at(self, name: str, version: str) -> float:
+        """When a version was written (its config.json is written once, when it is published)."""
+        path = self.models_dir / name / version
+        for p in (path / "config.json", path):
+            with contextlib.suppress(OSError):
+                return p.stat().st_mtime
+        return float("inf")
 
     def _present(self, name: str, version: str) -> Callable[[], bool]:
         return (self.models_dir / name / version).is_dir
@@ -452,8 +495,9 @@ class ModelRegistry:
                                                                         "error": str(exc)})
 
     def _sweep_deleted(self) -> None:
-        """Remove what a deletion cut short (by a crash) left: versions already renamed out of sight."""
-        for gone in self.models_dir.glob(f"*/{DELETING}*"):
+        """Remove what a deletion cut short (by a crash) left: versions and models already renamed out of
+        sight."""
+        for gone in [*self.models_dir.glob(f"*/{DELETING}*"), *self.models_dir.glob(f"{DELETING}*")]:
             try:
                 _remove(gone)
             except OSError as exc:
@@ -472,6 +516,9 @@ class ModelRegistry:
         if served is not None:
             return served
         versions = self.scan().get(name)
+        if versions and name in self._flags.deactivated:
+            raise Conflict(f"model {name!r} is deactivated: its versions are kept but none serves; activate "
+                           f"one to serve it again (POST /v1/models/{name}/versions/{versions[-1]}/activate)")
         if versions:
             untried = any((name, v) not in self._refused for v in versions)
             if not self.started.is_set() or untried:  # a new version is found by the next refresh
@@ -480,10 +527,81 @@ class ModelRegistry:
         raise NotFound(f"unknown model {name!r}")
 
     def default_name(self) -> str | None:
+        """The model behind /v1/predict: OVEX_DEFAULT_MODEL, else the one set through the API, else the
+        demo model, else the oldest (`_pick_default`, as of the last refresh)."""
+        return self.settings.default_model or self._flags.default or self._auto_default
+
+    def default_source(self) -> str:
+        """Why `default_name` is what it is: "setting", "api" or "automatic"."""
         if self.settings.default_model:
-            return self.settings.default_model
-        names = sorted(self._active) or sorted(self.scan())
-        return names[0] if names else None
+            return "setting"
+        return "api" if self._flags.default else "automatic"
+
+    def is_deactivated(self, name: str) -> bool:
+        return name in self._flags.deactivated
+
+    def set_default(self, name: str | None) -> str | None:
+        """Record `name` as the default for every worker and replica (None: the automatic choice again),
+        then wait until this server's workers follow; returns the default now in force."""
+        if name is not None and name not in self.scan():
+            raise NotFound(f"unknown model {name!r}")
+        self.store.set_default(name)
+        self._follow_now()
+        return self.default_name()
+
+    def deactivate(self, name: str) -> None:
+        """Stop serving `name` in every worker and replica; its versions stay (activating one serves it)."""
+        if name not in self.scan():
+            raise NotFound(f"unknown model {name!r}")
+        self.store.deactivate(name)
+        self._follow_now()
+
+    def _follow_now(self) -> None:
+        """Follow the database here at once, and wait until this server's other workers have too."""
+        t0 = time.monotonic()
+        self.refresh()
+        asked = self._ask_peers()
+        if asked is not None:
+            serving, alive = self.peers.confirm(asked, CONFIRM_S) if self.peers is not None else (1, 1)
+            if serving != alive:
+                raise Unavailable(
+                    f"recorded; {serving} of this server's {alive} workers follow it, the others did not "
+                    f"confirm within {CONFIRM_S + time.monotonic() - t0:.0f} s and follow it as soon as "
+                    "they can",
+                    headers={"Retry-After": "1"},
+                )
+
+    def delete_model(self, name: str, force: bool = False) -> list[str]:
+        """Remove a model with every version. Refused (`Conflict` naming them) while a queued or running
+        job continues one of its versions or trains into it; with `force` those jobs are cancelled first
+        (returns their ids). Checked under the locks of all its versions, held until the model's directory
+        is renamed out of sight, so a job recorded or a version activated meanwhile waits, then finds the
+        model gone."""
+        if name not in self.scan():
+            raise NotFound(f"unknown model {name!r}")
+        cancelled = self.cancel_model_jobs(name) if force and self.cancel_model_jobs is not None else []
+        with self._lock:
+            versions = self.scan().get(name)
+            if not versions:
+                raise NotFound(f"unknown model {name!r}")
+            outcome = f"model {name!r} was not deleted"
+            with self.store.versions_lock(name, versions, outcome) as s:
+                if self.before_model_delete is not None:
+                    self.before_model_delete(s, name, force)
+                self.store.forget(s, name)
+                gone = self.models_dir / f"{DELETING}{name}-{uuid.uuid4().hex[:8]}"
+                with writing(f"the directory of model {name}"):
+                    (self.models_dir / name).rename(gone)
+            for v in versions:
+                self._refused.pop((name, v), None)
+                self._refused_at.pop((name, v), None)
+            self._drop(name)
+        try:
+            _remove(gone)
+        except OSError as exc:  # deleted as far as anyone can see; the files are left to remove by hand
+            log.warning("files of a deleted model remain", extra={"model": name, "error": str(exc)})
+        self._follow_now()
+        return cancelled
 
     def default(self) -> ServedModel:
         name = self.default_name()

@@ -8,6 +8,7 @@ answers with the sum over the workers, whichever of them serves the scrape.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from fastapi import APIRouter, Request, Response
@@ -100,6 +101,14 @@ class Metrics:
             else:  # a value in the shared files cannot be removed, only set
                 self.models_loaded.labels(model, previous).set(0)
         self.models_loaded.labels(model, version).set(1)
+
+    def set_inactive(self, model: str, version: str) -> None:
+        """`model` is no longer served here (deleted or deactivated)."""
+        if not self.shared:
+            with contextlib.suppress(KeyError):
+                self.models_loaded.remove(model, version)
+        else:
+            self.models_loaded.labels(model, version).set(0)
 
     def exposition(self) -> bytes:
         """This process's metrics, or every worker's summed (latency buckets and counters added up)."""

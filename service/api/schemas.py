@@ -110,6 +110,12 @@ class PredictRequest(ClientBody):
         "non-zero probability are listed), softmax a dense distribution, none scores only",
     )
     exact: StrictBool = Field(False, description="score every label instead of using the index")
+    explain: StrictBool = Field(
+        False,
+        description="also say, per returned label, which input words (text models) or feature ids "
+        "contributed most to its score (`explanation`); only with top_k at most the server's "
+        "max_explain_top_k",
+    )
 
     @field_validator("inputs", mode="before")
     @classmethod
@@ -124,6 +130,34 @@ class PredictRequest(ClientBody):
         return v
 
 
+class Contribution(BaseModel):
+    """What one input feature added to a label's score."""
+
+    feature: int = Field(description="the feature's column in the model's input space")
+    word: str | None = Field(None, description="the input's word (or word pair) behind it, for text models")
+    value: float = Field(description="the feature's value after the model's featurization (tf-idf, L2)")
+    contribution: float = Field(description="its share of the score (see `method`)")
+
+
+class Explanation(BaseModel):
+    """Why a label scored as it did."""
+
+    method: Literal["exact", "gradient_x_input"] = Field(
+        description="exact (linear encoder): score = bias + Σ contributions over all the input's features; "
+        "gradient_x_input (mlp/maxout): each feature's value times the score's derivative by it, a "
+        "first-order approximation that need not sum to the score"
+    )
+    approximate: bool = Field(description="true unless method is exact")
+    bias: float = Field(description="what the score is without any input feature: b_k + ⟨w_k, input bias⟩ "
+                        "(exact method)")
+    contributions: list[Contribution] = Field(
+        description="the features with the largest |contribution|, largest first (at most the server's "
+        "max_explain_terms)"
+    )
+    n_features: int = Field(description="how many of the input's features contributed (all, not only those "
+                            "listed)")
+
+
 class LabelOut(BaseModel):
     """One label of an answer."""
 
@@ -131,6 +165,7 @@ class LabelOut(BaseModel):
     name: str = Field(description="label name (the id as text where the training data had no names)")
     score: float = Field(description="the model's score ⟨w_k, h(x)⟩ + b_k")
     prob: float | None = Field(description="probability under the normalization; null for `none`")
+    explanation: Explanation | None = Field(None, description="only with `explain: true`")
 
 
 class PredictionOut(BaseModel):
@@ -166,6 +201,16 @@ class VersionInfo(BaseModel):
         default_factory=dict, description="test metrics from training (p@k, ndcg@k, psp@k), if tested"
     )
     error: str | None = Field(None, description="why this version was refused, if it was")
+    created_at: float | None = Field(None, description="when the version was written (seconds since the "
+                                     "epoch)")
+    job: str | None = Field(None, description="the job that made it (null: trained outside the service, or "
+                            "its job record was deleted)")
+    dataset: str | None = Field(None, description="the dataset id it was trained on (from its job)")
+    base_version: str | None = Field(None, description="the version it grew (a continual job, or labels "
+                                     "added by their texts); null: trained from scratch")
+    lineage: str | None = Field(None, description='in words, e.g. "v2 grows v1"')
+    test_dataset: str | None = Field(None, description="the dataset id its `metrics` were measured on "
+                                     "(from its job; null: unknown or not tested)")
 
 
 class ModelInfo(BaseModel):
@@ -188,12 +233,21 @@ class ModelInfo(BaseModel):
         description="pass as `cursor` to GET /v1/models/{name}/versions for the versions older than those "
         "shown; null when none is left out (with `versions=0`, start there without a cursor)",
     )
+    default: bool = Field(False, description="this model answers POST /v1/predict")
+    deactivated: bool = Field(False, description="not served (POST .../deactivate); activating a version "
+                              "serves it again")
+    created_at: float | None = Field(None, description="when its first version was written")
 
 
 class ModelList(BaseModel):
     """One page of the models on disk."""
 
     default: str | None = Field(description="the model behind POST /v1/predict")
+    default_source: Literal["setting", "api", "automatic"] = Field(
+        "automatic",
+        description="why: OVEX_DEFAULT_MODEL, set through PUT /v1/default-model, or automatic (the demo "
+        "model, else the model whose first version is the oldest)",
+    )
     models: list[ModelInfo] = Field(description="by name")
     next_cursor: str | None = Field(None, description="pass as `cursor` for the next page; null on the last")
 
@@ -205,6 +259,36 @@ class VersionList(BaseModel):
     next_cursor: str | None = Field(
         description="pass as `cursor` for the next (older) page; null on the last"
     )
+
+
+class DefaultModelRequest(ClientBody):
+    """Which model answers POST /v1/predict."""
+
+    model: StrictStr | None = Field(description="a model name; null: the automatic choice again",
+                                    examples=["demo"], max_length=NAME_MAX)
+
+
+class DefaultModelResponse(BaseModel):
+    """The model behind POST /v1/predict, and why."""
+
+    default: str | None = Field(description="the model (null: no model on disk)")
+    source: Literal["setting", "api", "automatic"] = Field(
+        description="OVEX_DEFAULT_MODEL (overrides the API), PUT /v1/default-model, or automatic")
+
+
+class DeleteModelResponse(BaseModel):
+    """A deleted model."""
+
+    name: str = Field(description="the model, now gone with all its versions")
+    versions: list[str] = Field(description="the versions deleted")
+    cancelled_jobs: list[str] = Field(description="jobs cancelled first (`force=true`)")
+
+
+class DeactivateResponse(BaseModel):
+    """A deactivated model."""
+
+    name: str = Field(description="the model, no longer served; its versions stay")
+    deactivated: bool = Field(description="always true")
 
 
 class ActivateResponse(BaseModel):

@@ -13,9 +13,10 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Boolean, Engine, Float, String, select, update
+from sqlalchemy import Boolean, Engine, Float, String, delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
@@ -40,6 +41,26 @@ class ActiveVersionRow(Base):
     updated_at: Mapped[float] = mapped_column(Float)
 
 
+class ModelFlagsRow(Base):
+    """What an operator decided about a model beyond its active version: it is the default (at most one
+    row), or it is deactivated (not served; its versions stay)."""
+
+    __tablename__ = "model_flags"
+
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    deactivated: Mapped[bool] = mapped_column(Boolean, default=False)
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+@dataclass(frozen=True)
+class Flags:
+    """The models that are deactivated, and the one set as the default (None: none was set)."""
+
+    deactivated: frozenset[str] = frozenset()
+    default: str | None = None
+
+
 class ActiveVersions:
     """Reads and writes of `active_versions`, each one short transaction; safe to share between threads."""
 
@@ -60,6 +81,32 @@ class ActiveVersions:
         with Session(self.engine) as s:
             return {m: v for m, v in s.execute(select(ActiveVersionRow.model, ActiveVersionRow.version))}
 
+    def flags(self) -> Flags:
+        """Deactivated models and the default set through the API: one small query, polled like `all`."""
+        with Session(self.engine) as s:
+            rows = list(s.execute(select(ModelFlagsRow.model, ModelFlagsRow.deactivated,
+                                         ModelFlagsRow.is_default)))
+        return Flags(frozenset(m for m, off, _ in rows if off), next((m for m, _, d in rows if d), None))
+
+    def set_default(self, model: str | None) -> None:
+        """Make `model` the default for every process and replica (None: back to the automatic choice)."""
+        with reachable("the default model was not changed"), Session(self.engine) as s, s.begin():
+            s.execute(update(ModelFlagsRow).where(ModelFlagsRow.is_default.is_(True)).values(is_default=False))
+            if model is not None:
+                _flag(s, model, is_default=True)
+
+    def deactivate(self, model: str) -> None:
+        """Stop serving `model` everywhere; its versions and recorded active version stay, and activating
+        a version serves it again (`set` clears the flag)."""
+        with reachable(f"model {model!r} was not deactivated"), Session(self.engine) as s, s.begin():
+            _flag(s, model, deactivated=True)
+
+    @staticmethod
+    def forget(s: Session, model: str) -> None:
+        """Drop every row about `model` in the transaction `s` (the model is being deleted)."""
+        s.execute(delete(ActiveVersionRow).where(ActiveVersionRow.model == model))
+        s.execute(delete(ModelFlagsRow).where(ModelFlagsRow.model == model))
+
     def get(self, model: str) -> str | None:
         with reachable(), Session(self.engine) as s:
             return self.recorded(s, model)
@@ -71,6 +118,14 @@ class ActiveVersions:
         database lost: `Unavailable`, saying what did not happen (`outcome`)."""
         with reachable(outcome), Session(self.engine) as s, s.begin():
             lock_version(s, model, version)
+            yield s
+
+    @contextlib.contextmanager
+    def versions_lock(self, model: str, versions: list[str], outcome: str = "") -> Iterator[Session]:
+        """`version_lock` on every one of `versions` in one transaction (deleting a whole model)."""
+        with reachable(outcome), Session(self.engine) as s, s.begin():
+            for v in sorted(versions):  # one order everywhere: two deletes never wait on each other
+                lock_version(s, model, v)
             yield s
 
     @staticmethod
@@ -93,6 +148,8 @@ class ActiveVersions:
             if getattr(s.execute(overwrite), "rowcount", 0) == 0 and not _inserted(s, model, version, True):
                 # a racing first record of this model (another version's lock) won the insert: overwrite it
                 s.execute(overwrite)
+            # activating a version of a deactivated model serves it again
+            s.execute(update(ModelFlagsRow).where(ModelFlagsRow.model == model).values(deactivated=False))
 
     def record_first(self, model: str, version: str, present: Present | None = None) -> str:
         """Record `version` unless a version is already recorded; returns the one that is (first wins).
@@ -132,6 +189,19 @@ class ActiveVersions:
 def _still(present: Present | None, model: str, version: str) -> None:
     if present is not None and not present():
         raise NotFound(f"version {version!r} of model {model!r} was deleted meanwhile; nothing was activated")
+
+
+def _flag(s: Session, model: str, **values: bool) -> None:
+    """Set flags of `model` in `s`, inserting its row if it has none."""
+    now = time.time()
+    change = update(ModelFlagsRow).where(ModelFlagsRow.model == model).values(updated_at=now, **values)
+    if getattr(s.execute(change), "rowcount", 0) == 0:
+        try:
+            with s.begin_nested():
+                s.add(ModelFlagsRow(model=model, **{"deactivated": False, "is_default": False, **values},
+                                    updated_at=now))
+        except IntegrityError:  # inserted meanwhile by another transaction: update it
+            s.execute(change)
 
 
 def _inserted(s: Session, model: str, version: str, explicit: bool) -> bool:

@@ -37,6 +37,8 @@ class Registry(Protocol):
     def load_version(self, name: str, version: str, activate: bool = False) -> Any: ...
 
     before_delete: Callable[[Session, str, str], None] | None
+    before_model_delete: Callable[[Session, str, bool], None] | None
+    cancel_model_jobs: Callable[[str], list[str]] | None
 
 
 class JobsRuntime:
@@ -53,6 +55,8 @@ class JobsRuntime:
         self.registry = registry
         if registry is not None:
             registry.before_delete = self.service.keep_bases
+            registry.before_model_delete = self.service.keep_model
+            registry.cancel_model_jobs = self.service.cancel_model_jobs
         self._since = time.time()  # versions finished earlier are found by the registry's start-up scan
         self._given_up: set[str] = set()
         self._stop = threading.Event()

@@ -198,6 +198,25 @@ class JobsService:
                 f"job(s) ({', '.join(jobs)}); cancel them or wait until they end"
             )
 
+    def keep_model(self, s: Session, model: str, force: bool) -> None:
+        """Called by the registry while it deletes a whole model, under its versions' locks: refuses while
+        a queued or running job continues one of its versions or trains into it (with `force`, jobs whose
+        cancel was requested are let go: they stop at their next step)."""
+        jobs = [j.id for j in self.store.using_model(s, model) if not (force and j.cancel_requested)]
+        if jobs:
+            hint = "cancel them, wait until they end, or delete with ?force=true (cancels them)"
+            raise Conflict(f"model {model!r} is used by {len(jobs)} queued or running job(s) "
+                           f"({', '.join(jobs)}); {hint}")
+
+    def cancel_model_jobs(self, model: str) -> list[str]:
+        """Cancel every queued and running job that continues `model` or trains into it; their ids."""
+        with self.store.session() as s:
+            ids = [j.id for j in self.store.using_model(s, model, limit=1000)]
+        for job_id in ids:
+            with contextlib.suppress(Conflict, NotFound):  # ended meanwhile
+                self.store.request_cancel(job_id)
+        return ids
+
     def get(self, job_id: str) -> JobRow:
         job = self.store.get_job(job_id)
         if job is None:

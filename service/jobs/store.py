@@ -240,6 +240,13 @@ class JobStore:
             )
             return s.scalars(q.limit(1)).first()
 
+    def made_many(self, model: str, versions: list[str]) -> dict[str, JobRow]:
+        """The jobs that published these versions of `model` (those whose record is kept), by version."""
+        with self.session() as s:
+            q = select(JobRow).where(JobRow.model == model, JobRow.model_version.in_(versions),
+                                     JobRow.state == SUCCEEDED)
+            return {str(j.model_version): j for j in s.scalars(q)}
+
     def continuing(self, s: Session, model: str, version: str, limit: int = 20) -> list[str]:
         """Ids of the queued and running jobs that continue `model` version `version`, oldest first (in
         the transaction `s`, e.g. one holding its `version_lock`)."""
@@ -247,6 +254,15 @@ class JobStore:
             JobRow.state.in_(ACTIVE_STATES),
             JobRow.base["model"].as_string() == model,
             JobRow.base["version"].as_string() == version,
+        )
+        return list(s.scalars(q.order_by(JobRow.created_at).limit(limit)))
+
+    def using_model(self, s: Session, model: str, limit: int = 20) -> list[JobRow]:
+        """The queued and running jobs that continue a version of `model` or train into it, oldest first
+        (in the transaction `s`, e.g. one holding the model's version locks)."""
+        q = select(JobRow).where(
+            JobRow.state.in_(ACTIVE_STATES),
+            or_(JobRow.model == model, JobRow.base["model"].as_string() == model),
         )
         return list(s.scalars(q.order_by(JobRow.created_at).limit(limit)))
 
