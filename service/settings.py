@@ -94,6 +94,12 @@ class Settings(BaseSettings):
     # --- prediction limits ---------------------------------------------------------------------------
     max_batch: int = Field(default=256, ge=1, description="most inputs in one predict request")
     max_top_k: int = Field(default=1000, ge=1, description="largest top_k a request may ask for")
+    max_explain_top_k: int = Field(
+        default=20, ge=1, description="largest top_k of a predict request with `explain: true`"
+    )
+    max_explain_terms: int = Field(
+        default=10, ge=1, le=1000, description="most contributions listed per label of an explanation"
+    )
     request_timeout_s: float = Field(default=30.0, gt=0, description="a predict request never waits longer")
     max_labels_per_request: int = Field(
         default=10_000, ge=1, description="most labels one POST /v1/models/{name}/labels may add"

@@ -399,6 +399,17 @@ class Featurizer:
         table = np.array([0.0] + [1.0 + math.log(c) for c in range(1, int(counts.max()) + 1)])
         return table[counts]
 
+    def terms_by_column(self, text: str) -> dict[int, list[str]]:
+        """The terms of `text` behind each of its feature columns (an answer names words, not column ids);
+        terms the model does not know are left out."""
+        self._require_fitted()
+        out: dict[int, list[str]] = {}
+        for term in dict.fromkeys(tokenize(text, self.config.ngrams)):
+            col = self.vocab.get(term) if self.vocab is not None else self._hashed(term)[0]
+            if col is not None:
+                out.setdefault(int(col), []).append(term)
+        return out
+
     def _hashed(self, term: str) -> tuple[int, float]:
         hit = self._hash_cache.get(term)
         if hit is None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Depends, Response
+from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import PredictKey
 from service.api.deps import BatcherDep, MetricsDep, RegistryDep, SettingsDep
@@ -15,6 +17,7 @@ from service.api.metrics import Metrics
 from service.api.schemas import BATCH_LIMIT, ErrorBody, ModelName, PredictRequest, PredictResponse
 from service.batching import MicroBatcher
 from service.errors import InputError, Loc, Unavailable
+from service.explain import explain
 from service.predictor import InputRow, Job, Options, RowPrediction
 from service.registry import ServedModel
 from service.settings import Settings
@@ -23,6 +26,7 @@ router = APIRouter(tags=["predict"])
 
 ERRORS: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorBody, "description": "unknown model"},
+    409: {"model": ErrorBody, "description": "the model is deactivated (the answer says how to serve it)"},
     413: {"model": ErrorBody, "description": "body over the size limit"},
     422: {"model": ErrorBody, "description": "invalid input; `loc` names the field and index"},
     503: {"model": ErrorBody, "description": "no model loaded yet, or the request timed out"},
@@ -45,6 +49,10 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
         )
     if req.top_k > settings.max_top_k:
         errors.append((("body", "top_k"), f"top_k must be at most {settings.max_top_k}, got {req.top_k}"))
+    elif req.explain and req.top_k > settings.max_explain_top_k:
+        errors.append((("body", "top_k"), f"with explain, top_k must be at most "
+                       f"{settings.max_explain_top_k}, got {req.top_k}: ask for fewer labels, or leave "
+                       "explain out"))
     rows: list[InputRow] = []
     nf = served.n_features
     kind = served.predictor.input_kind
@@ -125,16 +133,24 @@ async def _predict(
     served: ServedModel, req: PredictRequest, batcher: MicroBatcher, settings: Settings, metrics: Metrics
 ) -> Response:
     preds, known = await predict_rows(served, req, batcher, settings, metrics)
+    why: list[list[dict[str, Any]]] | None = None
+    if req.explain:
+        rows = _to_job(req, served, settings).rows
+        why = await run_in_threadpool(explain, served.predictor, rows, preds, settings.max_explain_terms)
     body = {
         "model": served.name,
         "version": served.version,
         "predictions": [
             {
-                "labels": [{"id": b.id, "name": b.name, "score": b.score, "prob": b.prob} for b in p.labels],
+                "labels": [
+                    {"id": b.id, "name": b.name, "score": b.score, "prob": b.prob}
+                    | ({"explanation": why[i][j]} if why is not None else {})
+                    for j, b in enumerate(p.labels)
+                ],
                 "exact": p.exact,
                 "known_features": n,
             }
-            for p, n in zip(preds, known, strict=True)
+            for i, (p, n) in enumerate(zip(preds, known, strict=True))
         ],
     }
     # Built by hand: skips re-validating our own output, which costs more than the prediction itself.
