@@ -56,11 +56,13 @@ class MemoryEstimate:
     def culprit(self) -> str:
         """The parameter to lower first: the one behind the largest term."""
         terms: dict[str, int] = {}
+        # without hidden layers the activations are batch × dim: lowering `hidden` (already 0) frees nothing
+        layers = self.hidden > 0
         for name, floats in (
             ("dim", self.head * self.multiplier + self.candidate_rows),
             (self.input_param or "dim", self.projection * self.multiplier + self.input_rows),
-            ("hidden", self.hidden * self.multiplier + self.activations),
-            ("batch_size", self.scores),
+            ("hidden", self.hidden * self.multiplier + (self.activations if layers else 0)),
+            ("batch_size", self.scores + (0 if layers else self.activations)),
         ):
             terms[name] = terms.get(name, 0) + floats
         return max(terms, key=lambda k: terms[k])
