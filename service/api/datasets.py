@@ -36,6 +36,11 @@ class DatasetOut(BaseModel):
     checksum: str = Field(description="SHA-256 of the file: the same bytes uploaded twice are one dataset")
     filename: str = Field(description="the uploaded file's name")
     created_at: float = Field(description="upload time, seconds since the Unix epoch")
+    already_stored: bool = Field(default=False, description="only on an upload: these bytes were stored before, "
+                                 "under `name`; nothing was stored again")
+    requested_name: str | None = Field(default=None, description="only on an upload of bytes already stored under "
+                                       "another name: the name this upload asked for")
+    note: str | None = Field(default=None, description="what happened, in words, when it is not plain")
 
 
 class DatasetList(BaseModel):
@@ -115,7 +120,9 @@ _UPLOAD_BODY = {
     openapi_extra=_UPLOAD_BODY,
     responses={
         **KEYED,
-        200: {"model": DatasetOut, "description": "the same bytes were uploaded before: that record"},
+        200: {"model": DatasetOut, "description": "the same bytes were uploaded before: that record, with "
+                                                  "`already_stored` and, when this upload asked for another "
+                                                  "name, `requested_name` and a `note`"},
         400: {"description": "malformed or cut-short multipart body"},
         413: {"description": "upload over the size limit"},
         415: {"description": "not multipart/form-data"},
@@ -128,12 +135,18 @@ _UPLOAD_BODY = {
 async def upload_dataset(request: Request, response: Response, jobs: Jobs, _: ApiKey) -> DatasetOut:
     """Stream the `file` part to disk (413 over the limit), validate it with the trainer's reader (422 with
     the line at fault), and store it under its SHA-256. Uploading the same bytes again returns the record."""
-    row, created = await jobs.upload(
+    row, created, asked = await jobs.upload(
         request.headers.get("content-type"), request.headers.get("content-length"), request.stream()
     )
+    out = dataset_out(row)
     if not created:
         response.status_code = 200
-    return dataset_out(row)
+        out.already_stored = True
+        if asked != row.name:
+            out.requested_name = asked
+            out.note = (f"these bytes were already stored as {row.name!r} ({row.id}); the upload was not "
+                        f"stored again and the dataset keeps its name: use {row.id} for {asked!r}")
+    return out
 
 
 @router.get("", response_model=DatasetList, responses=KEYED)
@@ -153,10 +166,11 @@ def get_dataset(dataset_id: DatasetId, jobs: Jobs, _: ReadKey) -> DatasetOut:
     "/{dataset_id}",
     status_code=204,
     response_class=Response,
-    responses={**KEYED, **UNKNOWN, 409: {"description": "a job still names the dataset"}},
+    responses={**KEYED, **UNKNOWN, 409: {"description": "a queued or running job uses the dataset (named)"}},
 )
 def delete_dataset(dataset_id: DatasetId, jobs: Jobs, _: ApiKey) -> Response:
-    """Remove the dataset and its file; refused (409) while any job names it — queued, running or ended
-    (delete ended jobs first), so no job record loses its data."""
+    """Remove the dataset and its file; refused (409) while a queued or running job uses it. Ended jobs
+    that name it keep their records: the dataset is no longer listed or usable, and their
+    `deleted_datasets` names it. Uploading the same bytes again brings it back under the new name."""
     jobs.delete_dataset(dataset_id)
     return Response(status_code=204)

@@ -136,6 +136,9 @@ class JobOut(BaseModel):
     cancel_requested: bool = Field(description="a cancel was asked for; a running job stops at its next step")
     base: dict[str, Any] | None = Field(None, description="the stored version the job continues, if any")
     label_texts: str | None = Field(None, description="id of the label-texts file it trains with, if any")
+    deleted_datasets: list[str] = Field(
+        default_factory=list, description="which of the datasets it names were deleted since (its record "
+        "keeps their ids; the files are gone)")
 
 
 class JobList(BaseModel):
@@ -156,8 +159,12 @@ def _ts(v: float) -> datetime:
     return datetime.fromtimestamp(v, UTC)
 
 
-def job_out(job: JobRow) -> JobOut:
+def job_out(job: JobRow, deleted: set[str] | None = None) -> JobOut:
+    """The job as the API shows it; `deleted`: dataset ids known to be deleted."""
+    named = [job.train_dataset, job.test_dataset, job.label_texts,
+             (job.base or {}).get("replay_dataset")]
     return JobOut(
+        deleted_datasets=[d for d in dict.fromkeys(named) if isinstance(d, str) and d in (deleted or set())],
         id=job.id,
         state=job.state,  # type: ignore[arg-type]
         model=job.model,
@@ -233,13 +240,15 @@ def list_jobs(
 ) -> JobList:
     """Jobs, newest first, one page at a time, optionally of one state or model."""
     rows, nxt = jobs.list_jobs(limit, cursor, state=state, model=model)
-    return JobList(jobs=[job_out(j) for j in rows], next_cursor=nxt)
+    deleted = jobs.deleted_datasets(rows)
+    return JobList(jobs=[job_out(j, deleted) for j in rows], next_cursor=nxt)
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=UNKNOWN)
 def get_job(job_id: JobId, jobs: Jobs) -> JobOut:
     """One job: state, progress, timestamps, the version it produced or why it failed."""
-    return job_out(jobs.get(job_id))
+    job = jobs.get(job_id)
+    return job_out(job, jobs.deleted_datasets([job]))
 
 
 @router.post(

@@ -226,6 +226,11 @@ def _callbacks(sink: _MultipartSink) -> dict[str, object]:
     }
 
 
+def upload_name(received: ReceivedFile) -> str:
+    """The display name an upload asks for (its `name` field, else its file name)."""
+    return _display_name(received)
+
+
 def _display_name(received: ReceivedFile) -> str:
     name = received.fields.get("name") or Path(received.filename).stem or "dataset"
     name = _SAFE_NAME.sub("_", name).strip() or "dataset"
@@ -281,13 +286,21 @@ def _read_upload(received: ReceivedFile) -> tuple[str, int, int | None, int]:
 def ingest(cfg: JobsConfig, store: JobStore, received: ReceivedFile) -> tuple[DatasetRow, bool]:
     """Validate a received file with the trainer's reader and store it; (row, created).
 
-    Runs in a thread (reading a large file takes a while). On any failure the temp file is removed, so
-    nothing is stored.
+    The same bytes stored before are that record (not stored twice; `upload_name` tells the caller the
+    name this upload asked for); stored before and since deleted, they are stored again under the new
+    name. Runs in a thread (reading a large file takes a while). On any failure the temp file is
+    removed, so nothing is stored.
     """
     try:
         existing = store.dataset_by_checksum(received.sha256)
-        if existing is not None:
+        if existing is not None and existing.deleted_at is None:
             return existing, False
+        if existing is not None:  # deleted while ended jobs named it: its record comes back, listed again
+            final = dataset_path(cfg, existing)
+            with writing("the dataset"):
+                final.parent.mkdir(parents=True, exist_ok=True)
+                commit_file(received.path, final)
+            return store.revive_dataset(existing.id, _display_name(received), received.filename[:255]), True
         try:
             fmt, rows, features, labels = _read_upload(received)
         except DataFormatError as e:

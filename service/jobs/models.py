@@ -43,6 +43,8 @@ class DatasetRow(Base):
     features: Mapped[int | None] = mapped_column(Integer, nullable=True)
     labels: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Float)
+    # deleted while ended jobs named it: the record stays for their history, the file is gone
+    deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
 
 
 class JobRow(Base):

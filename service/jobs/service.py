@@ -24,7 +24,7 @@ from service.errors import Conflict, Invalid, NotFound, Unavailable
 from service.input_kind import KIND_OF_FORMAT, check_input_kind
 from service.jobs import budget
 from service.jobs.config import JobsConfig
-from service.jobs.datasets import ingest, receive_file
+from service.jobs.datasets import ingest, receive_file, upload_name
 from service.jobs.models import LABEL_TEXTS, SUCCEEDED, TERMINAL_STATES, DatasetRow, JobEventRow, JobRow
 from service.jobs.runner import dataset_path
 from service.jobs.store import MAX_EVENT_ID, JobStore
@@ -72,8 +72,9 @@ class JobsService:
     # -- datasets ---------------------------------------------------------------------------------
     async def upload(
         self, content_type: str | None, content_length: str | None, chunks: AsyncIterator[bytes]
-    ) -> tuple[DatasetRow, bool]:
-        """Stream, validate and store an upload; (record, created). Nothing is stored on any refusal."""
+    ) -> tuple[DatasetRow, bool, str]:
+        """Stream, validate and store an upload; (record, created, the name the upload asked for). Nothing
+        is stored on any refusal."""
         received = await receive_file(
             content_type,
             content_length,
@@ -81,11 +82,12 @@ class JobsService:
             self.cfg.uploads_dir,
             self.cfg.settings.max_upload_bytes,
         )
-        return await asyncio.to_thread(ingest, self.cfg, self.store, received)
+        row, created = await asyncio.to_thread(ingest, self.cfg, self.store, received)
+        return row, created, upload_name(received)
 
     def get_dataset(self, dataset_id: str, loc: list[str | int] | None = None) -> DatasetRow:
         row = self.store.get_dataset(dataset_id)
-        if row is None:
+        if row is None or row.deleted_at is not None:
             raise NotFound(f"dataset {dataset_id!r} not found", loc=loc or ["path", "dataset_id"])
         return row
 
@@ -93,8 +95,8 @@ class JobsService:
         return self.store.list_datasets(limit=limit, cursor=cursor)
 
     def delete_dataset(self, dataset_id: str) -> None:
-        """Remove the record, then its file (a crash in between leaves a file no record names, never the
-        reverse; `orphans()` lists such files)."""
+        """Remove (or, while ended jobs name it, mark deleted) the record, then its file (a crash in between
+        leaves a file no listed record names, never the reverse; `orphans()` lists such files)."""
         row = self.store.delete_dataset(dataset_id)
         dataset_path(self.cfg, row).unlink(missing_ok=True)
 
@@ -216,6 +218,12 @@ class JobsService:
             with contextlib.suppress(Conflict, NotFound):  # ended meanwhile
                 self.store.request_cancel(job_id)
         return ids
+
+    def deleted_datasets(self, jobs: list[JobRow]) -> set[str]:
+        """The datasets these jobs name that were deleted since (one query)."""
+        ids = {d for j in jobs for d in (j.train_dataset, j.test_dataset, j.label_texts,
+                                         (j.base or {}).get("replay_dataset")) if isinstance(d, str)}
+        return self.store.deleted_among(sorted(ids)) if ids else set()
 
     def get(self, job_id: str) -> JobRow:
         job = self.store.get_job(job_id)

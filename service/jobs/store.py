@@ -93,16 +93,35 @@ class JobStore:
             return s.scalars(select(DatasetRow).where(DatasetRow.checksum == checksum)).first()
 
     def list_datasets(self, *, limit: int, cursor: str | None = None) -> tuple[list[DatasetRow], str | None]:
-        """Newest first, one page; the second value is the cursor of the next page (None: the last)."""
-        return self._page(select(DatasetRow), DatasetRow, limit, cursor)
+        """Newest first, one page; the second value is the cursor of the next page (None: the last).
+        Datasets deleted while ended jobs named them are not listed."""
+        listed = select(DatasetRow).where(DatasetRow.deleted_at.is_(None))
+        return self._page(listed, DatasetRow, limit, cursor)
+
+    def deleted_among(self, ids: list[str]) -> set[str]:
+        """Which of these dataset ids were deleted (their records kept for the jobs that name them)."""
+        with self.session() as s:
+            q = select(DatasetRow.id).where(DatasetRow.id.in_(ids), DatasetRow.deleted_at.is_not(None))
+            return set(s.scalars(q))
+
+    def revive_dataset(self, dataset_id: str, name: str, filename: str) -> DatasetRow:
+        """The same bytes uploaded again after their dataset was deleted: listed again, under the new name
+        (the caller has stored the file again)."""
+        with self.session() as s:
+            row = s.get(DatasetRow, dataset_id, with_for_update=True)
+            if row is None:
+                raise NotFound(f"dataset {dataset_id!r} not found")
+            row.deleted_at, row.name, row.filename, row.created_at = None, name, filename, time.time()
+            return row
 
     def delete_dataset(self, dataset_id: str) -> DatasetRow:
-        """Remove the record; refused while a job (queued, running or ended) still names the dataset (as
-        its training, test or replay set)."""
+        """Remove the record; refused while a queued or running job names the dataset (as its training,
+        test, label-texts or replay set). Named only by ended jobs, the record stays, marked deleted, so
+        their history still says what they trained on (the caller removes the file either way)."""
         with self.session() as s:
             _lock_writes(s)  # on PostgreSQL the row's lock waits instead, for a job being recorded on it
             row = s.get(DatasetRow, dataset_id, with_for_update=True)
-            if row is None:
+            if row is None or row.deleted_at is not None:
                 raise NotFound(f"dataset {dataset_id!r} not found", loc=["path", "dataset_id"])
             users = list(
                 s.scalars(
@@ -122,11 +141,8 @@ class JobStore:
                     loc=["path", "dataset_id"],
                 )
             if users:
-                raise Conflict(
-                    f"dataset {dataset_id!r} is named by ended job(s) {', '.join(j.id for j in users)}; "
-                    "delete those jobs first (DELETE /v1/jobs/{id}) so no job record loses its data",
-                    loc=["path", "dataset_id"],
-                )
+                row.deleted_at = time.time()
+                return row
             s.delete(row)
             return row
 
@@ -191,7 +207,8 @@ class JobStore:
             if base_exists is not None:
                 base_exists()
             _lock_writes(s)
-            q = select(DatasetRow.id).where(DatasetRow.id.in_(list(uses))).with_for_update(read=True)
+            q = (select(DatasetRow.id).where(DatasetRow.id.in_(list(uses)), DatasetRow.deleted_at.is_(None))
+                 .with_for_update(read=True))
             found = set(s.scalars(q))
             for dataset_id, loc in uses.items():
                 if dataset_id not in found:

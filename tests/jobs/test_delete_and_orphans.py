@@ -65,8 +65,11 @@ def test_delete_everything_leaves_nothing_behind(
         client.delete_job(third.id)
         client.delete_job(fourth.id)
 
-        with pytest.raises(Conflict, match="ended job"):  # the job records still name it
-            client.delete_dataset(train.id)
+        client.delete_dataset(train.id)  # the ended jobs keep their records, naming it as deleted
+        assert train.id in srv.client.get(f"/v1/jobs/{first.id}").json()["deleted_datasets"]
+        assert [d.id for d in client.iter_datasets()] == [test.id]
+        with pytest.raises(NotFound):
+            client.get_dataset(train.id)
         assert [j.id for j in client.iter_jobs(page_size=1)] == [second.id, first.id]
         client.delete_job(first.id)
         assert client_cli.main(["--url", srv.base, "--api-key", API_KEY, "jobs", "delete", second.id]) == 0
@@ -75,7 +78,6 @@ def test_delete_everything_leaves_nothing_behind(
             client.job_logs(first.id)
         assert list(client.iter_jobs()) == []
 
-        client.delete_dataset(train.id)
         assert client_cli.main(["--url", srv.base, "--api-key", API_KEY, "datasets", "delete", test.id]) == 0
         assert list(client.iter_datasets(page_size=1)) == []
         with pytest.raises(NotFound):

@@ -210,16 +210,18 @@ def test_delete_rules(store: JobStore) -> None:
     with pytest.raises(Conflict, match="running"):
         store.delete_job(job_id)
     store.finish(job_id, "w", "failed", error="x")
-    with pytest.raises(Conflict, match="ended job"):  # its record would lose its data
+    store.delete_dataset("ds_1")  # only an ended job names it: its record stays, marked deleted
+    kept = store.get_dataset("ds_1")
+    assert kept is not None and kept.deleted_at is not None and store.deleted_among(["ds_1"]) == {"ds_1"}
+    assert store.list_datasets(limit=10)[0] == []
+    with pytest.raises(NotFound):
         store.delete_dataset("ds_1")
+    with pytest.raises(NotFound, match="deleted"):  # no new job on it
+        store.create_job(model="m", train_dataset="ds_1", test_dataset=None, params={}, activate=False)
     store.delete_job(job_id)
     assert store.get_job(job_id) is None and store.events_since(job_id, 0) == []
     with pytest.raises(NotFound):
         store.delete_job(job_id)
-    store.delete_dataset("ds_1")
-    assert store.get_dataset("ds_1") is None
-    with pytest.raises(NotFound):
-        store.delete_dataset("ds_1")
 
 
 def test_what_a_continual_job_uses_is_found_and_kept(store: JobStore) -> None:
@@ -247,8 +249,5 @@ def test_what_a_continual_job_uses_is_found_and_kept(store: JobStore) -> None:
     made = store.made("m", "7")  # the job that published a version: its training set is the default replay
     assert made is not None and made.id == fresh.id and store.made("m", "6") is None
     assert store.made("n", "7") is None
-    with pytest.raises(Conflict, match=f"ended job\\(s\\) {job.id}"):
-        store.delete_dataset("ds_1")
-    store.delete_job(job.id)
-    store.delete_dataset("ds_1")  # the job with a null replay set does not hold it
-    assert store.get_dataset("ds_1") is None
+    store.delete_dataset("ds_1")  # ended jobs keep its record, marked deleted
+    assert store.deleted_among(["ds_1", "ds_2"]) == {"ds_1"}
