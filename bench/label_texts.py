@@ -133,7 +133,7 @@ def run(set_name: str, arm: str, seed: int, data_dir: Path, work: Path, extra: l
     top = to_shared[np.where(ids >= 0, ids, len(model.label_names))]
     y = sp.csr_matrix(test.Y, dtype=np.float32)
     y = sp.csr_matrix((y.data, y.indices, y.indptr), shape=(y.shape[0], len(names)))
-    metrics = xc_metrics.evaluate_topk(top, y, None)
+    metrics: dict[str, Any] = dict(xc_metrics.evaluate_topk(top, y, None))
     metrics.update({k: v for k, v in tail_metrics(top, y, counts).items() if k.startswith("tail_p@")})
     metrics["unseen_hit@5"], metrics["unseen_rows"] = unseen_hit(top, y, counts)
     res["examples_per_s"] = float(model.metrics.get("examples_per_s", float("nan")))
