@@ -38,7 +38,8 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(default=Path("data"), description="uploaded datasets and job state")
     default_model: str | None = Field(
-        default=None, description="model behind /v1/predict; None: first by name"
+        default=None, description="model behind /v1/predict; None: the one set through the API, else demo, "
+        "else the oldest"
     )
 
     # --- HTTP ----------------------------------------------------------------------------------------
