@@ -32,14 +32,14 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from service.api.metrics import Metrics
-from service.errors import Conflict, NotFound, Unavailable, writing
+from service.errors import Conflict, DomainError, NotFound, Unavailable, writing
 from service.jobs.active import ActiveVersions, Flags
 from service.peers import Siblings, this_worker
 from service.predictor import Predictor
 from service.quantized_scan import Check, no_check
 from service.retrieval import ExactScorer, RetrievalConfig, Retriever, build_retriever, configure_threads
 from service.settings import Settings
-from service.versions import retire, version_key
+from service.versions import next_version, retire, version_key
 
 log = logging.getLogger("ovex.registry")
 
@@ -382,6 +382,7 @@ class ModelRegistry:
             if activate:  # recorded first: a choice the database did not take must not serve here
                 self._record(name, version)
                 self._flags = self.store.flags()  # activation serves a deactivated model again
+                self._auto_default = self._pick_default(self.scan(), self._flags)  # and it may be default
                 self._swap(served)
                 return served, self._ask_peers()
             if current is None and name not in self.store.flags().deactivated:
@@ -589,9 +590,11 @@ class ModelRegistry:
                 if self.before_model_delete is not None:
                     self.before_model_delete(s, name, force)
                 self.store.forget(s, name)
+                highest = next_version(self.models_dir / name) - 1
                 gone = self.models_dir / f"{DELETING}{name}-{uuid.uuid4().hex[:8]}"
                 with writing(f"the directory of model {name}"):
                     (self.models_dir / name).rename(gone)
+                self._keep_numbers(name, highest)
             for v in versions:
                 self._refused.pop((name, v), None)
                 self._refused_at.pop((name, v), None)
@@ -602,6 +605,16 @@ class ModelRegistry:
             log.warning("files of a deleted model remain", extra={"model": name, "error": str(exc)})
         self._follow_now()
         return cancelled
+
+    def _keep_numbers(self, name: str, highest: int) -> None:
+        """A model made again under a deleted one's name numbers its versions above the old ones, so a
+        replica still serving the old `name/1` is never handed a different `name/1` under that name."""
+        try:
+            (self.models_dir / name).mkdir()
+            retire(self.models_dir / name, str(highest))
+        except (OSError, DomainError) as exc:  # the delete stands; only the numbering may start over
+            log.warning("the version numbers of a deleted model were not kept",
+                        extra={"model": name, "error": str(exc)})
 
     def default(self) -> ServedModel:
         name = self.default_name()
