@@ -20,8 +20,11 @@ from .errors import error_from_response
 from .models import (
     ActivateResult,
     DatasetInfo,
+    DefaultModel,
     Job,
     LabelsAdded,
+    ModelDeactivated,
+    ModelDeleted,
     ModelInfo,
     ModelVersion,
     PredictInput,
@@ -149,8 +152,11 @@ def predict(
     top_k: int | None,
     normalization: str | None,
     exact: bool | None,
+    explain: bool | None = None,
 ) -> Request:
     body: dict[str, Any] = {"inputs": inputs_to_wire(inputs)}
+    if explain is not None:
+        body["explain"] = explain
     if top_k is not None:
         body["top_k"] = top_k
     if normalization is not None:
@@ -179,6 +185,25 @@ def get_model(name: str) -> Request:
 def activate(name: str, version: str | int) -> Request:
     # Activating the same version twice leaves the same state: idempotent.
     return Request("POST", f"/v1/models/{seg(name)}/versions/{seg(version)}/activate", idempotent=True)
+
+
+def delete_model(name: str, force: bool = False) -> Request:
+    # Deleting twice leaves the same state (the second answers 404): safe to retry.
+    params = {"force": "true"} if force else None
+    return Request("DELETE", f"/v1/models/{seg(name)}", idempotent=True, params=params)
+
+
+def deactivate_model(name: str) -> Request:
+    return Request("POST", f"/v1/models/{seg(name)}/deactivate", idempotent=True)
+
+
+def get_default_model() -> Request:
+    return Request("GET", "/v1/default-model", idempotent=True)
+
+
+def set_default_model(name: str | None) -> Request:
+    # Setting the same value twice leaves the same state: idempotent.
+    return Request("PUT", "/v1/default-model", idempotent=True, json={"model": name})
 
 
 def add_labels(
@@ -327,6 +352,9 @@ def PARSE_DEFAULT(r: httpx.Response) -> str | None:
 
 PARSE_ACTIVATE = as_model(ActivateResult)
 PARSE_LABELS = as_model(LabelsAdded)
+PARSE_DEFAULT_MODEL = as_model(DefaultModel)
+PARSE_MODEL_DELETED = as_model(ModelDeleted)
+PARSE_DEACTIVATED = as_model(ModelDeactivated)
 PARSE_DATASET = as_model(DatasetInfo)
 PARSE_DATASETS = as_list(DatasetInfo, "datasets")
 PARSE_JOB = as_model(Job)

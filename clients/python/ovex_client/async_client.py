@@ -16,9 +16,12 @@ from .models import (
     ACTIVATION_EVENTS,
     ActivateResult,
     DatasetInfo,
+    DefaultModel,
     Job,
     JobEvent,
     LabelsAdded,
+    ModelDeactivated,
+    ModelDeleted,
     ModelInfo,
     ModelVersion,
     PredictInput,
@@ -126,6 +129,10 @@ class AsyncClient:
     async def metrics(self) -> str:
         return await self._call(_api.Request("GET", "/metrics", idempotent=True), lambda r: r.text)
 
+    async def openapi(self) -> Any:
+        """`GET /openapi.json`: the server's API schema (the CLI checks trainer options against it)."""
+        return await self._call(_api.Request("GET", "/openapi.json", idempotent=True), _api.as_json)
+
     # -- predict ----------------------------------------------------------------------------------
 
     async def predict(
@@ -136,8 +143,10 @@ class AsyncClient:
         top_k: int | None = None,
         normalization: str | None = None,
         exact: bool | None = None,
+        explain: bool | None = None,
     ) -> PredictResponse:
-        req = _api.predict(inputs, model=model, top_k=top_k, normalization=normalization, exact=exact)
+        req = _api.predict(inputs, model=model, top_k=top_k, normalization=normalization, exact=exact,
+                           explain=explain)
         return await self._call(req, _api.PARSE_PREDICT)
 
     # -- models -----------------------------------------------------------------------------------
@@ -182,6 +191,24 @@ class AsyncClient:
         with label texts: the server writes its next version with them appended to the active version (or
         `base_version`), and activates it when `activate`."""
         return await self._call(_api.add_labels(name, labels, activate, base_version), _api.PARSE_LABELS)
+
+    async def delete_model(self, name: str, *, force: bool = False) -> ModelDeleted:
+        """Delete a model with every version; `Conflict` naming the queued/running jobs that use it, unless
+        `force` cancels them first."""
+        return await self._call(_api.delete_model(name, force), _api.PARSE_MODEL_DELETED)
+
+    async def deactivate_model(self, name: str) -> ModelDeactivated:
+        """Stop serving a model (its versions stay); activating one of its versions serves it again."""
+        return await self._call(_api.deactivate_model(name), _api.PARSE_DEACTIVATED)
+
+    async def get_default_model(self) -> DefaultModel:
+        """The model behind `predict` without a model name, and why (`source`)."""
+        return await self._call(_api.get_default_model(), _api.PARSE_DEFAULT_MODEL)
+
+    async def set_default_model(self, name: str | None) -> DefaultModel:
+        """Make `name` the default model for every worker; `None` returns to the automatic choice. The
+        answer says which model is the default now (OVEX_DEFAULT_MODEL, when set, still wins)."""
+        return await self._call(_api.set_default_model(name), _api.PARSE_DEFAULT_MODEL)
 
     async def delete_version(self, name: str, version: str | int) -> None:
         await self._call(_api.delete_version(name, version), _api.no_content)

@@ -1,7 +1,7 @@
 """`ovex-client`: the terminal front of the SDK (predict, train with a progress bar, jobs, models, datasets).
 
-Exit codes: 0 success, 1 the server refused or the job did not succeed, 2 bad usage or input file,
-3 the server could not be reached, 130 interrupted.
+Exit codes: 0 success, 1 the server refused or the job did not succeed (or had ended before a cancel),
+2 bad usage, input file or trainer option, 3 the server could not be reached, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -12,12 +12,27 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+import httpx
+
+from . import _api
 from .client import Client
-from .errors import APIError, OvexClientError, TransportError
-from .models import Job, JobEvent, JobProgress, PredictResponse, input_to_wire
+from .errors import APIError, Conflict, OvexClientError, RequestTimeout, TransportError
+from .models import (
+    DatasetInfo,
+    Job,
+    JobEvent,
+    JobProgress,
+    LabelScore,
+    ModelInfo,
+    ModelVersion,
+    PredictResponse,
+    input_to_wire,
+)
+from .params_schema import param_errors, train_params_schema
 
 
 class UsageError(Exception):
@@ -59,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--exact", action="store_true", help="score every label instead of the index")
     pr.add_argument("--batch-size", type=int, default=64, help="rows per request with --file (default 64)")
     pr.add_argument("--out", type=Path, help="write JSONL answers here instead of stdout (with --file)")
+    pr.add_argument("--explain", action="store_true",
+                    help="show under each label the input words (or feature ids) adding most to its score")
 
     tr = add(sub, "train", help="upload a dataset, submit a training job, optionally follow it")
     tr.add_argument("--dataset", required=True, help="training file (XC format or JSONL), or an uploaded id")
@@ -84,14 +101,22 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("show", "cancel", "logs", "watch", "delete"):
         add(jsub, name).add_argument("job_id")
 
-    models = add(sub, "models", help="list, show or activate models")
+    models = add(sub, "models", help="list, show, activate, deactivate or delete models; the default model")
     msub = models.add_subparsers(dest="action", required=True)
-    add(msub, "list")
-    add(msub, "show").add_argument("name")
-    for name in ("activate", "delete"):
-        mv = add(msub, name, help=f"{name} one version")
-        mv.add_argument("name")
-        mv.add_argument("version")
+    add(msub, "list", help="every model: its active version and newest versions")
+    add(msub, "show", help="one model and its versions (created, lineage, metrics)").add_argument("name")
+    mv = add(msub, "activate", help="serve one version (hot swap)")
+    mv.add_argument("name")
+    mv.add_argument("version")
+    md = add(msub, "delete", help="delete a model with every version, or only VERSION")
+    md.add_argument("name")
+    md.add_argument("version", nargs="?", default=None, help="only this version (not the active one)")
+    md.add_argument("--force", action="store_true",
+                    help="cancel the queued and running jobs that use the model instead of refusing")
+    add(msub, "deactivate", help="stop serving a model; its versions stay").add_argument("name")
+    mdef = add(msub, "default", help="show the model behind predict without --model, or set it")
+    mdef.add_argument("name", nargs="?", default=None, help="make this model the default")
+    mdef.add_argument("--clear", action="store_true", help="back to the automatic choice")
 
     lab = add(sub, "labels", help="add labels by their texts to a model trained with label texts")
     lsub = lab.add_subparsers(dest="action", required=True)
@@ -138,6 +163,22 @@ def parse_params(pairs: Sequence[str], raw_json: str | None) -> dict[str, Any]:
     return params
 
 
+def check_params(client: Client, params: dict[str, Any]) -> None:
+    """Refuse options the server's TrainParams schema rejects (unknown name, wrong type, out of bounds)
+    before anything is uploaded; a server that publishes no schema leaves the checks to the job request."""
+    if not params:
+        return
+    try:
+        schema = train_params_schema(client.openapi())
+    except APIError:
+        return
+    if schema is None:
+        return
+    errors = param_errors(params, schema)
+    if errors:
+        raise UsageError("trainer options refused, nothing uploaded: " + "; ".join(errors))
+
+
 def read_rows(path: Path) -> Iterator[dict[str, Any]]:
     """Inputs from a JSONL file, streamed; blank lines are skipped; a bad line is a `path:line:` error."""
     try:
@@ -182,6 +223,76 @@ def chunks(rows: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[str,
 # -- output ---------------------------------------------------------------------------------------
 
 
+def table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    """Columns padded to their widest cell (the first row is the header), two spaces apart."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def when(value: datetime | None) -> str:
+    """A time in the local zone to the second, or '-'."""
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
+
+
+def size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)  # pragma: no cover
+
+
+def dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def metric_cells(metrics: dict[str, Any], keys: Sequence[str]) -> list[str]:
+    return [f"{metrics[k]:.3f}" if isinstance(metrics.get(k), int | float) else "-" for k in keys]
+
+
+def metric_keys(versions: Sequence[ModelVersion]) -> list[str]:
+    """The test metrics to show: p@1 and p@5 where measured, else the first two @k ones (training figures
+    such as examples_per_s are not test metrics)."""
+    present = {k for v in versions for k, x in v.metrics.items() if isinstance(x, int | float) and "@" in k}
+    preferred: list[str] = [k for k in ("p@1", "p@5") if k in present]
+    return preferred or sorted(present)[:2]
+
+
+def print_model(m: ModelInfo, versions: Sequence[ModelVersion], out: TextIO) -> None:
+    flags = [f for f, on in (("default", m.default), ("deactivated", m.deactivated)) if on]
+    out.write(f"model {m.name}" + (f" ({', '.join(flags)})" if flags else "") + "\n")
+    out.write(f"active version {dash(m.active_version)}  labels {dash(m.n_labels)}  features "
+              f"{dash(m.n_features)}  dim {dash(m.dim)}  retrieval {dash(m.retrieval)}  created "
+              f"{when(m.created_at)}\n")
+    if not versions:
+        out.write("no versions\n")
+        return
+    keys = metric_keys(versions)
+    rows = [["VERSION", "ACTIVE", "CREATED", "LABELS", "DIM", *(k.upper() for k in keys), "TEST SET",
+             "JOB", "DATASET", "LINEAGE"]]
+    for v in versions:
+        rows.append([v.version, "*" if v.active else "", when(v.created_at), dash(v.n_labels), dash(v.dim),
+                     *metric_cells(v.metrics, keys), dash(v.test_dataset), dash(v.job), dash(v.dataset),
+                     f"refused: {v.error}" if v.error else dash(v.lineage)])
+    table(rows, out)
+    if m.n_versions is not None and m.n_versions > len(versions):
+        out.write(f"(the newest {len(versions)} of {m.n_versions} versions)\n")
+
+
+def print_datasets(datasets: Sequence[DatasetInfo], out: TextIO) -> None:
+    if not datasets:
+        out.write("no datasets\n")
+        return
+    rows = [["ID", "NAME", "FORMAT", "ROWS", "LABELS", "FEATURES", "SIZE", "CREATED"]]
+    for d in datasets:
+        rows.append([d.id, dash(d.name), dash(d.format), dash(d.rows), dash(d.labels), dash(d.features),
+                     size(d.size_bytes), when(d.created_at)])
+    table(rows, out)
+
+
 def dump(obj: Any, out: TextIO) -> None:
     if hasattr(obj, "model_dump"):
         obj = obj.model_dump(mode="json")
@@ -199,6 +310,26 @@ def print_prediction(resp: PredictResponse, texts: Sequence[str], out: TextIO) -
             prob = "" if lab.prob is None else f"{lab.prob:8.4f}"
             name = lab.name if lab.name is not None else str(lab.id)
             out.write(f"  {prob}  {lab.score:9.4f}  {name}\n")
+            if lab.explanation is not None:
+                print_explanation(lab, out)
+
+
+def term(word: str | None, feature: int) -> str:
+    """A contribution's name: the word, quoted when it is a word pair; `#id` for a feature column."""
+    if word is None:
+        return f"#{feature}"
+    return json.dumps(word, ensure_ascii=False) if " " in word or not word else word
+
+
+def print_explanation(lab: LabelScore, out: TextIO, terms: int = 5) -> None:
+    """The label's bias and its largest contributions, one line: `bias 0.12  kitten +1.83  cat +1.20`."""
+    why = lab.explanation
+    assert why is not None
+    parts = [f"{term(c.word, c.feature)} {c.contribution:+.3f}" for c in why.contributions[:terms]]
+    method = "" if why.method == "exact" else f" ({why.method}, approximate)"
+    more = why.n_features - len(parts) if why.n_features is not None else 0
+    tail = f"  (+{more} more)" if more > 0 else ""
+    out.write(f"      why{method}: bias {why.bias:+.3f}  " + "  ".join(parts) + tail + "\n")
 
 
 def progress_line(job_id: str, state: str | None, prog: JobProgress | None, width: int = 28) -> str:
@@ -256,7 +387,8 @@ class ProgressView:
 
 def cmd_predict(client: Client, args: argparse.Namespace) -> int:
     opts: dict[str, Any] = {"model": args.model, "top_k": args.top_k,
-                            "normalization": args.normalization, "exact": True if args.exact else None}
+                            "normalization": args.normalization, "exact": True if args.exact else None,
+                            "explain": True if args.explain else None}
     if args.file is not None:
         if args.text:
             raise UsageError("give either texts or --file, not both")
@@ -334,6 +466,7 @@ def report_final(job: Job, out: TextIO | None = None) -> int:
 def cmd_train(client: Client, args: argparse.Namespace) -> int:
     params = parse_params(args.param, args.params)
     base = _base_arg(args)
+    check_params(client, params)
     train_id = _dataset_id(client, args.dataset)
     test_id = _dataset_id(client, args.test_dataset) if args.test_dataset else None
     if base is not None and args.replay_dataset:
@@ -376,18 +509,48 @@ def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
         dump(client.get_job(args.job_id), sys.stdout)
         return 0
     if args.action == "cancel":
-        job = client.cancel_job(args.job_id)
-        print(f"job {job.id}: {job.state}")
-        return 0
+        return cancel(client, args.job_id, args.json)
     if args.action == "logs":
-        sys.stdout.write(client.job_logs(args.job_id))
+        logs = client.job_logs(args.job_id)
+        if args.json:
+            dump({"job": args.job_id, "logs": logs}, sys.stdout)
+        else:
+            sys.stdout.write(logs)
         return 0
     if args.action == "delete":
         client.delete_job(args.job_id)
-        print(f"job {args.job_id}: deleted")
+        if args.json:
+            dump({"job": args.job_id, "deleted": True}, sys.stdout)
+        else:
+            print(f"deleted job {args.job_id}")
         return 0
     final = follow(client, args.job_id)
-    return report_final(final)
+    if args.json:
+        dump(final, sys.stdout)
+    return report_final(final, sys.stderr if args.json else None)
+
+
+def cancel(client: Client, job_id: str, as_json: bool) -> int:
+    """Cancel a job and say what happened; a job that had already ended is reported (exit 1), not an error
+    dump."""
+    try:
+        job = client.cancel_job(job_id)
+    except Conflict:
+        job = client.get_job(job_id)
+        if not job.done:
+            raise
+        if as_json:
+            dump(job, sys.stdout)
+        else:
+            print(f"job {job.id} already ended: {job.state}")
+        return 1
+    if as_json:
+        dump(job, sys.stdout)
+    elif job.state == "cancelled":
+        print(f"cancelled job {job.id}")
+    else:
+        print(f"cancelling job {job.id}: it is {job.state} and stops at its next step")
+    return 0
 
 
 def cmd_models(client: Client, args: argparse.Namespace) -> int:
@@ -400,15 +563,29 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
                 versions = ",".join(v.version for v in m.versions)
                 if m.n_versions is not None and m.n_versions > len(m.versions):
                     versions += f" (the newest {len(m.versions)} of {m.n_versions})"
-                print(f"{m.name}\tactive {m.active_version}\tversions {versions}")
+                flags = "".join(f"\t{f}" for f, on in (("default", m.default), ("deactivated", m.deactivated))
+                                if on)
+                print(f"{m.name}\tactive {m.active_version}\tversions {versions}{flags}")
         return 0
     if args.action == "show":
-        dump(client.get_model(args.name), sys.stdout)
+        model = client.get_model(args.name)
+        if args.json:
+            dump(model, sys.stdout)
+        else:
+            print_model(model, list(reversed(model.versions)), sys.stdout)  # newest first
         return 0
     if args.action == "delete":
-        client.delete_version(args.name, args.version)
-        print(f"model {args.name}: version {args.version} deleted")
+        return delete_model(client, args)
+    if args.action == "deactivate":
+        gone = client.deactivate_model(args.name)
+        if args.json:
+            dump(gone, sys.stdout)
+        else:
+            print(f"deactivated model {args.name}: not served until a version is activated "
+                  f"(ovex-client models activate {args.name} VERSION)")
         return 0
+    if args.action == "default":
+        return default_model(client, args)
     answer = client.activate(args.name, args.version)
     if args.json:
         dump(answer, sys.stdout)
@@ -417,18 +594,76 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def delete_model(client: Client, args: argparse.Namespace) -> int:
+    if args.version is not None:
+        if args.force:
+            raise UsageError("--force applies to deleting a whole model, not one version")
+        client.delete_version(args.name, args.version)
+        if args.json:
+            dump({"name": args.name, "version": args.version, "deleted": True}, sys.stdout)
+        else:
+            print(f"deleted version {args.version} of model {args.name}")
+        return 0
+    gone = client.delete_model(args.name, force=args.force)
+    if args.json:
+        dump(gone, sys.stdout)
+        return 0
+    versions = ", ".join(gone.versions) or "none"
+    print(f"deleted model {gone.name} (versions {versions})")
+    if gone.cancelled_jobs:
+        print(f"cancelled jobs {', '.join(gone.cancelled_jobs)}")
+    return 0
+
+
+def default_model(client: Client, args: argparse.Namespace) -> int:
+    if args.name is not None and args.clear:
+        raise UsageError("give a model name or --clear, not both")
+    if args.name is not None or args.clear:
+        answer = client.set_default_model(None if args.clear else args.name)
+    else:
+        answer = client.get_default_model()
+    if args.json:
+        dump(answer, sys.stdout)
+        return 0
+    sources = {"setting": "set by OVEX_DEFAULT_MODEL on the server", "api": "set with models default",
+               "automatic": "automatic: the demo model, else the oldest"}
+    source = sources.get(answer.source or "", answer.source)
+    print(f"default model {answer.default or '(none)'} ({source})")
+    if args.name is not None and answer.default != args.name:
+        print(f"note: {args.name} is recorded, but OVEX_DEFAULT_MODEL on the server keeps {answer.default}",
+              file=sys.stderr)
+    return 0
+
+
 def cmd_datasets(client: Client, args: argparse.Namespace) -> int:
     if args.action == "upload":
         if not args.file.is_file():
             raise UsageError(f"{args.file}: no such file")
-        dump(client.upload_dataset(args.file, kind=args.kind), sys.stdout)
+        info = client.upload_dataset(args.file, kind=args.kind)
+        if args.json:
+            dump(info, sys.stdout)
+        else:
+            print_datasets([info], sys.stdout)
+            if info.already_stored:
+                print(info.note or f"already stored as dataset {info.id} ({info.name}): nothing stored again")
     elif args.action == "list":
-        dump(list(client.iter_datasets()), sys.stdout)
+        datasets = list(client.iter_datasets())
+        if args.json:
+            dump(datasets, sys.stdout)
+        else:
+            print_datasets(datasets, sys.stdout)
     elif args.action == "delete":
         client.delete_dataset(args.dataset_id)
-        print(f"dataset {args.dataset_id}: deleted")
+        if args.json:
+            dump({"id": args.dataset_id, "deleted": True}, sys.stdout)
+        else:
+            print(f"deleted dataset {args.dataset_id}")
     else:
-        dump(client.get_dataset(args.dataset_id), sys.stdout)
+        info = client.get_dataset(args.dataset_id)
+        if args.json:
+            dump(info, sys.stdout)
+        else:
+            print_datasets([info], sys.stdout)
     return 0
 
 
@@ -491,6 +726,23 @@ COMMANDS = {
 }
 
 
+def unreachable(exc: TransportError, flag_url: str | None) -> str:
+    """One line: which URL was tried, what went wrong, and how to point the client elsewhere."""
+    url = _api.resolve_url(flag_url)
+    source = "--url" if flag_url else ("OVEX_URL" if os.environ.get("OVEX_URL") else "the default")
+    cause = exc.__cause__
+    if isinstance(cause, httpx.UnsupportedProtocol):
+        return f"cannot use the server URL {url!r} (from {source}): it must start with http:// or https://"
+    if isinstance(exc, RequestTimeout):
+        what = "did not answer in time (raise --timeout if it is busy)"
+    elif isinstance(cause, httpx.ConnectError):
+        reason = str(cause).split("] ", 1)[-1] or "connection failed"
+        what = f"could not be reached ({reason})"
+    else:
+        what = f"broke the connection ({str(cause or exc).split('] ', 1)[-1]})"
+    return f"the server at {url} (from {source}) {what}; set OVEX_URL or --url to where ovex runs"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -503,7 +755,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ovex-client: server said {exc.status_code}: {exc.message}", file=sys.stderr)
         return 1
     except TransportError as exc:
-        print(f"ovex-client: {exc}", file=sys.stderr)
+        print(f"ovex-client: {unreachable(exc, args.url)}", file=sys.stderr)
         return 3
     except OvexClientError as exc:
         print(f"ovex-client: {exc}", file=sys.stderr)

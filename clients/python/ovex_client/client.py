@@ -15,9 +15,12 @@ from .models import (
     ACTIVATION_EVENTS,
     ActivateResult,
     DatasetInfo,
+    DefaultModel,
     Job,
     JobEvent,
     LabelsAdded,
+    ModelDeactivated,
+    ModelDeleted,
     ModelInfo,
     ModelVersion,
     PredictInput,
@@ -133,6 +136,10 @@ class Client:
         """`GET /metrics`: the Prometheus exposition text."""
         return self._call(_api.Request("GET", "/metrics", idempotent=True), lambda r: r.text)
 
+    def openapi(self) -> Any:
+        """`GET /openapi.json`: the server's API schema (the CLI checks trainer options against it)."""
+        return self._call(_api.Request("GET", "/openapi.json", idempotent=True), _api.as_json)
+
     # -- predict ----------------------------------------------------------------------------------
 
     def predict(
@@ -143,14 +150,17 @@ class Client:
         top_k: int | None = None,
         normalization: str | None = None,
         exact: bool | None = None,
+        explain: bool | None = None,
     ) -> PredictResponse:
         """Top labels with sparse probabilities for one input or a batch.
 
         An input is text (`str`), sparse `Features`, or a mapping `{"text": ...}` /
         `{"features": {"indices": [...], "values": [...]}}`. Without `model`, the active default model
-        answers.
+        answers. `explain=True` gives each label an `explanation`: its bias and the input words (or feature
+        ids) that contributed most to its score.
         """
-        req = _api.predict(inputs, model=model, top_k=top_k, normalization=normalization, exact=exact)
+        req = _api.predict(inputs, model=model, top_k=top_k, normalization=normalization, exact=exact,
+                           explain=explain)
         return self._call(req, _api.PARSE_PREDICT)
 
     # -- models -----------------------------------------------------------------------------------
@@ -196,6 +206,24 @@ class Client:
         with label texts: the server writes its next version with them appended to the active version (or
         `base_version`), and activates it when `activate`."""
         return self._call(_api.add_labels(name, labels, activate, base_version), _api.PARSE_LABELS)
+
+    def delete_model(self, name: str, *, force: bool = False) -> ModelDeleted:
+        """Delete a model with every version; `Conflict` naming the queued/running jobs that use it, unless
+        `force` cancels them first."""
+        return self._call(_api.delete_model(name, force), _api.PARSE_MODEL_DELETED)
+
+    def deactivate_model(self, name: str) -> ModelDeactivated:
+        """Stop serving a model (its versions stay); activating one of its versions serves it again."""
+        return self._call(_api.deactivate_model(name), _api.PARSE_DEACTIVATED)
+
+    def get_default_model(self) -> DefaultModel:
+        """The model behind `predict` without a model name, and why (`source`)."""
+        return self._call(_api.get_default_model(), _api.PARSE_DEFAULT_MODEL)
+
+    def set_default_model(self, name: str | None) -> DefaultModel:
+        """Make `name` the default model for every worker; `None` returns to the automatic choice. The
+        answer says which model is the default now (OVEX_DEFAULT_MODEL, when set, still wins)."""
+        return self._call(_api.set_default_model(name), _api.PARSE_DEFAULT_MODEL)
 
     def delete_version(self, name: str, version: str | int) -> None:
         """Remove a model version's files; 409 for the active version."""

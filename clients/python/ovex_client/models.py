@@ -86,11 +86,32 @@ def inputs_to_wire(inputs: PredictInput | Sequence[PredictInput]) -> list[dict[s
     return [input_to_wire(item) for item in inputs]
 
 
+class Contribution(_Answer):
+    """What one input feature added to a label's score."""
+
+    feature: int
+    word: str | None = None  # the input's word (or word pair) behind it, for text models
+    value: float
+    contribution: float
+
+
+class Explanation(_Answer):
+    """Why a label scored as it did (`explain=True`). With `method == "exact"` (linear encoder) the score is
+    `bias` plus the sum of every feature's contribution; `gradient_x_input` is a first-order approximation."""
+
+    method: str
+    approximate: bool
+    bias: float
+    contributions: list[Contribution] = Field(default_factory=list)
+    n_features: int | None = None
+
+
 class LabelScore(_Answer):
     id: int
     name: str | None = None
     score: float
     prob: float | None = None
+    explanation: Explanation | None = None
 
 
 class Prediction(_Answer):
@@ -115,6 +136,12 @@ class ModelVersion(_Answer):
     dim: int | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
     error: str | None = None
+    created_at: datetime | None = None
+    job: Id | None = None  # the job that made it
+    dataset: Id | None = None  # the dataset it was trained on
+    base_version: Id | None = None  # the version it grew; None: trained from scratch
+    lineage: str | None = None  # in words, e.g. "v2 grows v1"
+    test_dataset: Id | None = None  # the dataset its metrics were measured on
 
 
 class ModelInfo(_Answer):
@@ -129,6 +156,9 @@ class ModelInfo(_Answer):
     # the model's newest versions are shown; how many it has, and where the older ones continue
     n_versions: int | None = None
     versions_cursor: str | None = None
+    default: bool = False  # answers predict calls made without a model name
+    deactivated: bool = False  # not served until one of its versions is activated
+    created_at: datetime | None = None  # when its first version was written
 
     @field_validator("versions", mode="before")
     @classmethod
@@ -143,6 +173,27 @@ class ActivateResult(_Answer):
     name: str
     active_version: Id
     previous_version: Id | None = None
+
+
+class DefaultModel(_Answer):
+    """The model behind `predict` without a model name, and why: `setting` (OVEX_DEFAULT_MODEL), `api`
+    (set with `set_default_model`) or `automatic` (the demo model, else the oldest)."""
+
+    default: str | None = None
+    source: str | None = None
+
+
+class ModelDeleted(_Answer):
+    """A model deleted with every version; `cancelled_jobs` were cancelled first (`force=True`)."""
+
+    name: str
+    versions: list[Id] = Field(default_factory=list)
+    cancelled_jobs: list[Id] = Field(default_factory=list)
+
+
+class ModelDeactivated(_Answer):
+    name: str
+    deactivated: bool = True
 
 
 class LabelsAdded(_Answer):
@@ -169,6 +220,11 @@ class DatasetInfo(_Answer):
     size_bytes: int | None = None
     checksum: str | None = None
     filename: str | None = None
+    created_at: datetime | None = None
+    # only on an upload of bytes stored before: nothing was stored again; `name` is what holds them
+    already_stored: bool = False
+    requested_name: str | None = None
+    note: str | None = None
 
 
 class JobProgress(_Answer):
@@ -209,6 +265,8 @@ class Job(_Answer):
     resumed_from_step: int | None = None
     cancel_requested: bool | None = None
     base: dict[str, Any] | None = None
+    label_texts: Id | None = None
+    deleted_datasets: list[Id] = Field(default_factory=list)  # datasets it names that were deleted since
 
     @property
     def done(self) -> bool:

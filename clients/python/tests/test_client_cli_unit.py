@@ -85,7 +85,9 @@ def test_exit_codes(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixtu
 def test_unreachable_server_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
     # Port 9 on loopback (discard) is closed here; the client must fail fast with a clear line.
     assert cli.main(["--url", "http://127.0.0.1:9", "--timeout", "2", "models", "list"]) == 3
-    assert "failed" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err == ("ovex-client: the server at http://127.0.0.1:9 (from --url) could not be reached "
+                   "(Connection refused); set OVEX_URL or --url to where ovex runs\n")
 
 
 class FakeTTY(io.StringIO):
