@@ -33,6 +33,26 @@ function describe(status, detail) {
   return text;
 }
 
+// The fields an error names, as [{path, name, msg}]: `path` without the leading "body" ("params.dropout"),
+// `name` its last part. From a 422's [{loc, msg}] list, from a "field: message" line, or from an Error
+// the console raised itself with a `field`.
+export function fieldErrors(err) {
+  const detail = err && err.detail;
+  if (Array.isArray(detail)) {
+    return detail.map((e) => {
+      const loc = (e.loc || []).filter((p, i) => !(i === 0 && ["body", "query", "path"].includes(p)));
+      return { path: loc.join("."), name: String(loc[loc.length - 1] ?? ""), msg: e.msg };
+    });
+  }
+  if (err && err.field) return [{ path: err.field, name: err.field, msg: err.message }];
+  const m = typeof detail === "string" ? detail.match(/^((?:body\.)?[A-Za-z_][\w.]*):\s/) : null;
+  if (m) {
+    const path = m[1].replace(/^body\./, "");
+    return [{ path, name: path.split(".").pop(), msg: detail }];
+  }
+  return [];
+}
+
 function headers(extra = {}) {
   const h = { ...extra };
   const key = getKey();

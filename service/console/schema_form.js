@@ -56,10 +56,13 @@ function control(name, prop, id) {
   return el("input", attrs);
 }
 
-// Build the controls inside `container`; returns {read()} that yields the params object (only the
-// fields the user filled in) or throws an Error naming the field at fault.
-export function buildForm(container, schema, root) {
+// Build the controls inside `container` (those named in `primary` inside `primaryContainer` instead);
+// returns {read(), field(name), showDefaults(values)}: read() yields the params object (only the fields the
+// user filled in) or throws an Error naming the field at fault; showDefaults puts the values a blank field
+// takes (a base version's, or the schema's with none) in the placeholders.
+export function buildForm(container, schema, root, { primary = [], primaryContainer = null } = {}) {
   container.replaceChildren();
+  if (primaryContainer) primaryContainer.replaceChildren();
   const s = resolve(schema, root);
   if (!s.properties) {
     const id = "param-json";
@@ -69,6 +72,8 @@ export function buildForm(container, schema, root) {
     box.append(area);
     container.append(box);
     return {
+      field: () => area,
+      showDefaults() {},
       read() {
         const text = area.value.trim();
         if (!text) return {};
@@ -93,10 +98,19 @@ export function buildForm(container, schema, root) {
       input.setAttribute("aria-describedby", hint.id);
       box.append(hint);
     }
-    container.append(box);
+    (primaryContainer && primary.includes(name) ? primaryContainer : container).append(box);
     fields.push({ name, prop, input });
   }
   return {
+    field: (name) => (fields.find((f) => f.name === name) || {}).input || null,
+    showDefaults(values = {}) {
+      for (const { name, prop, input } of fields) {
+        const v = values[name] ?? prop.default;
+        const shown = v === null || v === undefined ? "none" : String(v);
+        if (input.tagName === "SELECT") input.options[0].textContent = `default (${shown})`;
+        else input.placeholder = v === null || v === undefined ? "" : shown;
+      }
+    },
     read() {
       const out = {};
       for (const { name, prop, input } of fields) {
@@ -107,7 +121,9 @@ export function buildForm(container, schema, root) {
         else if (kind === "integer" || kind === "number") {
           const n = Number(v);
           if (!Number.isFinite(n) || (kind === "integer" && !Number.isInteger(n))) {
-            throw new Error(`${name}: ${v} is not ${kind === "integer" ? "an integer" : "a number"}`);
+            const err = new Error(`${name}: ${v} is not ${kind === "integer" ? "an integer" : "a number"}`);
+            err.field = name;
+            throw err;
           }
           out[name] = n;
         } else out[name] = v;

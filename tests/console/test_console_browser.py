@@ -86,8 +86,10 @@ def series_count(driver: Any, chart: str, series: str) -> int:
 
 
 def open_page(driver: Any, url: str, page: str) -> None:
+    """Open `#page` or an item's address (`#jobs/<id>`, `#models/<name>/<version>`) and wait for its page."""
     driver.get(f"{url}/#{page}")
-    wait_for(lambda: css(driver, f"#page-{page}").is_displayed(), what=f"the {page} page")
+    name = page.split("/")[0]
+    wait_for(lambda: css(driver, f"#page-{name}").is_displayed(), what=f"the {page} page")
 
 
 def keep_key(driver: Any, key: str) -> None:
@@ -130,7 +132,11 @@ def test_console_upload_train_predict_activate(browser: Any, server: Any, shots:
     spec = httpx.get(f"{url}/openapi.json").json()
     ref = spec["components"]["schemas"]["JobCreate"]["properties"]["params"]["$ref"]
     params_schema = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
-    assert len(css_all(browser, "#job-params-fields .field")) == len(params_schema["properties"])
+    shown = css_all(browser, "#job-params-fields .field") + css_all(browser, "#job-primary-fields .field")
+    assert len(shown) == len(params_schema["properties"])
+    # a beginner sees the few options a first job needs; the rest wait under "Advanced options"
+    assert css(browser, "#param-epochs").is_displayed() and not css(browser, "#param-dim").is_displayed()
+    css(browser, "#job-params summary").click()
     css(browser, "#job-model").send_keys("console-model")
     wait_for(lambda: len(css_all(browser, "#job-train option")) == 3, what="the dataset choices")
     select_value(css(browser, "#job-train"), by_name["synth-train.txt"])
@@ -173,8 +179,7 @@ def test_console_upload_train_predict_activate(browser: Any, server: Any, shots:
     css(browser, "#param-epochs").send_keys("2")
     select_value(css(browser, "#param-sampler"), "unigram")
     css(browser, "#job-submit").click()
-    wait_for(lambda: "needs sampler 'uniform'" in flash_text(browser), what="the 422 message")
-    assert "body.params" in flash_text(browser)
+    wait_for(lambda: "needs sampler 'uniform'" in css(browser, "#job-form").text, what="the 422 message")
 
     # ---- predict: text, the sparse distribution as bars, exact flag, the version that answered
     open_page(browser, url, "predict")
@@ -314,16 +319,18 @@ def test_console_grows_a_model_with_new_labels(browser: Any, server: Any, shots:
     css(browser, "#job-train").click()  # the name field loses focus: its versions are looked up
     wait_for(lambda: "no stored version" in css(browser, "#job-base-version").text, what="the empty choice")
     css(browser, "#job-submit").click()
-    wait_for(lambda: "no-such-model" in flash_text(browser), what="the refusal")
+    wait_for(lambda: "no-such-model" in css(browser, "#job-form").text, what="the refusal")
 
 
 def test_console_refuses_mutations_without_the_key(browser: Any, server: Any) -> None:
     open_page(browser, server.url, "models")
     css(browser, "#key-forget").click()
     wait_for(lambda: "cleared" in flash_text(browser), what="the key to be cleared")
-    wait_for(lambda: css(browser, "button[aria-label^='Activate ']"), what="an activate button").click()
-    wait_for(lambda: "missing API key" in flash_text(browser), what="the 401 message")
-    assert "Enter the server's API key" in flash_text(browser)
+    button = wait_for(lambda: css(browser, "button[aria-label^='Activate ']"), what="an activate button")
+    button.click()
+    cell = button.find_element("xpath", "ancestor::td")
+    wait_for(lambda: "missing API key" in cell.text, what="the 401 message beside the button")
+    assert "Enter the server's API key" in cell.text
 
 
 def test_console_is_labelled_keyboard_usable_and_fits_a_phone(browser: Any, server: Any, shots: Path) -> None:
@@ -423,3 +430,302 @@ def test_console_pages_the_older_versions_of_a_model(browser: Any, server: Any) 
     assert f"all {many} versions" in card.text
     assert not card.find_element("css selector", older).is_displayed()
     assert card.find_element("css selector", "button[aria-label='Activate crowded version 1']")
+
+
+# ------------------------------------------------------------------------------ the first hour
+
+
+def _job(server: Any, body: dict[str, Any]) -> str:
+    r = httpx.post(f"{server.url}/v1/jobs", headers={"X-API-Key": server.api_key}, json=body, timeout=30)
+    assert r.status_code in (200, 201, 202), r.text
+    return str(r.json()["id"])
+
+
+def _ended(server: Any, job_id: str, timeout: float = 300) -> dict[str, Any]:
+    def done() -> Any:
+        j = httpx.get(f"{server.url}/v1/jobs/{job_id}", headers={"X-API-Key": server.api_key}).json()
+        return j if j["state"] in ("succeeded", "failed", "cancelled") else None
+    job: dict[str, Any] = wait_for(done, timeout=timeout, what=f"job {job_id} to end")
+    return job
+
+
+@pytest.fixture(scope="module")
+def data_ids(server: Any) -> dict[str, str]:
+    """The synthetic train and test sets, uploaded (again, under other names) for the tests below."""
+    return {"train": _upload(server, server.root / "train.txt", "hour-train"),
+            "test": _upload(server, server.root / "test.txt", "hour-test")}
+
+
+def in_viewport(driver: Any, element: Any) -> bool:
+    return bool(driver.execute_script(
+        "const r = arguments[0].getBoundingClientRect();"
+        "return r.height > 0 && r.top >= 0 && r.bottom <= window.innerHeight;", element))
+
+
+def with_key(driver: Any, server: Any, key: str | None = None) -> None:
+    open_page(driver, server.url, "home")
+    driver.execute_script("sessionStorage.setItem('ovex.apiKey', arguments[0])", key or server.api_key)
+    driver.refresh()  # a fresh page: nothing left open or marked by an earlier test
+    wait_for(lambda: css(driver, "#page-home").is_displayed(), what="the home page")
+
+
+def test_errors_appear_beside_their_control_in_the_viewport(
+    browser: Any, server: Any, data_ids: dict[str, str]
+) -> None:
+    """A refused job (dropout 1) and a wrong key on Activate: the message is in sight after the click, under
+    the field it names, however far down the page was scrolled."""
+    with_key(browser, server)
+    open_page(browser, server.url, "jobs")
+    wait_for(lambda: css(browser, "#param-dropout"), what="the options form")
+    css(browser, "#job-model").send_keys("refused")
+    option = f"#job-train option[value='{data_ids['train']}']"
+    wait_for(lambda: len(css_all(browser, option)) == 1, what="datasets")
+    select_value(css(browser, "#job-train"), data_ids["train"])
+    css(browser, "#job-params summary").click()
+    css(browser, "#param-dropout").send_keys("1")
+    css(browser, "#job-params summary").click()  # collapsed again: the error must open it
+    browser.execute_script("window.scrollTo(0, document.body.scrollHeight)")
+    css(browser, "#job-submit").click()
+    err = wait_for(lambda: css(browser, ".inline-error[data-field='dropout']"), what="the dropout error")
+    assert in_viewport(browser, err), "the error is out of sight"
+    assert "params.dropout" in err.text and "less than 1" in err.text
+    assert css(browser, "#param-dropout").get_attribute("aria-invalid") == "true"
+    assert css(browser, "#job-params").get_attribute("open") is not None
+    summary = css(browser, "#job-submit").find_element("xpath", "following-sibling::p[1]")
+    assert "dropout" in summary.text  # beside the button as well
+    # Activate with a wrong key, far down the models page
+    shutil.copytree(server.root / "models" / "sparse" / "1", server.root / "models" / "zz-keyed" / "1")
+    shutil.copytree(server.root / "models" / "sparse" / "1", server.root / "models" / "zz-keyed" / "2")
+    wait_for(lambda: httpx.get(f"{server.url}/v1/models/zz-keyed").status_code == 200, timeout=60,
+             what="zz-keyed")
+    with_key(browser, server, "a-wrong-key")
+    open_page(browser, server.url, "models")
+    button = wait_for(lambda: css(browser, "button[aria-label='Activate zz-keyed version 1']"),
+                      what="activate")
+    browser.execute_script("window.scrollTo(0, document.body.scrollHeight)")
+    button.click()
+    err = wait_for(lambda: button.find_element("xpath", "ancestor::td").find_element(
+        "css selector", ".inline-error"), what="the key error")
+    assert in_viewport(browser, err) and "API key" in err.text
+    with_key(browser, server)
+
+
+def test_job_form_is_short_and_a_base_shows_its_own_values(
+    browser: Any, server: Any, data_ids: dict[str, str]
+) -> None:
+    job = _ended(server, _job(server, {"model": "based", "train_dataset": data_ids["train"],
+                                       "params": {"epochs": 1, "dim": 24, "batch_size": 64}}))
+    assert job["state"] == "succeeded", job
+    with_key(browser, server)
+    open_page(browser, server.url, "jobs")
+    wait_for(lambda: css(browser, "#param-epochs"), what="the options form")
+    visible = [e.get_attribute("id") for e in css_all(browser, "#job-form input, #job-form select")
+               if e.is_displayed()]
+    assert visible == ["job-model", "job-train", "job-test", "param-epochs", "job-activate", "job-continue"]
+    assert css(browser, "#job-params").get_attribute("open") is None
+    assert css(browser, "#param-dim").get_attribute("placeholder") == "512"
+    open_page(browser, server.url, "models")
+    grow = "button[aria-label='Grow based version 1 with new data']"
+    wait_for(lambda: css(browser, grow), what="grow").click()
+    wait_for(lambda: css(browser, "#param-dim").get_attribute("placeholder") == "24", what="the base's dim")
+    assert css(browser, "#param-epochs").get_attribute("placeholder") == "1"
+    assert "based version 1" in css(browser, "#job-params-note").text
+
+
+def test_job_charts_urls_activation_and_live_table(
+    browser: Any, server: Any, data_ids: dict[str, str]
+) -> None:
+    with_key(browser, server)
+    open_page(browser, server.url, "jobs")
+    wait_for(lambda: css(browser, "#jobs-list"), what="the jobs list")
+    before = css(browser, "#jobs-list").get_attribute("data-updated")
+    tested = _job(server, {"model": "charted", "train_dataset": data_ids["train"],
+                           "test_dataset": data_ids["test"],
+                           "params": {"epochs": 3, "dim": 16, "batch_size": 32}, "activate": True})
+    # the recent jobs follow the server without a click
+    wait_for(lambda: css_all(browser, f"#jobs-list tr[data-job='{tested}']"), timeout=20,
+             what="the new job's row")
+    assert css(browser, "#jobs-list").get_attribute("data-updated") != before
+    _ended(server, tested)
+    # the job's own address reopens it after a reload
+    browser.get(f"{server.url}/#jobs/{tested}")
+    browser.refresh()
+    wait_for(lambda: tested in css(browser, "#job-detail-title").text, what="the job from its URL")
+    wait_for(lambda: css(browser, "#job-state").text == "succeeded", what="its state")
+    badge = wait_for(lambda: css(browser, "#job-activated-badge"), timeout=60, what="the activation")
+    assert "is active" in badge.text
+    # loss per step with one epoch mark and one epoch-mean point per epoch; a grid and several ticks
+    assert series_count(browser, "chart-loss", "epoch mean") == 3
+    assert len(css_all(browser, "#chart-loss .mark")) == 3
+    assert len(css_all(browser, "#chart-loss .grid line")) >= 5
+    assert len(css_all(browser, "#chart-loss text.tick.y")) >= 3
+    assert len(css_all(browser, "#chart-loss text.tick.x")) >= 3
+    assert css_all(browser, "#chart-loss text.tick.time")  # the elapsed-time axis
+    assert "elapsed" in css(browser, "#job-timing").text
+    from selenium.webdriver.common.action_chains import ActionChains
+    area = css(browser, "#chart-pk .hover-area")
+    ActionChains(browser).move_to_element(area).perform()
+    hover = wait_for(lambda: css(browser, "#chart-pk").get_attribute("data-hover"), what="a hover readout")
+    assert "epoch" in hover and "p@1" in hover
+    assert series_count(browser, "chart-pk", "p@1") == 3
+    assert "hour-test (300 rows)" in css(browser, "#chart-pk-caption").text
+    browser.save_screenshot(str(server.root / "job-charted.png"))
+
+    bare = _job(server, {"model": "charted", "train_dataset": data_ids["train"],
+                         "params": {"epochs": 1, "dim": 16}})
+    browser.get(f"{server.url}/#jobs/{bare}")
+    wait_for(lambda: bare in css(browser, "#job-detail-title").text, what="the bare job")
+    assert "no test set" in css(browser, "#chart-pk").text
+    _ended(server, bare)
+
+
+def test_log_scale_when_values_span_decades(browser: Any, server: Any) -> None:
+    open_page(browser, server.url, "home")
+    scales = browser.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        import('/console/chart.js').then(({ drawChart }) => {
+          const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
+          document.body.append(svg);
+          const out = [];
+          const line = (points) => [{name: 'loss', color: '#000', points}];
+          drawChart(svg, line([[1, 9], [2, 0.5], [3, 0.004]]), {log: 'auto'});
+          out.push(svg.getAttribute('data-scale'), svg.querySelectorAll('text.tick.y').length);
+          drawChart(svg, line([[1, 0.9], [2, 0.5], [3, 0.4]]), {log: 'auto'});
+          out.push(svg.getAttribute('data-scale'));
+          svg.remove();
+          done(out);
+        });""")
+    assert scales[0] == "log" and scales[1] >= 3 and scales[2] == "linear"
+
+
+def test_predict_follows_the_model_and_gives_its_request(browser: Any, server: Any) -> None:
+    import subprocess
+
+    open_page(browser, server.url, "predict")
+    wait_for(lambda: css_all(browser, "#predict-model option[value='sparse']"), what="the models")
+    select_value(css(browser, "#predict-model"), "sparse")
+    wait_for(lambda: css(browser, "#predict-features").is_displayed(), what="the features box for sparse")
+    assert not css(browser, "#predict-text").is_displayed()
+    css(browser, "#predict-features").send_keys("3:1 17:1 42:1")
+    css(browser, "#predict-submit").click()
+    wait_for(lambda: css(browser, "#answer-model").text == "sparse", what="the answer")
+    names = [e.text for e in css_all(browser, "#answer-bars .label-name")]
+    assert names and all(n.startswith("label ") and "#" not in n for n in names), names
+    # the request as curl runs and gives the same labels
+    css(browser, "#predict-code summary").click()
+    curl = css(browser, "#code-curl").text
+    assert "/v1/models/sparse/predict" in curl and '"indices":[3,17,42]' in curl
+    out = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=30)
+    answer = json.loads(out.stdout)
+    assert [f"label {lab['id']}" for lab in answer["predictions"][0]["labels"]] == names
+    assert "httpx.post(" in css(browser, "#code-python").text
+    # an error takes the previous answer away and sits beside the field it names
+    select_value(css(browser, "#predict-model"), "demo")
+    wait_for(lambda: css(browser, "#predict-text").is_displayed(), what="the text box for demo")
+    css(browser, "#predict-topk").clear()
+    css(browser, "#predict-topk").send_keys("100000")
+    css(browser, "#predict-text").send_keys("rocket orbit")
+    browser.execute_script("window.scrollTo(0, document.body.scrollHeight)")
+    css(browser, "#predict-submit").click()
+    err = wait_for(lambda: css(browser, "#predict-form .inline-error"), what="the refusal")
+    assert not css_all(browser, "#answer-bars"), "the earlier answer is still shown"
+    assert in_viewport(browser, err) and "top_k" in err.text
+
+
+def test_predict_explains_with_highlighted_words(browser: Any, server: Any) -> None:
+    spec = httpx.get(f"{server.url}/openapi.json").json()
+    if "explain" not in spec["components"]["schemas"]["PredictRequest"]["properties"]:
+        pytest.skip("this server has no explanations")
+    with_key(browser, server)  # a fresh page
+    open_page(browser, server.url, "predict")
+    wait_for(lambda: css_all(browser, "#predict-model option[value='demo']"), what="the models")
+    select_value(css(browser, "#predict-model"), "demo")
+    wait_for(lambda: css(browser, "#predict-text").is_displayed(), what="the text box")
+    css(browser, "#predict-text").clear()
+    css(browser, "#predict-text").send_keys("rocket orbit guitar")
+    css(browser, "#predict-explain").click()
+    css(browser, "#predict-submit").click()
+    marks = wait_for(lambda: css_all(browser, "#answer-bars li:first-child .explain mark"),
+                     what="highlighted words")
+    assert {m.text for m in marks} <= {"rocket", "orbit", "guitar"} and any(m.text == "rocket" for m in marks)
+    assert all(m.get_attribute("data-contribution") for m in marks)
+
+
+def test_home_shows_what_serves_the_next_step_and_live_traffic(browser: Any, server: Any) -> None:
+    with_key(browser, server)
+    for _ in range(5):
+        httpx.post(f"{server.url}/v1/models/demo/predict", json={"inputs": [{"text": "rocket"}]})
+    bad = httpx.post(f"{server.url}/v1/models/demo/predict", json={"inputs": [{"text": 5}]})
+    assert bad.status_code == 422
+    open_page(browser, server.url, "home")
+    wait_for(lambda: css_all(browser, "#home-served tr"), what="the served models")
+    assert "demo" in css(browser, "#home-served").text and "default" in css(browser, "#home-served").text
+    assert css(browser, "#next-step").get_attribute("href")
+    row = wait_for(lambda: css(browser, "#home-traffic tr[data-route='POST /v1/models/{name}/predict']"),
+                   what="the predict route's traffic")
+    cells = [c.text for c in row.find_elements("css selector", "td")]
+    assert cells[2].endswith("ms") and cells[3].endswith("ms") and cells[4].startswith("1")
+    assert int(cells[5].replace(",", "")) >= 6
+    wait_for(lambda: css(browser, "#home-models-traffic tr[data-model='demo']"), what="demo's rows")
+    # requests per second from two reads
+    for _ in range(4):
+        httpx.post(f"{server.url}/v1/models/demo/predict", json={"inputs": [{"text": "rocket"}]})
+    rate = "#home-traffic tr[data-route='POST /v1/models/{name}/predict'] td:nth-child(2)"
+    wait_for(lambda: float(css(browser, rate).text.replace("…", "0")) > 0, timeout=15, what="a request rate")
+
+
+def test_a_new_server_says_upload_a_dataset_first(browser: Any, server: Any, tmp_path: Path) -> None:
+    live = load_live_server()
+    shutil.copytree(server.root / "models" / "demo", tmp_path / "models" / "demo")  # a model, no data yet
+    with live.live_server(tmp_path, default_model=None) as srv:
+        open_page(browser, srv.url, "home")
+        browser.execute_script("sessionStorage.setItem('ovex.apiKey', arguments[0])", srv.api_key)
+        browser.refresh()
+        step = wait_for(lambda: css(browser, "#next-step"), what="the next step")
+        assert step.text == "upload a dataset" and step.get_attribute("href").endswith("#datasets")
+
+
+def test_delete_from_the_console_after_a_confirmation(browser: Any, server: Any) -> None:
+    for v in ("1", "2"):
+        shutil.copytree(server.root / "models" / "sparse" / "1", server.root / "models" / "zz-gone" / v)
+    wait_for(lambda: httpx.get(f"{server.url}/v1/models/zz-gone").status_code == 200, timeout=60,
+             what="zz-gone")
+    ds = _upload(server, server.root / "test.txt", "to-delete")
+    with_key(browser, server)
+    open_page(browser, server.url, "models")
+    button = wait_for(lambda: css(browser, "button[aria-label='Delete zz-gone version 1']"), what="delete v1")
+    button.click()
+    browser.switch_to.alert.dismiss()  # "no": nothing happens
+    time.sleep(0.5)
+    versions = lambda: [v["version"] for v in httpx.get(f"{server.url}/v1/models/zz-gone").json()["versions"]]  # noqa: E731
+    assert versions() == ["1", "2"]
+    button.click()
+    browser.switch_to.alert.accept()
+    wait_for(lambda: "version 1 deleted" in flash_text(browser), what="the deletion")
+    assert versions() == ["2"]
+    assert not css_all(browser, "button[aria-label='Delete zz-gone version 1']")
+
+    open_page(browser, server.url, f"datasets/{ds}")
+    wait_for(lambda: "to-delete" in css(browser, "#dataset-detail").text, what="the dataset from its URL")
+    css(browser, f"tr[data-dataset='{ds}'] button.danger").click()
+    browser.switch_to.alert.accept()
+    wait_for(lambda: not css_all(browser, f"tr[data-dataset='{ds}']"), what="the dataset to go")
+    gone = httpx.get(f"{server.url}/v1/datasets/{ds}", headers={"X-API-Key": server.api_key})
+    assert gone.status_code == 404
+
+    spec = httpx.get(f"{server.url}/openapi.json").json()
+    if "delete" not in spec["paths"]["/v1/models/{name}"]:
+        return  # this server cannot delete a whole model
+    open_page(browser, server.url, "models/zz-gone")
+    wait_for(lambda: css(browser, "button[aria-label='Delete model zz-gone']"), what="delete model").click()
+    browser.switch_to.alert.accept()
+    wait_for(lambda: not css_all(browser, "#model-zz-gone"), timeout=30, what="the model to go")
+    assert httpx.get(f"{server.url}/v1/models/zz-gone").status_code == 404
+
+
+def test_models_and_versions_have_addresses(browser: Any, server: Any) -> None:
+    open_page(browser, server.url, "models/sparse/1")
+    row = wait_for(lambda: css(browser, "#model-sparse").find_element("xpath", "ancestor::article")
+                   .find_element("css selector", "tr[data-version='1']"), what="the version row")
+    wait_for(lambda: "target" in (row.get_attribute("class") or ""), what="the version marked")
+    assert in_viewport(browser, row)
