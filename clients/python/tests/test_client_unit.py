@@ -391,3 +391,80 @@ def test_async_client_mirrors_the_sync_one() -> None:
 
     asyncio.run(run())
     assert calls.count("POST /v1/jobs") == 1
+
+
+def test_model_management_and_explain_send_the_api_shapes_in_both_clients() -> None:
+    """delete_model(force), deactivate_model, get/set_default_model and predict(explain) in Client and
+    AsyncClient: the same method, path, query and body, and typed answers."""
+    seen: list[tuple[str, str, str, Any]] = []
+    why = {"method": "exact", "approximate": False, "bias": 0.5, "n_features": 2,
+           "contributions": [{"feature": 7, "word": "cat", "value": 0.7, "contribution": 1.5}]}
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        body = json.loads(req.content) if req.content else None
+        path = req.url.raw_path.decode().split("?")[0]  # as sent: a "/" in a name stays escaped
+        seen.append((req.method, path, req.url.query.decode(), body))
+        if path == "/v1/models/a%2Fb":
+            return httpx.Response(200, json={"name": "a/b", "versions": ["1", "2"], "cancelled_jobs": ["j9"]})
+        if req.url.path.endswith("/deactivate"):
+            return httpx.Response(200, json={"name": "m", "deactivated": True})
+        if req.url.path == "/v1/default-model":
+            return httpx.Response(200, json={"default": (body or {}).get("model", "demo"), "source": "api"})
+        labels = [{"id": 1, "name": "cats", "score": 2.0, "prob": 1.0, "explanation": why}]
+        answer = {"model": "demo", "version": "1", "predictions": [{"labels": labels}]}
+        return httpx.Response(200, json=answer)
+
+    def check(results: list[Any]) -> None:
+        gone, off, now, setto, cleared, pred = results
+        assert gone.versions == ["1", "2"] and gone.cancelled_jobs == ["j9"]
+        assert off.deactivated is True and now.default == "demo" and setto.default == "m"
+        assert cleared.default is None
+        expl = pred.predictions[0].labels[0].explanation
+        assert expl.method == "exact" and expl.contributions[0].word == "cat" and expl.n_features == 2
+        assert seen == [
+            ("DELETE", "/v1/models/a%2Fb", "force=true", None),
+            ("POST", "/v1/models/m/deactivate", "", None),
+            ("GET", "/v1/default-model", "", None),
+            ("PUT", "/v1/default-model", "", {"model": "m"}),
+            ("PUT", "/v1/default-model", "", {"model": None}),
+            ("POST", "/v1/predict", "", {"inputs": [{"text": "a cat"}], "top_k": 3, "explain": True}),
+        ]
+        seen.clear()
+
+    client, _ = make_client(handler)
+    check([client.delete_model("a/b", force=True), client.deactivate_model("m"), client.get_default_model(),
+           client.set_default_model("m"), client.set_default_model(None),
+           client.predict("a cat", top_k=3, explain=True)])
+
+    async def run() -> list[Any]:
+        async with AsyncClient("http://ovex.test", "k", transport=httpx.MockTransport(handler)) as ac:
+            return [await ac.delete_model("a/b", force=True), await ac.deactivate_model("m"),
+                    await ac.get_default_model(), await ac.set_default_model("m"),
+                    await ac.set_default_model(None), await ac.predict("a cat", top_k=3, explain=True)]
+
+    check(asyncio.run(run()))
+
+
+def test_params_are_checked_against_the_published_schema() -> None:
+    from ovex_client.params_schema import param_errors, train_params_schema
+
+    doc = {"components": {"schemas": {
+        "JobCreate": {"properties": {
+            "train_dataset": {"type": "string"},
+            "params": {"anyOf": [{"$ref": "#/components/schemas/P"}, {"type": "null"}]}}},
+        "P": {"properties": {"epochs": {"type": "integer", "minimum": 1}, "lr": {"type": "number"},
+                             "tfidf": {"type": "boolean"}, "loss": {"enum": ["ove", "softmax"]},
+                             "seed": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}},
+    }}}
+    schema = train_params_schema(doc)
+    assert schema is doc["components"]["schemas"]["P"]
+    ok = {"epochs": 2, "lr": 1, "tfidf": False, "loss": "ove", "seed": None}
+    assert param_errors(ok, schema) == []
+    assert param_errors({"epoch": 2, "epochs": True, "lr": "x", "loss": "x", "seed": 1.5, "tfidf": 0},
+                        schema) == [
+        "epoch: not a trainer option (did you mean epochs?)", "epochs=true: must be an integer",
+        "lr=x: must be a number", "loss=x: must be one of ove, softmax", "seed=1.5: must be an integer",
+        "tfidf=0: must be true or false",
+    ]
+    assert param_errors({"epochs": 0}, schema) == ["epochs=0: must be at least 1"]
+    assert train_params_schema({"openapi": "3.1"}) is None
