@@ -436,7 +436,8 @@ def _dataset_id(client: Client, ref: str) -> str:
     path = Path(ref)
     if path.is_file():
         info = client.upload_dataset(path)
-        print(f"uploaded {path} as dataset {info.id} ({info.rows} rows, {info.labels} labels)",
+        what = "already stored" if info.already_stored else "uploaded"
+        print(f"{what} {path} as dataset {info.id} ({info.rows} rows, {info.labels} labels)",
               file=sys.stderr)
         return info.id
     if os.sep in ref or ref.endswith((".txt", ".jsonl", ".json")):

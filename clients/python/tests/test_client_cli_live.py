@@ -68,7 +68,8 @@ def test_train_follow_jobs_and_models(
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "uploaded" in proc.stderr and "submitted job" in proc.stderr
+    assert f"uploaded {train_file} as dataset" in proc.stderr or f"already stored {train_file}" in proc.stderr
+    assert "submitted job" in proc.stderr
     assert "succeeded" in proc.stderr  # the progress lines end with the final state
     assert "succeeded: model cli-model as version" in proc.stdout
     version = proc.stdout.strip().rsplit(" ", 1)[-1]

@@ -84,7 +84,7 @@ def test_bad_params_are_refused_before_any_upload(
     for flags, message in cases:
         code, out, err = run(["train", "--dataset", str(data), "--model", "never", *flags], capsys)
         assert code == 2, err
-        assert message in err and "uploaded " not in err and out == ""  # not "uploaded FILE as ..."
+        assert message in err and str(data) not in err and out == ""  # no "uploaded FILE as ..." line
         assert err.count("\n") == 1
     assert {d.id for d in client.iter_datasets()} == before
 
