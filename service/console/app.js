@@ -170,6 +170,12 @@ function versionRow(m, v) {
       ? el("span", { class: "badge active" }, "active")
       : v.error ? el("span", { class: "badge failed", title: v.error }, "refused") : "available"),
     METRIC_KEYS.map((k) => el("td", { class: "num" }, num(v.metrics[k]))),
+    el("td", { class: "test-set" }, v.test_dataset ? datasetName(v.test_dataset) : Object.keys(v.metrics).length ? "?" : "–"),
+    el("td", { class: "origin" },
+      v.created_at ? el("span", { class: "muted" }, new Date(v.created_at * 1000).toLocaleString()) : "",
+      v.lineage ? el("div", { class: "lineage" }, v.lineage) : "",
+      v.job ? el("div", {}, "by ", el("a", { href: link("jobs", v.job) }, `job ${v.job.slice(4, 12)}`),
+        v.dataset ? [" on ", datasetName(v.dataset)] : "") : ""),
     el("td", { class: "actions" },
       v.active ? "" : el("button", {
         type: "button",
@@ -216,6 +222,32 @@ async function canDeleteModels() {
   return modelDeletes;
 }
 
+async function deactivate(name, button) {
+  if (!window.confirm(`Stop serving ${name}? Its versions stay; activating one serves it again.`)) return;
+  button.disabled = true;
+  try {
+    await api(`/v1/models/${encodeURIComponent(name)}/deactivate`, { method: "POST" });
+    flash("ok", `${name} is deactivated: it answers no prediction until a version is activated.`);
+    await loadModels();
+    readiness();
+  } catch (err) {
+    button.disabled = false;
+    showError(button, err);
+  }
+}
+
+async function makeDefault(name, button) {
+  button.disabled = true;
+  try {
+    const r = await api("/v1/default-model", { method: "PUT", json: { model: name } });
+    flash("ok", `POST /v1/predict now answers with ${r.default}.`);
+    await loadModels();
+  } catch (err) {
+    button.disabled = false;
+    showError(button, err);
+  }
+}
+
 async function deleteModel(name, button) {
   if (!window.confirm(`Delete the model ${name} with all its versions? This cannot be undone.`)) return;
   button.disabled = true;
@@ -229,6 +261,12 @@ async function deleteModel(name, button) {
     button.disabled = false;
     showError(button, err);
   }
+}
+
+// A dataset by its name, linked (its id where this page does not know it: no key, or deleted).
+function datasetName(id) {
+  const d = datasets.find((x) => x.id === id);
+  return el("a", { href: link("datasets", id), title: id }, d ? d.name : id);
 }
 
 // A model shows its newest versions; the older ones are fetched a page at a time, above them.
@@ -262,7 +300,9 @@ function olderVersions(m, tbody) {
 
 async function loadModels(target, version) {
   const box = $("#models-list");
-  const [data, deletable] = await Promise.all([allModels(), canDeleteModels()]);
+  const [data, deletable] = await Promise.all([allModels(), canDeleteModels(),
+    api("/v1/datasets").then((r) => { datasets = r.datasets; }).catch(() => {})]);
+  const dflt = await api("/v1/default-model").catch(() => null);
   if (data.models.length === 0) {
     box.replaceChildren(el("p", { class: "muted" }, "No model yet: train one on the Jobs page."));
     return;
@@ -270,7 +310,7 @@ async function loadModels(target, version) {
   box.replaceChildren(
     ...data.models.map((m) => {
       const versions = table(
-        [["version"], ["state"], ...METRIC_KEYS.map((k) => [k, "num"]), [""]],
+        [["version"], ["state"], ...METRIC_KEYS.map((k) => [k, "num"]), ["measured on"], ["made"], [""]],
         m.versions.map((v) => versionRow(m, v)),
       );
       return el(
@@ -282,9 +322,21 @@ async function loadModels(target, version) {
           el("h3", { id: `model-${m.name}` }, el("a", { href: link("models", m.name) }, m.name),
             data.default === m.name ? " (default)" : ""),
           el("span", { class: "muted" },
-            m.active_version ? `active: version ${m.active_version}` : "no active version",
+            m.deactivated ? "deactivated: not served (activate a version to serve it)"
+              : m.active_version ? `active: version ${m.active_version}` : "no active version",
             m.n_labels ? ` · ${m.n_labels.toLocaleString()} labels · ${m.n_features.toLocaleString()} features · dim ${m.dim}` : "",
             m.retrieval ? ` · ${m.retrieval}` : ""),
+          m.active_version && !m.deactivated ? el("button", {
+            type: "button", class: "secondary", "aria-label": `Deactivate ${m.name}`,
+            title: "stop serving it; its versions stay, activating one serves it again",
+            onclick: (e) => deactivate(m.name, e.currentTarget),
+          }, "Deactivate") : "",
+          dflt && data.default !== m.name && m.active_version ? el("button", {
+            type: "button", class: "secondary", "aria-label": `Make ${m.name} the default model`,
+            disabled: dflt.source === "setting",
+            title: dflt.source === "setting" ? "OVEX_DEFAULT_MODEL sets the default on this server" : "answer POST /v1/predict with it",
+            onclick: (e) => makeDefault(m.name, e.currentTarget),
+          }, "Make default") : "",
           deletable ? el("button", {
             type: "button", class: "danger", "aria-label": `Delete model ${m.name}`,
             onclick: (e) => deleteModel(m.name, e.currentTarget),
