@@ -105,10 +105,17 @@ def shoot(driver: Any, srv: Any, job_id: str, out: Path) -> list[Path]:
                 css("#predict-submit").click()
                 wait(lambda: css("#answer-bars li"))
             time.sleep(0.6)
-            height = min(driver.execute_script("return document.documentElement.scrollHeight"), MAX_HEIGHT)
-            driver.set_window_size(w, height)
+            height = h
+            for _ in range(3):  # the window's frame takes some of its height: grow until the page fits
+                missing = driver.execute_script(
+                    "return document.documentElement.scrollHeight - window.innerHeight")
+                if missing <= 0 or height >= MAX_HEIGHT:
+                    break
+                height = min(height + missing, MAX_HEIGHT)
+                driver.set_window_size(w, height)
+                time.sleep(0.4)
             driver.execute_script("window.scrollTo(0, 0)")
-            time.sleep(0.4)
+            time.sleep(0.2)
             path = out / f"console-{page}-{w}.png"
             driver.save_screenshot(str(path))
             made.append(path)

@@ -170,7 +170,7 @@ function versionRow(m, v) {
       ? el("span", { class: "badge active" }, "active")
       : v.error ? el("span", { class: "badge failed", title: v.error }, "refused") : "available"),
     METRIC_KEYS.map((k) => el("td", { class: "num" }, num(v.metrics[k]))),
-    el("td", { class: "test-set" }, v.test_dataset ? datasetName(v.test_dataset) : Object.keys(v.metrics).length ? "?" : "–"),
+    el("td", { class: "test-set" }, v.test_dataset ? datasetName(v.test_dataset) : METRIC_KEYS.some((k) => v.metrics[k] !== undefined) ? "not recorded" : "–"),
     el("td", { class: "origin" },
       v.created_at ? el("span", { class: "muted" }, new Date(v.created_at * 1000).toLocaleString()) : "",
       v.lineage ? el("div", { class: "lineage" }, v.lineage) : "",
