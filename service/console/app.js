@@ -298,11 +298,14 @@ function olderVersions(m, tbody) {
   return el("p", { class: "older-versions" }, note, " ", button);
 }
 
+let modelsShown = 0;
 async function loadModels(target, version) {
   const box = $("#models-list");
+  const mine = ++modelsShown; // a later call's answer wins over one still on its way
   const [data, deletable] = await Promise.all([allModels(), canDeleteModels(),
     api("/v1/datasets").then((r) => { datasets = r.datasets; }).catch(() => {})]);
   const dflt = await api("/v1/default-model").catch(() => null);
+  if (mine !== modelsShown) return;
   if (data.models.length === 0) {
     box.replaceChildren(el("p", { class: "muted" }, "No model yet: train one on the Jobs page."));
     return;

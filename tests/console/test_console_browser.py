@@ -736,9 +736,8 @@ def test_delete_from_the_console_after_a_confirmation(browser: Any, server: Any)
 
 def test_models_and_versions_have_addresses(browser: Any, server: Any) -> None:
     open_page(browser, server.url, "models/sparse/1")
-    row = wait_for(lambda: css(browser, "#model-sparse").find_element("xpath", "ancestor::article")
-                   .find_element("css selector", "tr[data-version='1']"), what="the version row")
-    wait_for(lambda: "target" in (row.get_attribute("class") or ""), what="the version marked")
+    row = wait_for(lambda: css(browser, "article:has(#model-sparse) tr.target[data-version='1']"),
+                   what="the version row, marked")
     assert in_viewport(browser, row)
 
 
