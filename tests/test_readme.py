@@ -21,6 +21,7 @@ from tests.live import load_live_server
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+CONFIGURATION = ROOT / "docs" / "configuration.md"  # the settings table, linked from the README
 VENV_BIN = Path(sys.executable).parent
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 README_URL = "http://127.0.0.1:8000"
@@ -28,8 +29,8 @@ README_URL = "http://127.0.0.1:8000"
 NON_SETTINGS = {"OVEX_URL", "OVEX_DEMO", "OVEX_PUBLISH"}
 
 
-def blocks(kind: str) -> list[str]:
-    return [body for lang, body in BLOCK.findall(README.read_text()) if lang == kind]
+def blocks(kind: str, *docs: Path) -> list[str]:
+    return [body for doc in (README, *docs) for lang, body in BLOCK.findall(doc.read_text()) if lang == kind]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,8 @@ def test_readme_sh_commands_exist_as_written() -> None:
     makefile = (ROOT / "Makefile").read_text()
     compose = (ROOT / "docker-compose.yml").read_text()
     docker_test = (ROOT / "scripts" / "test-docker.sh").read_text()
-    lines = [ln.strip() for body in blocks("sh") for ln in body.splitlines() if ln.strip()]
+    docker_doc = ROOT / "docs" / "docker.md"
+    lines = [ln.strip() for body in blocks("sh", docker_doc) for ln in body.splitlines() if ln.strip()]
     assert lines
     for line in lines:
         cmd = line.split("#")[0].strip()
@@ -122,13 +124,12 @@ def test_readme_sh_commands_exist_as_written() -> None:
 def test_readme_configuration_lists_every_setting() -> None:
     from service.settings import Settings
 
-    text = README.read_text()
+    text = README.read_text() + CONFIGURATION.read_text()
     documented = set(re.findall(r"\bOVEX_[A-Z0-9_]+", text))
     settings = {f"OVEX_{name.upper()}" for name in Settings.model_fields}
-    assert settings - documented == set(), "settings missing from the README"
-    assert documented - settings - NON_SETTINGS == set(), "README names variables nothing reads"
-    table = text.split("## Configuration", 1)[1].split("\n## ", 1)[0]
-    assert settings <= set(re.findall(r"\bOVEX_[A-Z0-9_]+", table))
+    assert settings - documented == set(), "settings missing from the README and docs/configuration.md"
+    assert documented - settings - NON_SETTINGS == set(), "the docs name variables nothing reads"
+    assert settings <= set(re.findall(r"\bOVEX_[A-Z0-9_]+", CONFIGURATION.read_text()))
 
 
 def test_readme_opens_with_the_two_setup_commands() -> None:
@@ -229,7 +230,7 @@ def _table_default(text: str) -> Any:
 def test_readme_configuration_defaults_are_the_settings_defaults() -> None:
     from service.settings import Settings
 
-    table = README.read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    table = CONFIGURATION.read_text()
     checked = set()
     for row in (ln for ln in table.splitlines() if ln.startswith("|")):
         cells = [c.strip() for c in row.strip().strip("|").split("|")]
