@@ -5,25 +5,29 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 from service.errors import Conflict
 from service.versions import version_key
 
-KIND_OF_FORMAT = {"jsonl": "text", "xc": "sparse"}
+InputKind = Literal["text", "sparse"]
+KIND_OF_FORMAT: dict[str, InputKind] = {"jsonl": "text", "xc": "sparse"}
 _SAYS = {"text": "text (JSONL data)", "sparse": "sparse features (XC data)"}
 
 
-def artifact_kind(version_dir: Path) -> str | None:
+def artifact_kind(version_dir: Path) -> InputKind | None:
     """What a stored version's featurizer takes, or None where that cannot be read."""
     try:
         meta = json.loads((version_dir / "featurizer" / "featurizer.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     kind = meta.get("kind") if isinstance(meta, dict) else None
-    return kind if kind in _SAYS else None
+    if kind == "text" or kind == "sparse":
+        return kind
+    return None
 
 
-def model_kind(model_dir: Path) -> tuple[str, str] | None:
+def model_kind(model_dir: Path) -> tuple[InputKind, str] | None:
     """(kind, version) of the oldest version whose kind can be read; None for a model with none."""
     try:
         versions = [p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]

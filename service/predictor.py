@@ -17,6 +17,7 @@ import numpy.typing as npt
 import scipy.sparse as sp
 
 from service.errors import Invalid
+from service.input_kind import InputKind
 from service.retrieval import ExactScorer, Retriever, TopK
 from trainer.sparse_maps import linear_head_means, normalize_topk
 
@@ -126,7 +127,7 @@ class Predictor:
         self.label_names = list(model.label_names)
         self.w_mean, self.b_mean = linear_head_means(model.head_weight, model.head_bias)
         # "text" or "sparse": what the fitted featurizer accepts (the API refuses the other kind)
-        self.input_kind: str = str(getattr(model.featurizer, "kind", "sparse"))
+        self.input_kind: InputKind = "text" if getattr(model.featurizer, "kind", None) == "text" else "sparse"
 
     # -- featurize + encode -------------------------------------------------------------------------
     def featurize(self, rows: Sequence[InputRow]) -> sp.csr_matrix:

@@ -36,10 +36,16 @@ class DatasetOut(BaseModel):
     checksum: str = Field(description="SHA-256 of the file: the same bytes uploaded twice are one dataset")
     filename: str = Field(description="the uploaded file's name")
     created_at: float = Field(description="upload time, seconds since the Unix epoch")
-    already_stored: bool = Field(default=False, description="only on an upload: these bytes were stored before, "
-                                 "under `name`; nothing was stored again")
-    requested_name: str | None = Field(default=None, description="only on an upload of bytes already stored under "
-                                       "another name: the name this upload asked for")
+    already_stored: bool = Field(
+        default=False,
+        description="only on an upload: these bytes were stored before, under `name`; nothing was "
+        "stored again",
+    )
+    requested_name: str | None = Field(
+        default=None,
+        description="only on an upload of bytes already stored under another name: the name this "
+        "upload asked for",
+    )
     note: str | None = Field(default=None, description="what happened, in words, when it is not plain")
 
 

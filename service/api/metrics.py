@@ -88,6 +88,20 @@ class Metrics:
         self.predicted_rows = Counter(
             "ovex_predicted_rows_total", "inputs answered", ["model", "version"], registry=self.registry
         )
+        # per model, whichever route (/v1, /v2) asked: what the console's home page shows per model
+        self.predict_latency = Histogram(
+            "ovex_predict_duration_seconds",
+            "predict requests: checks, queueing and the predictor",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.predict_errors = Counter(
+            "ovex_predict_errors_total",
+            "predict requests refused or failed",
+            ["model"],
+            registry=self.registry,
+        )
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         s = str(status)

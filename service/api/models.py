@@ -31,6 +31,7 @@ from service.api.schemas import (
     VersionName,
 )
 from service.errors import DomainError, NotFound
+from service.input_kind import InputKind, model_kind
 from service.jobs.models import JobRow
 from service.listing import MAX_PAGE, models_page, versions_page
 from service.registry import ModelRegistry, ServedModel
@@ -115,7 +116,13 @@ def model_info(request: Request, registry: ModelRegistry, name: str, versions: l
         default=registry.default_name() == name,
         deactivated=registry.is_deactivated(name),
         created_at=registry.created_at(name, versions[0]) if versions else None,
+        input_kind=served.predictor.input_kind if served else _stored_kind(registry, name),
     )
+
+
+def _stored_kind(registry: ModelRegistry, name: str) -> InputKind | None:
+    found = model_kind(registry.models_dir / name)
+    return found[0] if found else None
 
 
 def _versions_of(registry: ModelRegistry, name: str) -> list[str]:

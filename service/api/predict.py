@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,13 +119,18 @@ async def predict_rows(
     """The one prediction path of every protocol (/v1, /v2): check against the limits and the model,
     then through the micro-batcher to the pinned version's predictor. Returns the answers and, per
     input, how many of its features the model knows."""
-    job = _to_job(req, served, settings)
+    start = time.perf_counter()
     try:
-        preds = await batcher.submit(served.predictor, job, settings.request_timeout_s)
-    except TimeoutError:
-        raise Unavailable(
-            f"prediction took over {settings.request_timeout_s}s; retry later", headers={"Retry-After": "1"}
-        ) from None
+        job = _to_job(req, served, settings)
+        try:
+            preds = await batcher.submit(served.predictor, job, settings.request_timeout_s)
+        except TimeoutError:
+            raise Unavailable(f"prediction took over {settings.request_timeout_s}s; retry later",
+                              headers={"Retry-After": "1"}) from None
+    except Exception:
+        metrics.predict_errors.labels(served.name).inc()
+        raise
+    metrics.predict_latency.labels(served.name).observe(time.perf_counter() - start)
     metrics.predicted_rows.labels(served.name, served.version).inc(len(preds))
     return preds, known_features(served, job.rows)
 

@@ -237,6 +237,9 @@ class ModelInfo(BaseModel):
     deactivated: bool = Field(False, description="not served (POST .../deactivate); activating a version "
                               "serves it again")
     created_at: float | None = Field(None, description="when its first version was written")
+    input_kind: Literal["text", "sparse"] | None = Field(
+        None, description="what its predict requests take: `text` inputs or sparse `features`"
+    )
 
 
 class ModelList(BaseModel):

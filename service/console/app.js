@@ -1109,21 +1109,35 @@ function traffic(samples, prev, dt) {
       r.buckets[le] = (r.buckets[le] || 0) + s.value;
     }
   }
+  // per model, whichever route asked: rows answered, requests, errors and latency
   const models = {};
+  const model = (name) => (models[name] ||= { rows: 0, count: 0, errors: 0, buckets: {} });
   for (const s of samples) {
-    if (s.name === "ovex_predicted_rows_total") models[s.labels.model] = (models[s.labels.model] || 0) + s.value;
+    const l = s.labels;
+    if (s.name === "ovex_predicted_rows_total") model(l.model).rows += s.value;
+    else if (s.name === "ovex_predict_errors_total") model(l.model).errors += s.value;
+    else if (s.name === "ovex_predict_duration_seconds_count") model(l.model).count += s.value;
+    else if (s.name === "ovex_predict_duration_seconds_bucket") {
+      const b = model(l.model).buckets;
+      const le = l.le === "+Inf" ? Infinity : Number(l.le);
+      b[le] = (b[le] || 0) + s.value;
+    }
   }
-  for (const r of Object.values(routes)) {
-    const before = prev && prev.routes[`${r.method} ${r.route}`];
+  const since = (r, before) => {
     const les = Object.keys(r.buckets).map(Number).sort((a, b) => a - b);
     const delta = les.map((le) => [le, r.buckets[le] - (before ? before.buckets[le] || 0 : 0)]);
     const recent = before && delta.length && delta[delta.length - 1][1] > 0;
     const cum = recent ? delta : les.map((le) => [le, r.buckets[le]]);
-    r.p50 = quantile(cum, 0.5);
-    r.p99 = quantile(cum, 0.99);
+    r.p50 = les.length ? quantile(cum, 0.5) : null;
+    r.p99 = les.length ? quantile(cum, 0.99) : null;
     r.window = recent ? "last 5 s" : "since start";
     r.rate = before && dt ? (r.count - before.count) / dt : null;
     r.newErrors = before ? r.errors - before.errors : null;
+  };
+  for (const r of Object.values(routes)) since(r, prev && prev.routes[`${r.method} ${r.route}`]);
+  for (const [name, m] of Object.entries(models)) {
+    since(m, prev && prev.models[name]);
+    m.rowRate = prev && prev.models[name] && dt ? (m.rows - prev.models[name].rows) / dt : null;
   }
   return { routes, models };
 }
@@ -1147,14 +1161,18 @@ async function readTraffic() {
         el("td", { class: "num", title: r.window }, ms(r.p99)),
         el("td", { class: "num" }, `${r.errors.toLocaleString()}${r.newErrors ? ` (+${r.newErrors})` : ""}`),
         el("td", { class: "num" }, r.count.toLocaleString())))));
-  const prevModels = lastScrape ? lastScrape.models : null;
   const models = Object.entries(t.models);
   $("#home-models-traffic").replaceChildren(models.length === 0 ? ""
-    : table([["model"], ["rows answered/s", "num"], ["rows answered", "num"]],
-      models.map(([name, rows]) => el("tr", { "data-model": name },
+    : table([["model"], ["requests/s", "num"], ["p50", "num"], ["p99", "num"], ["errors", "num"],
+      ["rows answered/s", "num"], ["rows answered", "num"]],
+      models.map(([name, m]) => el("tr", { "data-model": name },
         el("td", {}, el("a", { href: link("models", name) }, name)),
-        el("td", { class: "num" }, prevModels && dt ? ((rows - (prevModels[name] || 0)) / dt).toFixed(2) : "…"),
-        el("td", { class: "num" }, rows.toLocaleString())))));
+        el("td", { class: "num" }, m.rate === null ? "…" : m.rate.toFixed(2)),
+        el("td", { class: "num", title: m.window }, ms(m.p50)),
+        el("td", { class: "num", title: m.window }, ms(m.p99)),
+        el("td", { class: "num" }, `${m.errors.toLocaleString()}${m.newErrors ? ` (+${m.newErrors})` : ""}`),
+        el("td", { class: "num" }, m.rowRate === null ? "…" : m.rowRate.toFixed(2)),
+        el("td", { class: "num" }, m.rows.toLocaleString())))));
   lastScrape = { at: now, routes: t.routes, models: t.models };
 }
 

@@ -665,6 +665,8 @@ def test_home_shows_what_serves_the_next_step_and_live_traffic(browser: Any, ser
         httpx.post(f"{server.url}/v1/models/demo/predict", json={"inputs": [{"text": "rocket"}]})
     bad = httpx.post(f"{server.url}/v1/models/demo/predict", json={"inputs": [{"text": 5}]})
     assert bad.status_code == 422
+    wrong_kind = {"inputs": [{"features": {"indices": [1], "values": [1.0]}}]}
+    assert httpx.post(f"{server.url}/v1/models/demo/predict", json=wrong_kind).status_code == 422
     open_page(browser, server.url, "home")
     wait_for(lambda: css_all(browser, "#home-served tr"), what="the served models")
     assert "demo" in css(browser, "#home-served").text and "default" in css(browser, "#home-served").text
@@ -673,8 +675,13 @@ def test_home_shows_what_serves_the_next_step_and_live_traffic(browser: Any, ser
                    what="the predict route's traffic")
     cells = [c.text for c in row.find_elements("css selector", "td")]
     assert cells[2].endswith("ms") and cells[3].endswith("ms") and int(cells[4].split()[0]) >= 1
-    assert int(cells[5].replace(",", "")) >= 6
-    wait_for(lambda: css(browser, "#home-models-traffic tr[data-model='demo']"), what="demo's rows")
+    assert int(cells[5].replace(",", "")) >= 7
+    model_row = wait_for(lambda: css(browser, "#home-models-traffic tr[data-model='demo']"),
+                         what="demo's rows")
+    cells = [c.text for c in model_row.find_elements("css selector", "td")]
+    # per model: latency and the requests its own checks refused (features sent to a text model)
+    assert cells[2].endswith("ms") and cells[3].endswith("ms") and int(cells[4].split()[0]) >= 1, cells
+    assert int(cells[6].replace(",", "")) >= 5, cells
     # requests per second from two reads
     for _ in range(4):
         httpx.post(f"{server.url}/v1/models/demo/predict", json={"inputs": [{"text": "rocket"}]})
@@ -714,7 +721,9 @@ def test_delete_from_the_console_after_a_confirmation(browser: Any, server: Any)
     browser.switch_to.alert.accept()
     wait_for(lambda: "version 1 deleted" in flash_text(browser), what="the deletion")
     assert versions() == ["2"]
-    assert not css_all(browser, "button[aria-label='Delete zz-gone version 1']")
+    # the listing is drawn again after the message: wait for it, not for the message
+    wait_for(lambda: not css_all(browser, "button[aria-label='Delete zz-gone version 1']"),
+             what="version 1's row to go")
 
     open_page(browser, server.url, f"datasets/{ds}")
     wait_for(lambda: "to-delete" in css(browser, "#dataset-detail").text, what="the dataset from its URL")
