@@ -159,6 +159,7 @@ class ModelInfo(_Answer):
     default: bool = False  # answers predict calls made without a model name
     deactivated: bool = False  # not served until one of its versions is activated
     created_at: datetime | None = None  # when its first version was written
+    input_kind: str | None = None  # "text" or "sparse": what its predict calls take
 
     @field_validator("versions", mode="before")
     @classmethod
