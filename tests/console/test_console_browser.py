@@ -6,6 +6,7 @@ alone. A screenshot of each page is saved under the test's temp dir."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -780,3 +781,26 @@ def test_versions_say_where_they_come_from_and_a_model_can_stop_serving(
     card = css(browser, "#model-kin").find_element("xpath", "ancestor::article")
     assert "deactivated" in card.text
     assert not card.find_elements("css selector", "button[aria-label='Deactivate kin']")
+
+
+def test_the_default_model_stays_when_a_newer_one_appears(browser: Any, server: Any, tmp_path: Path) -> None:
+    """No OVEX_DEFAULT_MODEL, no demo: the oldest model is the default, and a newer one that sorts first
+    by name does not take its place, on the home page or as the predict page's choice."""
+    live = load_live_server()
+    shutil.copytree(server.root / "models" / "demo" / "1", tmp_path / "models" / "zeta" / "1")
+    with live.live_server(tmp_path, default_model=None) as srv:
+        newer = tmp_path / "models" / "big" / "1"
+        shutil.copytree(server.root / "models" / "sparse" / "1", newer)
+        later = time.time() + 5
+        os.utime(newer / "config.json", (later, later))
+        wait_for(lambda: httpx.get(f"{srv.url}/v1/models/big").json().get("active_version") == "1",
+                 timeout=60, what="big to serve")
+        open_page(browser, srv.url, "home")
+        served = wait_for(lambda: css(browser, "#home-served"), what="the served models")
+        wait_for(lambda: "big" in served.text, what="big on the home page")
+        rows = {r.find_element("css selector", "td a").text: r.find_elements("css selector", ".badge")
+                for r in css_all(browser, "#home-served tr") if r.find_elements("css selector", "td a")}
+        assert [b.text for b in rows["zeta"]] == ["default"] and rows["big"] == [], rows
+        open_page(browser, srv.url, "predict")
+        wait_for(lambda: css_all(browser, "#predict-model option[value='big']"), what="the models")
+        assert css(browser, "#predict-model").get_attribute("value") == "zeta"
