@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +24,7 @@ from trainer.label_texts import (
     label_rows,
     read_label_texts,
 )
-from trainer.label_tower import tower_of
+from trainer.label_tower import fade_weights, load_tower_tensors, tower_of
 from trainer.params import TrainParams
 from trainer.train import QuietHooks, Stepper, train
 
@@ -132,9 +133,16 @@ def _params(**kw: object) -> TrainParams:
     return TrainParams(**base)  # type: ignore[arg-type]
 
 
-def test_a_label_without_rows_is_the_top_answer_for_its_text(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "tower",
+    [{}, {"label_tower_mode": "joint", "label_tower_detach": False},
+     {"label_tower_mode": "joint", "label_tower_fade": 2.0}],
+    ids=["apart", "joint", "joint-faded"],
+)
+def test_a_label_without_rows_is_the_top_answer_for_its_text(tmp_path: Path,
+                                                              tower: dict[str, object]) -> None:
     ds, label_texts = planted(600)
-    train(_params(), ds, None, out_dir=tmp_path / "m", hooks=QuietHooks(), label_texts=label_texts)
+    train(_params(**tower), ds, None, out_dir=tmp_path / "m", hooks=QuietHooks(), label_texts=label_texts)
     model = load_artifact(tmp_path / "m")
     assert model.label_names[-2:] == ["zeta", "omega"]  # joined the label space without rows
     for query, want in (("zetaa zetab zetac", "zeta"), ("omegaa omegac omegab", "omega"),
@@ -146,6 +154,32 @@ def test_a_label_without_rows_is_the_top_answer_for_its_text(tmp_path: Path) -> 
     assert not has_label_tower(tmp_path / "plain")
     with pytest.raises(ArtifactError, match="without label texts"):
         label_rows(tmp_path / "plain", ["zetaa"])
+
+
+def test_apart_labels_with_rows_train_as_without_texts_and_the_tower_learns(tmp_path: Path) -> None:
+    ds, label_texts = planted(300)
+    with_rows = [(n, t) for n, t in label_texts if n.startswith("lab")]  # no text-only label: same sampler
+    plain = train(_params(epochs=2), ds, None, out_dir=tmp_path / "plain", hooks=QuietHooks())
+    apart = train(_params(epochs=2), ds, None, out_dir=tmp_path / "apart", hooks=QuietHooks(),
+                  label_texts=with_rows)
+    joint = train(_params(epochs=2, label_tower_mode="joint"), ds, None, out_dir=tmp_path / "joint",
+                  hooks=QuietHooks(), label_texts=with_rows)
+    heads = {name: load_artifact(tmp_path / name).model.head.detach().numpy()
+             for name in ("plain", "apart", "joint")}
+    np.testing.assert_allclose(heads["apart"], heads["plain"], rtol=1e-5, atol=1e-6)
+    assert np.abs(heads["joint"] - heads["plain"]).max() > 1e-3  # the joint rows do carry the tower
+    assert apart.final_loss > plain.final_loss  # the tower's own loss is part of the step's
+    assert joint.final_loss != apart.final_loss
+    proj = load_tower_tensors(tmp_path / "apart")["proj"]
+    assert (proj - torch.eye(proj.shape[0])).abs().max() > 1e-4  # the map learned from the texts
+    assert json.loads((tmp_path / "apart" / "label_tower.json").read_text())["mode"] == "apart"
+
+
+def test_fade_weights_share_the_tower_by_training_rows() -> None:
+    counts = np.array([0, 2, 6, 0])
+    np.testing.assert_array_equal(fade_weights(counts, 0.0), np.ones(4, np.float32))
+    np.testing.assert_allclose(fade_weights(counts, 2.0), [1.0, 0.5, 0.25, 1.0])
+    assert fade_weights(counts, 2.0).dtype == np.float32
 
 
 def test_label_rows_equal_the_saved_rows_of_labels_without_rows(tmp_path: Path) -> None:

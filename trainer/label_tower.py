@@ -1,14 +1,22 @@
-"""The label tower: a label's head row from its text, plus the free part learned from its rows.
+"""The label tower: a label's head row from its text, beside the free part learned from its rows.
 
-A label k with a text gets the head row  w_k = v_k + γ · enc(φ(text_k)),  where φ is the model's input
-featurizer, enc the model's own input encoder (projection and hidden layers, no dropout) and γ one learned
-gain; v_k (with the bias) is the free part, the ordinary head row the optimizer updates from k's rows.
-Sharing the encoder makes ⟨h(x), enc(φ(text))⟩ a learned similarity between an input and a label's text
-that starts, with a random projection, as the tf-idf cosine between the two.
+The tower maps a label's text to a row, γ · enc(φ(text_k)) · P, where φ is the model's input featurizer, enc
+the model's own input encoder (projection and hidden layers, no dropout), P a learned d × d map (identity at
+the start) and γ a learned gain; v_k (with the bias) is the free part, the ordinary head row the optimizer
+updates from k's rows. Two ways of combining them (`label_tower_mode`):
+
+* apart (the default): a label with rows is its free part alone, trained exactly as without texts; the
+  tower is trained beside it, scoring the same candidates by ⟨h, γ·z·P⟩ + b with h and b held, so it learns
+  to rank labels from their texts alone and gives the rows of labels without training rows.
+* joint: w_k = v_k + γ·s_k·enc(φ(text_k))·P, s_k = fade / (fade + rows of k) (1 with fade 0).
+
+With `label_tower_detach` (the default) the texts read the encoder without a gradient, so the encoder
+learns from the input rows alone and a step does not back-propagate through its candidates' texts.
 
 A step embeds the texts of its candidate labels only (positives and sampled negatives), gathered from a
-CSR of every label's featurized text, so its cost does not grow with K. The whole head (v + γ·enc(text)
-for every label) is materialized for evaluation and saving only: serving reads an ordinary head.
+CSR of every label's featurized text, so its cost does not grow with K; P is applied on the inputs' side
+(⟨h, z·P⟩ = ⟨h·Pᵀ, z⟩: B·d², not C·d²). The whole head is materialized for evaluation and saving only:
+serving reads an ordinary head.
 
 A label with a text and no training rows has no free part (v_k = 0) and is kept out of the sampled
 negatives: it would only ever be pushed down, while a label added later by its text (`label_rows`) never
@@ -75,7 +83,8 @@ class TextRows:
 class LabelTower(nn.Module):
     """The learned part of the tower (γ) and the label texts it embeds; attached as `model.tower`."""
 
-    def __init__(self, texts: TextRows, gain: float, text_only: np.ndarray, dim: int) -> None:
+    def __init__(self, texts: TextRows, gain: float, text_only: np.ndarray, dim: int,
+                 weight: np.ndarray | None = None, detach: bool = False, apart: bool = False) -> None:
         super().__init__()
         self.gain = nn.Parameter(torch.tensor([float(gain)]))
         # a learned map from a text's encoding to a row: without it ⟨h(x), enc(text)⟩ is symmetric and peaks
@@ -84,22 +93,48 @@ class LabelTower(nn.Module):
         self.texts = texts
         self.text_only = np.asarray(text_only, dtype=bool)  # [K]: a text and no training rows
         self.embedded = 0  # labels embedded by the last step (the step cost is flat in K)
+        self.detach = detach
+        # [K]: the share of the tower's row each label gets (0 without a text; `fade_weights`)
+        has = texts.has_text.numpy()
+        w = np.ones(has.shape, np.float32) if weight is None else np.asarray(weight, np.float32)
+        self.weight = torch.from_numpy(np.where(has, w, 0.0).astype(np.float32))
+        # apart: labels with rows are their free part alone; a step trains the tower as a scorer of its own
+        self.apart = apart
+        self.step_weight = self.weight
+        if apart:
+            self.step_weight = self.weight.clone()
+            self.weight = torch.from_numpy(np.where(self.text_only, w, 0.0).astype(np.float32))
 
     def embed(self, model: XCModel, table: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
-              values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """γ·enc(text) for a step's candidate labels ([C, d]); `table` holds the gathered input rows."""
-        z = project_rows(table, indices, offsets, values) + model.input_bias
-        for layer in model.hidden:
-            z = layer(z)
+              values: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """enc(text) times each label's share for a step's candidate labels ([C, d]), before the map and
+        gain (`scorer` applies those to the inputs' side); `table` holds the gathered input rows."""
+        with torch.no_grad() if self.detach else contextlib.nullcontext():
+            z = project_rows(table, indices, offsets, values) + model.input_bias
+            for layer in model.hidden:
+                z = layer(z)
         self.embedded = int(offsets.numel())
-        return self.gain * (z @ self.proj) * mask.unsqueeze(1).to(z.dtype)
+        return z * weight.unsqueeze(1).to(z.dtype)
+
+    def scorer(self, h: torch.Tensor) -> torch.Tensor:
+        """γ·h·Pᵀ ([B, d]): ⟨h, γ·z·P⟩ = ⟨γ·h·Pᵀ, z⟩, so the d × d map costs B·d² a step, not C·d²."""
+        return self.gain * (h @ self.proj.T)
 
     @torch.no_grad()
     def all_rows(self, model: XCModel) -> torch.Tensor:
         """γ·enc(text) of every label ([K, d], eval mode), as `label_rows` computes them."""
         x = self.texts.csr(model.shape.n_features)
         z = model.encode(x) @ self.proj.detach()
-        return self.gain.detach() * z * self.texts.has_text.to(z.device).unsqueeze(1).to(z.dtype)
+        return self.gain.detach() * z * self.weight.to(z.device).unsqueeze(1).to(z.dtype)
+
+
+def fade_weights(counts: np.ndarray, fade: float) -> np.ndarray:
+    """float32 [K]: each label's share of its tower row, fade / (fade + rows) (1 for all when fade is 0):
+    a label's rows teach its free part what its text would, so the text matters most where rows are few."""
+    n = np.maximum(np.asarray(counts, np.float64), 0.0)
+    if fade <= 0:
+        return np.ones(n.shape, np.float32)
+    return (fade / (fade + n)).astype(np.float32)
 
 
 def rare_labels(counts: np.ndarray) -> np.ndarray:
@@ -199,8 +234,11 @@ def save_tower(directory: Path, *, tower: LabelTower, scale: tuple[float, float]
     """Write the tower's files into a model directory being assembled (before it is published)."""
     config = {"version": TOWER_VERSION, "gain": float(tower.gain.detach()[0]), "zero_row_norm": scale[0],
               "zero_row_bias": scale[1],
-              "combine": "free + gain * encoder(featurizer(text)); a label without rows: "
-                         "zero_row_norm * unit(encoder(featurizer(text))), bias zero_row_bias"}
+              "mode": "apart" if tower.apart else "joint",
+              "combine": ("a label with rows: its free row" if tower.apart else
+                          "free + gain * share * encoder(featurizer(text)) @ proj")
+                         + "; a label without rows: zero_row_norm * unit(encoder(featurizer(text)) @ proj), "
+                           "bias zero_row_bias"}
     from trainer.label_texts import TEXTS_FILE, TOWER_CONFIG, TOWER_WEIGHTS
 
     (directory / TOWER_CONFIG).write_text(json.dumps(config, indent=2))

@@ -217,6 +217,24 @@ class TrainParams(BaseModel):
         le=1000.0,
         description="with label texts: initial gain of the label tower's rows (learned during training)",
     )
+    label_tower_mode: Literal["joint", "apart"] = Field(
+        default="apart",
+        description="with label texts: joint (a label's row is its free part plus its tower row) or apart "
+        "(a label with rows is its free part alone; the tower is trained beside it as a text-only scorer "
+        "of the same candidates and gives the rows of labels without training rows)",
+    )
+    label_tower_detach: bool = Field(
+        default=True,
+        description="with label texts: the tower reads the input encoder without a gradient (only its map "
+        "and gain learn from the texts; the encoder learns from the input rows alone)",
+    )
+    label_tower_fade: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1e9,
+        description="with label texts: a label with n training rows gets the tower's row times "
+        "fade / (fade + n), so frequent labels rest on their free part (0 = the same tower row for all)",
+    )
     # evaluation
     eval_every: int = Field(
         default=1, ge=0, le=10_000, description="evaluate every N epochs (0 = only at the end)"

@@ -51,6 +51,7 @@ from trainer.label_tower import (
     SubsetSampler,
     TextRows,
     check_usable,
+    fade_weights,
     load_tower_gain,
     load_tower_tensors,
     materialized,
@@ -297,7 +298,7 @@ class StepInputs:
     text_inverse: torch.Tensor | None = None
     text_offsets: torch.Tensor | None = None
     text_values: torch.Tensor | None = None
-    text_mask: torch.Tensor | None = None  # bool [C]: the candidate has a text
+    text_mask: torch.Tensor | None = None  # float [C]: the candidate's share of its tower row (0: no text)
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, low: bool) -> torch.Tensor:
@@ -365,9 +366,13 @@ class Stepper:
         text: dict[str, torch.Tensor] = {}
         if tower is not None:  # the candidates' texts share the step's gather of input rows
             t_ind, text["text_offsets"], text["text_values"] = tower.texts.gather(cand.label_ids)
-            text["text_mask"] = tower.texts.has_text.index_select(0, cand.label_ids.cpu())
-            features, inverse = torch.unique(torch.cat([x_ind, t_ind]), return_inverse=True)
-            inverse, text["text_inverse"] = inverse[: x_ind.numel()], inverse[x_ind.numel() :]
+            text["text_mask"] = tower.step_weight.index_select(0, cand.label_ids.cpu())
+            if tower.detach:  # the texts read the whole table without a gradient: ids as they are
+                features, inverse = torch.unique(x_ind, return_inverse=True)
+                text["text_inverse"] = t_ind
+            else:
+                features, inverse = torch.unique(torch.cat([x_ind, t_ind]), return_inverse=True)
+                inverse, text["text_inverse"] = inverse[: x_ind.numel()], inverse[x_ind.numel() :]
         else:
             features, inverse = torch.unique(x_ind, return_inverse=True)
         if params.label_weighting == "row":
@@ -399,12 +404,18 @@ class Stepper:
             rows = cand.label_ids
             head_rows = model.head.index_select(0, rows).requires_grad_()
         used_rows = head_rows  # the rows scored: the free part, plus the tower's rows from the labels' texts
+        h_aug = torch.cat([h, h.new_ones(h.shape[0], 1)], dim=1)
         tower = tower_of(model)
+        apart: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         if tower is not None and inp.text_inverse is not None:
             assert inp.text_offsets is not None and inp.text_values is not None and inp.text_mask is not None
-            t = tower.embed(model, e_rows, inp.text_inverse, inp.text_offsets, inp.text_values, inp.text_mask)
-            used_rows = head_rows + torch.cat([t, t.new_zeros(t.shape[0], 1)], dim=1)
-        h_aug = torch.cat([h, h.new_ones(h.shape[0], 1)], dim=1)
+            t = tower.embed(model, model.input_weight if tower.detach else e_rows, inp.text_inverse,
+                            inp.text_offsets, inp.text_values, inp.text_mask)
+            if tower.apart:
+                apart = (tower.scorer(h.detach()), t, head_rows[:, -1].detach())
+            else:  # ⟨[h, 1, γ·h·Pᵀ], [v, b, z]⟩ = ⟨h, v + γ·z·P⟩ + b
+                used_rows = torch.cat([head_rows, t], dim=1)
+                h_aug = torch.cat([h_aug, tower.scorer(h)], dim=1)
         own_rows = cand.pos_rows.index_select(0, inp.owned)
         own_cols = cand.pos_cols.index_select(0, inp.owned)
         if self.spec.sampled_scores_only and not self.exhaustive:
@@ -424,6 +435,8 @@ class Stepper:
             extra[name] = picked.requires_grad_()
         batch = CandidateBatch(cand=cand, scores=scores, h=h, extra=extra, pos_scores=pos_scores)
         loss = shard_softmax_loss(batch, group) if params.loss == "softmax" else self.spec.fn(batch)
+        if apart is not None:  # the tower alone scores the same candidates (with their biases, held)
+            loss = loss + self._tower_loss(cand, h, *apart, own_rows, own_cols, low)
         for p in self.dense.values():
             p.grad = None
         loss.backward()
@@ -448,6 +461,17 @@ class Stepper:
             if p.grad is not None:
                 self.optim.step(name, p, p.grad, dense_lr)
         return group.sum_(loss.detach().clone())  # each rank's share: the sum is the step's loss
+
+    def _tower_loss(self, cand: Candidates, h: torch.Tensor, hp: torch.Tensor, z: torch.Tensor,
+                    bias: torch.Tensor, own_rows: torch.Tensor, own_cols: torch.Tensor,
+                    low: bool) -> torch.Tensor:
+        """The loss of the tower scoring the step's candidates by ⟨γ·h·Pᵀ, z⟩ + b, with h and b held: it
+        learns only the map and gain, as a scorer of labels from their texts alone."""
+        n = cand.n_sampled if self.spec.sampled_scores_only else z.shape[0]
+        scores = _product(hp, z[:n], low) + bias[:n]
+        own = (hp.index_select(0, own_rows) * z.index_select(0, own_cols)).sum(1)
+        own = own + bias.index_select(0, own_cols)
+        return self.spec.fn(CandidateBatch(cand=cand, scores=scores, h=h.detach(), pos_scores=own))
 
     def _sum_dense_grads(self) -> None:
         """One all-reduce for every dense gradient (a parameter no rank's loss reached gets zeros)."""
@@ -665,7 +689,9 @@ def _attach_tower(model: XCModel, featurizer: Any, names: list[str], texts: dict
     rows = TextRows.from_csr(featurizer.transform_texts([texts.get(n, "") for n in names], "<label texts>"))
     text_only = rows.has_text.numpy() & (np.asarray(counts) <= 0)
     gain = params.label_tower_gain
-    tower = LabelTower(rows, gain, text_only, model.shape.dim)
+    tower = LabelTower(rows, gain, text_only, model.shape.dim,
+                       weight=fade_weights(counts, params.label_tower_fade),
+                       detach=params.label_tower_detach, apart=params.label_tower_mode == "apart")
     if warm is not None and has_label_tower(warm.base.path):  # the base's tower, as it was trained
         with torch.no_grad():
             tower.gain.fill_(load_tower_gain(warm.base.path))
