@@ -135,8 +135,8 @@ def _params(**kw: object) -> TrainParams:
 
 @pytest.mark.parametrize(
     "tower",
-    [{}, {"label_tower_mode": "joint", "label_tower_detach": False},
-     {"label_tower_mode": "joint", "label_tower_fade": 2.0}],
+    [{"label_tower_mode": "apart", "label_tower_detach": True}, {},
+     {"label_tower_mode": "joint", "label_tower_detach": True, "label_tower_fade": 2.0}],
     ids=["apart", "joint", "joint-faded"],
 )
 def test_a_label_without_rows_is_the_top_answer_for_its_text(tmp_path: Path,
@@ -160,10 +160,10 @@ def test_apart_labels_with_rows_train_as_without_texts_and_the_tower_learns(tmp_
     ds, label_texts = planted(300)
     with_rows = [(n, t) for n, t in label_texts if n.startswith("lab")]  # no text-only label: same sampler
     plain = train(_params(epochs=2), ds, None, out_dir=tmp_path / "plain", hooks=QuietHooks())
-    apart = train(_params(epochs=2), ds, None, out_dir=tmp_path / "apart", hooks=QuietHooks(),
-                  label_texts=with_rows)
-    joint = train(_params(epochs=2, label_tower_mode="joint"), ds, None, out_dir=tmp_path / "joint",
-                  hooks=QuietHooks(), label_texts=with_rows)
+    apart = train(_params(epochs=2, label_tower_mode="apart", label_tower_detach=True), ds, None,
+                  out_dir=tmp_path / "apart", hooks=QuietHooks(), label_texts=with_rows)
+    joint = train(_params(epochs=2, label_tower_mode="joint", label_tower_detach=True), ds, None,
+                  out_dir=tmp_path / "joint", hooks=QuietHooks(), label_texts=with_rows)
     heads = {name: load_artifact(tmp_path / name).model.head.detach().numpy()
              for name in ("plain", "apart", "joint")}
     np.testing.assert_allclose(heads["apart"], heads["plain"], rtol=1e-5, atol=1e-6)

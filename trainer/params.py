@@ -218,13 +218,13 @@ class TrainParams(BaseModel):
         description="with label texts: initial gain of the label tower's rows (learned during training)",
     )
     label_tower_mode: Literal["joint", "apart"] = Field(
-        default="apart",
+        default="joint",
         description="with label texts: joint (a label's row is its free part plus its tower row) or apart "
         "(a label with rows is its free part alone; the tower is trained beside it as a text-only scorer "
         "of the same candidates and gives the rows of labels without training rows)",
     )
     label_tower_detach: bool = Field(
-        default=True,
+        default=False,
         description="with label texts: the tower reads the input encoder without a gradient (only its map "
         "and gain learn from the texts; the encoder learns from the input rows alone)",
     )
