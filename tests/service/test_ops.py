@@ -18,7 +18,9 @@ def test_healthz_up_with_no_model_and_not_ready(tmp_path: Path) -> None:
             assert ready.status_code == 503 and ready.json()["ready"] is False
             r = c.post("/v1/predict", json={"inputs": [{"text": "x"}]})
             assert r.status_code == 503 and "no model" in r.json()["detail"]
-            assert c.get("/v1/models").json() == {"default": None, "models": [], "next_cursor": None}
+            assert c.get("/v1/models").json() == {
+                "default": None, "default_source": "automatic", "models": [], "next_cursor": None
+            }
     finally:
         stop_server(srv)
 
@@ -79,4 +81,4 @@ def test_openapi_and_docs(server: Server) -> None:
     ):
         assert path in spec["paths"], path
     req = spec["components"]["schemas"]["PredictRequest"]
-    assert set(req["properties"]) == {"inputs", "top_k", "normalization", "exact"}
+    assert set(req["properties"]) == {"inputs", "top_k", "normalization", "exact", "explain"}
