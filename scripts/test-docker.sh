@@ -284,9 +284,11 @@ both_serve dockertest "$version2" 180 || die "the restarted replica does not ser
 echo "both replicas serve dockertest $version2 after the restart"
 
 mkdir -p "$(dirname "$REPORT")"
+commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+dirty=$([ -n "$(git status --porcelain 2>/dev/null)" ] && echo True || echo False)
 python3 - "$REPORT" <<PY
 import json, sys
-json.dump({"image": "ovex:latest", "image_bytes": $image_bytes, "build_s": $build_s,
+json.dump({"commit": "$commit", "dirty": $dirty, "image": "ovex:latest", "image_bytes": $image_bytes, "build_s": $build_s,
            "up_to_ready_s": $up_to_ready_s, "train_job_s": $train_s, "train_job_run_s": $run_s,
            "job_state": "$state", "workers": 2, "api_replicas": 2, "follow_activation_s": $follow_s,
            "requests_while_killing_a_replica": $kill_requests, "failed_while_killing_a_replica": $kill_failed,
