@@ -69,20 +69,20 @@ def check_labels(labels: Sequence[tuple[str, str]], max_labels: int) -> None:
     from trainer.label_texts import name_problem, text_problem
 
     if not labels:
-        raise Invalid("no labels to add: send at least one {\"name\", \"text\"}", loc=["body", "labels"])
+        raise Invalid("no labels to add: send at least one {\"name\", \"text\"}", field=("labels",))
     if len(labels) > max_labels:
         raise Invalid(f"{len(labels):,} labels in one request; at most {max_labels:,} are allowed: send "
-                      "them in several requests", loc=["body", "labels"])
+                      "them in several requests", field=("labels",))
     errors: list[tuple[Sequence[str | int], str]] = []
     first: dict[str, int] = {}
     for i, (name, text) in enumerate(labels):
         bad_name, bad_text = name_problem(name), text_problem(text)
         if bad_name is not None:
-            errors.append((["body", "labels", i, "name"], bad_name))
+            errors.append((("labels", i, "name"), bad_name))
         if bad_text is not None:
-            errors.append((["body", "labels", i, "text"], bad_text))
+            errors.append((("labels", i, "text"), bad_text))
         if bad_name is None and name in first:
-            errors.append((["body", "labels", i, "name"],
+            errors.append((("labels", i, "name"),
                            f"label name {name[:80]!r} is given twice (also at index {first[name]})"))
         elif bad_name is None:
             first[name] = i
@@ -105,7 +105,7 @@ def _base_version(registry: ModelRegistry, name: str, asked: str | None) -> str:
         raise NotFound(f"unknown model {name!r}")
     if asked is not None:
         if asked not in versions:
-            raise NotFound(f"model {name!r} has no version {asked!r}", loc=["body", "base_version"])
+            raise NotFound(f"model {name!r} has no version {asked!r}", field=("base_version",))
         return asked
     served = registry.serving(name)
     if served is not None and served.version in versions:
@@ -172,14 +172,14 @@ def _write_version(
         shown = ", ".join(repr(n[:80]) for _, n in taken[:5])
         more = f" and {len(taken) - 5} more" if len(taken) > 5 else ""
         raise Conflict(f"model {name!r} (version {base}) already has label(s) {shown}{more}: choose other "
-                       "names", loc=["body", "labels", taken[0][0], "name"])
+                       "names", field=("labels", taken[0][0], "name"))
     try:
         rows, biases = label_rows(src, [t for _, t in labels])
     except ArtifactError as exc:
         raise Conflict(f"version {base!r} of model {name!r} cannot compute label rows: "
                        f"{exc.message.replace(str(src), f'{name}/{base}')}") from None
     except OvexError as exc:
-        raise Invalid(f"the label texts cannot be featurized: {exc}", loc=["body", "labels"]) from None
+        raise Invalid(f"the label texts cannot be featurized: {exc}", field=("labels",)) from None
     rows = np.ascontiguousarray(rows, dtype=np.float32)
     biases = np.ascontiguousarray(biases, dtype=np.float32).reshape(-1)
     if rows.shape != (len(labels), loaded.dim) or biases.shape != (len(labels),):

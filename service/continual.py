@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.errors import Conflict, InputError, Invalid, Loc, NotFound
+from service.errors import Conflict, Field, InputError, Invalid, NotFound
 from service.versions import some_versions
 from trainer.artifact import labels_text, map_safetensors
 from trainer.continual import continual_params
@@ -107,7 +107,7 @@ def resolve_base(
         # its next version would give label ids other meanings than its earlier versions do
         raise Invalid(f"model {job_model!r} has versions of its own: a job continues a version of its own "
                       f"model (leave out base.model), or starts a new model from {name!r} (another "
-                      f"model name)", loc=["body", "base", "model"])
+                      f"model name)", field=("base", "model"))
     version = base.get("version")
     if version is None:
         version = _active_version(registry, name, versions)
@@ -120,18 +120,18 @@ def resolve_base(
             raise ArtifactError(ref.label, f"failed to load and was refused: {refused}")
         base_params, labels, features, kind = _base_summary(registry.models_dir / name / version, ref.label)
     except ArtifactError as exc:  # the request is fine, the stored version is broken: as for activating it
-        raise Conflict(f"base: {exc}; continue another version", loc=["body", "base"]) from None
+        raise Conflict(f"base: {exc}; continue another version", field=("base",)) from None
     wants = "jsonl" if kind == "text" else "xc"
     if train.format != wants:
-        raise InputError([(["body", "train_dataset"], f"dataset {train.id} is {train.format} but {ref.label} "
+        raise InputError([(("train_dataset",), f"dataset {train.id} is {train.format} but {ref.label} "
                            f"takes {wants} data")])
     if train.format == "xc" and train.features is not None and train.features > features:
-        raise InputError([(["body", "train_dataset"], f"dataset {train.id} declares {train.features} "
+        raise InputError([(("train_dataset",), f"dataset {train.id} declares {train.features} "
                            f"features but {ref.label} takes {features}")])
     try:
         merged = continual_params(base_params, params, ref.label, kind)
     except ParamsError as exc:
-        raise InputError([(["body", "params"], str(exc))]) from None
+        raise InputError([(("params",), str(exc))]) from None
     xc_labels = None
     if train.format == "xc":  # XC data names labels by id: a base named so shares the ids it has
         shared = _named_by_ids(registry.models_dir / name / version, labels)
@@ -171,7 +171,7 @@ def _replay_dataset(store: Any, given: str | None, ref: BaseRef, train: Any, fea
         row = store.get_dataset(given)
         if row is None:
             raise NotFound(f"base.replay_dataset: dataset {given!r} not found")
-        loc: Loc = ["body", "base", "replay_dataset"]
+        loc: Field = ("base", "replay_dataset")
         if row.format != train.format:
             raise InputError([(loc, f"dataset {given} is {row.format} but the training dataset is "
                                f"{train.format}")])

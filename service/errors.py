@@ -1,8 +1,9 @@
 """The service's error vocabulary, with no HTTP in it: the domain (jobs, datasets, registry, predictor
 checks) raises these, and `service.api.errors` maps each kind to a status in one table.
 
-An error may name the request field at fault (`loc`, e.g. `["body", "params", "dim"]`) and carry a few
-machine-readable extras (`need_bytes`), so a client can point at what to fix.
+An error may name the field at fault as a domain path (`field`, e.g. `("params", "dim")`, `("job_id",)`)
+and carry a few machine-readable extras (`need_bytes`) and a hint of when to retry (`retry_after`);
+`service.api.errors` turns these into the request location (body, path, query, header) and headers.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from trainer.errors import OvexError
 
-Loc = Sequence[str | int]
+Field = Sequence[str | int]
 log = logging.getLogger("ovex.disk")
 
 
@@ -28,17 +29,17 @@ class DomainError(OvexError):
         self,
         message: str,
         *,
-        loc: Loc | None = None,
+        field: Field | None = None,
         kind: str | None = None,
-        headers: dict[str, str] | None = None,
+        retry_after: int | None = None,
         **extra: Any,
     ) -> None:
         super().__init__(message)
         self.message = message
-        self.loc = list(loc) if loc is not None else None
+        self.field = tuple(field) if field is not None else None
         if kind is not None:
             self.kind = kind
-        self.headers = headers
+        self.retry_after = retry_after  # seconds after which the same call may succeed
         self.extra = extra
 
 
@@ -105,7 +106,7 @@ class Forbidden(DomainError):
 class InputError(Invalid):
     """Several field errors at once (e.g. every out-of-range feature index of a predict batch)."""
 
-    def __init__(self, errors: list[tuple[Loc, str]]) -> None:
+    def __init__(self, errors: list[tuple[Field, str]]) -> None:
         self.errors = errors
         super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in errors))
 
@@ -125,7 +126,7 @@ def disk_error(exc: OSError, what: str) -> DomainError | None:
     elif exc.errno == errno.EROFS:
         error = Unavailable(
             f"the server's disk is read-only while writing {what}; retry later or ask the operator",
-            headers={"Retry-After": "30"},
+            retry_after=30,
         )
     else:
         return None

@@ -49,7 +49,7 @@ def check_input_kind(model_dir: Path, model: str, kind: str, what: str) -> None:
     raise Conflict(
         f"model {model!r} takes {_SAYS[has]} since its version {version}, and {what} is {_SAYS[kind]}: "
         "train it as a new model (another model name)",
-        loc=["body", "model"],
+        field=("model",),
         model=model,
         input_kind=has,
     )

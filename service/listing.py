@@ -1,40 +1,15 @@
-"""Pages of the model registry's listings: models by name, a model's versions newest first.
-
-A cursor is an opaque token naming the last item of the page before (keyset paging): a page stays
-correct while versions are published or deleted between two requests, and a client cannot ask for an
-offset the server must count up to. A cursor names what it pages (which listing, which model), so one
-passed to the wrong listing is a 422 that says where it came from, not a silently wrong page.
+"""Pages of the model registry's listings: models by name, a model's versions newest first, each paged
+by the one cursor codec (`service.db.cursor`): a cursor names its listing and the last item before.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections.abc import Sequence
 
-from service.errors import Invalid
+from service.db.cursor import decode_cursor, encode_cursor
 from service.versions import version_key
 
 MAX_PAGE = 1000  # the most items one listing page holds, whatever the client asks
-
-
-def _encode(parts: list[str]) -> str:
-    raw = json.dumps(parts, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode(cursor: str, kind: str, scope: str, where: str) -> str:
-    """The last item a cursor of listing `kind` within `scope` names; `Invalid` for anything else."""
-    try:
-        parts = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        parts = None
-    if not (isinstance(parts, list) and len(parts) == 3 and all(isinstance(p, str) for p in parts)
-            and parts[:2] == [kind, scope]):
-        raise Invalid(f"cursor is not one this server handed out for {where}: pass the cursor the previous "
-                      "page gave, or leave it out for the first page", loc=["query", "cursor"])
-    return str(parts[2])
 
 
 def models_page(names: Sequence[str], limit: int, cursor: str | None) -> tuple[list[str], str | None]:
@@ -42,11 +17,11 @@ def models_page(names: Sequence[str], limit: int, cursor: str | None) -> tuple[l
     the last)."""
     ordered = sorted(names)
     if cursor is not None:
-        after = _decode(cursor, "models", "", "GET /v1/models")
+        after = str(decode_cursor(cursor, ["models", ""], [str])[0])
         ordered = [n for n in ordered if n > after]
     page = ordered[:limit]
     more = bool(page) and len(ordered) > limit
-    return page, _encode(["models", "", page[-1]]) if more else None
+    return page, encode_cursor(["models", ""], [page[-1]]) if more else None
 
 
 def versions_page(
@@ -56,8 +31,8 @@ def versions_page(
     page (None: the last)."""
     newest_first = sorted(versions, key=version_key, reverse=True)
     if cursor is not None:
-        after = version_key(_decode(cursor, "versions", model, f"the versions of model {model!r}"))
+        after = version_key(str(decode_cursor(cursor, ["versions", model], [str])[0]))
         newest_first = [v for v in newest_first if version_key(v) < after]
     page = newest_first[:limit]
     more = bool(page) and len(newest_first) > limit
-    return page, _encode(["versions", model, page[-1]]) if more else None
+    return page, encode_cursor(["versions", model], [page[-1]]) if more else None

@@ -100,10 +100,8 @@ class InputRowError(Invalid):
     """One input of a request cannot be answered (e.g. its values overflow float32 in the encoder): a
     value the client sent is wrong, as only the model can tell (422 like every invalid input)."""
 
-    def __init__(self, row: int, field: str, message: str) -> None:
-        self.row = row
-        self.field = field
-        super().__init__(f"inputs[{row}].{field}: {message}", loc=["body", "inputs", row, field])
+    def __init__(self, row: int, input_field: str, message: str) -> None:
+        super().__init__(f"inputs[{row}].{input_field}: {message}", field=("inputs", row, input_field))
         self.message = message
 
 

@@ -415,7 +415,7 @@ class ModelRegistry:
         log.warning("activation not confirmed by every worker",
                     extra={"model": name, "version": version, "serving": serving, "workers": alive})
         if strict:
-            raise Unavailable(message, headers={"Retry-After": "1"})
+            raise Unavailable(message, retry_after=1)
 
     def _drop(self, name: str) -> None:
         """Stop serving `name` here (deleted or deactivated); requests that pinned it finish on it."""
@@ -523,7 +523,7 @@ class ModelRegistry:
         if versions:
             untried = any((name, v) not in self._refused for v in versions)
             if not self.started.is_set() or untried:  # a new version is found by the next refresh
-                raise Unavailable(f"model {name!r} is still loading", headers={"Retry-After": "1"})
+                raise Unavailable(f"model {name!r} is still loading", retry_after=1)
             raise Unavailable(f"model {name!r} has no version that loads (see the server log)")
         raise NotFound(f"unknown model {name!r}")
 
@@ -569,7 +569,7 @@ class ModelRegistry:
                     f"recorded; {serving} of this server's {alive} workers follow it, the others did not "
                     f"confirm within {CONFIRM_S + time.monotonic() - t0:.0f} s and follow it as soon as "
                     "they can",
-                    headers={"Retry-After": "1"},
+                    retry_after=1,
                 )
 
     def delete_model(self, name: str, force: bool = False) -> list[str]:
@@ -620,7 +620,7 @@ class ModelRegistry:
         name = self.default_name()
         if name is None:
             if not self.started.is_set():
-                raise Unavailable("models are still loading", headers={"Retry-After": "1"})
+                raise Unavailable("models are still loading", retry_after=1)
             raise Unavailable("no model is served: the models directory holds none")
         return self.get(name)
 

@@ -45,7 +45,7 @@ def _settings(request: Request) -> Settings:
 async def require_api_key(request: Request, key: Presented) -> None:
     """Admin scope (every mutation); compared in constant time; a server with no key refuses every key."""
     if not key:
-        raise Unauthorized(f"missing API key: {_HOW}", headers={"WWW-Authenticate": "Bearer"})
+        raise Unauthorized(f"missing API key: {_HOW}")
     admin = _settings(request).api_key
     if admin is None:
         raise Forbidden("this server has no API key configured (set OVEX_API_KEY); mutating calls are off")
@@ -60,7 +60,7 @@ async def require_read_key(request: Request, key: Presented) -> None:
     if s.read_key is None:
         return
     if not key:
-        raise Unauthorized(f"missing read key: {_HOW}", headers={"WWW-Authenticate": "Bearer"})
+        raise Unauthorized(f"missing read key: {_HOW}")
     if not (_matches(key, s.read_key) or _matches(key, s.api_key)):
         raise Forbidden("wrong key: this call needs the read key (OVEX_READ_KEY) or the admin key")
 

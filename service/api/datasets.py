@@ -9,8 +9,8 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
 from service.api.auth import ApiKey, ReadKey
+from service.db.tables import DatasetRow
 from service.errors import Unavailable
-from service.jobs.models import DatasetRow
 from service.jobs.service import JobsService
 
 # every route of the jobs and datasets API reads the job database

@@ -4,7 +4,8 @@ its invalid requests are 400, not 422).
 
 Field errors are `{"loc": [...], "msg": str, "type": str}` with `loc` naming the field and list index
 (`["body", "inputs", 2, "features", "indices", 5]`), so a client can point at what to fix. The domain
-raises the kinds of `service.errors`; `STATUS` below is the only place they meet HTTP.
+raises the kinds of `service.errors` with domain field paths (`("params", "dim")`); `STATUS` below is
+the only place they meet HTTP, and `request_loc` the only place a field path becomes a request location.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from service.errors import (
     Unavailable,
     Unsupported,
 )
-from service.predictor import InputRowError
 from trainer.errors import ArtifactError, DataFormatError, OvexError, ParamsError
 
 log = logging.getLogger("ovex.api")
@@ -64,17 +64,57 @@ def status_for(exc: OvexError) -> int:
     return 400
 
 
-def detail_for(exc: OvexError) -> Any:
+# request headers a domain field may name; a field in neither the path, the query nor these is the body's
+HEADER_FIELDS = frozenset({"content-type", "content-length", "last-event-id"})
+
+
+def _query_names(request: Request | None) -> set[str]:
+    """The query parameters the matched route declares (a client's stray `?params=` is not one)."""
+    route = request.scope.get("route") if request is not None else None
+    todo: list[Any] = [getattr(route, "dependant", None)]
+    names: set[str] = set()
+    while todo:
+        dependant = todo.pop()
+        if dependant is not None:
+            names.update(p.alias for p in dependant.query_params)
+            todo.extend(dependant.dependencies)
+    return names
+
+
+def request_loc(request: Request | None, field: Sequence[str | int]) -> list[str | int]:
+    """Where in the request a domain field path lies: a path parameter, a declared query parameter, a
+    header, or (anything else) the body."""
+    head = field[0] if field else None
+    if request is not None and head in request.path_params:
+        where = "path"
+    elif head in HEADER_FIELDS:
+        where = "header"
+    elif head in _query_names(request):
+        where = "query"
+    else:
+        where = "body"
+    return [where, *field]
+
+
+def detail_for(exc: OvexError, request: Request | None = None) -> Any:
     """A string, or a list of field errors when the error names the field(s) at fault."""
     if isinstance(exc, InputError):
-        return [{"loc": list(loc), "msg": msg, "type": "value_error"} for loc, msg in exc.errors]
-    if isinstance(exc, InputRowError):
-        return [{"loc": ["body", "inputs", exc.row, exc.field], "msg": exc.message, "type": "value_error"}]
+        return [{"loc": request_loc(request, f), "msg": msg, "type": "value_error"} for f, msg in exc.errors]
     if isinstance(exc, DomainError):
-        if exc.loc is None:
+        if exc.field is None:
             return exc.message
-        return [{"loc": exc.loc, "msg": exc.message, "type": exc.kind, **exc.extra}]
+        return [{"loc": request_loc(request, exc.field), "msg": exc.message, "type": exc.kind, **exc.extra}]
     return str(exc)
+
+
+def headers_for(exc: OvexError) -> dict[str, str] | None:
+    """What the error's kind means in headers: when to retry, how to authenticate."""
+    headers: dict[str, str] = {}
+    if isinstance(exc, DomainError) and exc.retry_after is not None:
+        headers["Retry-After"] = str(exc.retry_after)
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = "Bearer"
+    return headers or None
 
 
 def _shown(text: str, limit: int) -> str:
@@ -138,8 +178,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OvexError)
     async def _ovex(request: Request, exc: OvexError) -> JSONResponse:
-        headers = exc.headers if isinstance(exc, DomainError) else None
-        return respond(request, status_for(exc), detail_for(exc), headers)
+        return respond(request, status_for(exc), detail_for(exc, request), headers_for(exc))
 
     @app.exception_handler(ClientDisconnect)
     async def _gone(request: Request, exc: ClientDisconnect) -> JSONResponse:

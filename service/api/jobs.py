@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 from service.api.auth import ApiKey, ReadKey
 from service.api.bodies import ClientBody
 from service.api.datasets import DB_DOWN, KEYED, Cursor, Jobs, Limit
+from service.db.tables import JobRow
 from service.errors import InputError
-from service.jobs.models import JobRow
 from service.jobs.service import Event, JobRequest
 from trainer.losses import LOSSES, load_plugins
 from trainer.params import TrainParams, given_params, validation_message
@@ -227,7 +227,7 @@ def job_params(body: JobCreate) -> TrainParams:
     try:
         return given_params(body.params.model_dump(exclude_unset=True), continuing=body.base is not None)
     except ValidationError as exc:
-        raise InputError([(["body", "params"], validation_message(exc))]) from None
+        raise InputError([(("params",), validation_message(exc))]) from None
 
 
 @router.get("", response_model=JobList)

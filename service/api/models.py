@@ -30,9 +30,9 @@ from service.api.schemas import (
     VersionList,
     VersionName,
 )
+from service.db.tables import JobRow
 from service.errors import DomainError, NotFound
 from service.input_kind import InputKind, model_kind
-from service.jobs.models import JobRow
 from service.listing import MAX_PAGE, models_page, versions_page
 from service.registry import ModelRegistry, ServedModel
 

@@ -17,7 +17,7 @@ from service.api.errors import MAX_FIELD_ERRORS
 from service.api.metrics import Metrics
 from service.api.schemas import BATCH_LIMIT, ErrorBody, ModelName, PredictRequest, PredictResponse
 from service.batching import MicroBatcher
-from service.errors import InputError, Loc, Unavailable
+from service.errors import Field, InputError, Unavailable
 from service.explain import explain
 from service.predictor import InputRow, Job, Options, RowPrediction
 from service.registry import ServedModel
@@ -43,15 +43,15 @@ async def count_first(settings: SettingsDep) -> None:
 def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job:
     """Check what only the limits and the model can tell, then build plain predictor inputs. The index
     checks are numpy's, so a body full of numbers costs the event loop a few milliseconds at most."""
-    errors: list[tuple[Loc, str]] = []
+    errors: list[tuple[Field, str]] = []
     if len(req.inputs) > settings.max_batch:
         errors.append(
-            (("body", "inputs"), f"at most {settings.max_batch} inputs per request, got {len(req.inputs)}")
+            (("inputs"), f"at most {settings.max_batch} inputs per request, got {len(req.inputs)}")
         )
     if req.top_k > settings.max_top_k:
-        errors.append((("body", "top_k"), f"top_k must be at most {settings.max_top_k}, got {req.top_k}"))
+        errors.append((("top_k",), f"top_k must be at most {settings.max_top_k}, got {req.top_k}"))
     elif req.explain and req.top_k > settings.max_explain_top_k:
-        errors.append((("body", "top_k"), f"with explain, top_k must be at most "
+        errors.append((("top_k",), f"with explain, top_k must be at most "
                        f"{settings.max_explain_top_k}, got {req.top_k}: ask for fewer labels, or leave "
                        "explain out"))
     rows: list[InputRow] = []
@@ -62,7 +62,7 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
             if kind != "text":
                 errors.append(
                     (
-                        ("body", "inputs", i, "text"),
+                        ("inputs", i, "text"),
                         f"model {served.name!r} takes sparse `features`, not text",
                     )
                 )
@@ -70,7 +70,7 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
             continue
         if kind == "text":
             errors.append(
-                (("body", "inputs", i, "features"), f"model {served.name!r} takes `text`, not features")
+                (("inputs", i, "features"), f"model {served.name!r} takes `text`, not features")
             )
             continue
         try:
@@ -81,7 +81,7 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
         for j in over[:5].tolist():
             errors.append(
                 (
-                    ("body", "inputs", i, "features", "indices", j),
+                    ("inputs", i, "features", "indices", j),
                     f"index {inp.features.indices[j]} is out of range: model "
                     f"{served.name!r} has {nf} features (0..{nf - 1})",
                 )
@@ -95,11 +95,11 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
     return Job(rows, Options(top_k=req.top_k, normalization=req.normalization, exact=req.exact))
 
 
-def _bounded(errors: list[tuple[Loc, str]]) -> list[tuple[Loc, str]]:
+def _bounded(errors: list[tuple[Field, str]]) -> list[tuple[Field, str]]:
     """The first `MAX_FIELD_ERRORS`, then one counting the rest: what to fix first, in a small answer."""
     if len(errors) <= MAX_FIELD_ERRORS:
         return errors
-    return [*errors[:MAX_FIELD_ERRORS], (("body",), f"and {len(errors) - MAX_FIELD_ERRORS} more errors")]
+    return [*errors[:MAX_FIELD_ERRORS], ((), f"and {len(errors) - MAX_FIELD_ERRORS} more errors")]
 
 
 def known_features(served: ServedModel, rows: Sequence[InputRow]) -> list[int]:
@@ -126,7 +126,7 @@ async def predict_rows(
             preds = await batcher.submit(served.predictor, job, settings.request_timeout_s)
         except TimeoutError:
             raise Unavailable(f"prediction took over {settings.request_timeout_s}s; retry later",
-                              headers={"Retry-After": "1"}) from None
+                              retry_after=1) from None
     except Exception:
         metrics.predict_errors.labels(served.name).inc()
         raise

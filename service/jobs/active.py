@@ -16,41 +16,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Boolean, Engine, Float, String, delete, select, update
+from sqlalchemy import Engine, delete, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy.orm import Session
 
+from service.db.engine import make_engine, migrate, reachable
+from service.db.locks import lock_version
+from service.db.tables import ActiveVersionRow, ModelFlagsRow
 from service.errors import NotFound
-from service.jobs.db import make_engine, migrate, reachable
-from service.jobs.models import Base
-from service.jobs.store import lock_version
 
 log = logging.getLogger("ovex.active")
 
 # checked under a version's lock before its activation is recorded: the version is still on disk
 Present = Callable[[], bool]
 LEGACY_FILE = "active.json"  # where activation choices lived before the database held them
-
-
-class ActiveVersionRow(Base):
-    __tablename__ = "active_versions"
-
-    model: Mapped[str] = mapped_column(String(128), primary_key=True)
-    version: Mapped[str] = mapped_column(String(128))
-    explicit: Mapped[bool] = mapped_column(Boolean, default=False)
-    updated_at: Mapped[float] = mapped_column(Float)
-
-
-class ModelFlagsRow(Base):
-    """What an operator decided about a model beyond its active version: it is the default (at most one
-    row), or it is deactivated (not served; its versions stay)."""
-
-    __tablename__ = "model_flags"
-
-    model: Mapped[str] = mapped_column(String(128), primary_key=True)
-    deactivated: Mapped[bool] = mapped_column(Boolean, default=False)
-    is_default: Mapped[bool] = mapped_column(Boolean, default=False)
-    updated_at: Mapped[float] = mapped_column(Float)
 
 
 @dataclass(frozen=True)

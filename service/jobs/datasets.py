@@ -23,6 +23,7 @@ from typing import IO
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from service.db.tables import LABEL_TEXTS, DatasetRow
 from service.errors import (
     DomainError,
     InsufficientStorage,
@@ -34,7 +35,6 @@ from service.errors import (
     writing,
 )
 from service.jobs.config import JobsConfig
-from service.jobs.models import LABEL_TEXTS, DatasetRow
 from service.jobs.runner import dataset_path
 from service.jobs.store import JobStore
 from trainer.durable import commit_file
@@ -46,7 +46,7 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9._ -]+")
 
 def _invalid_file(filename: str, line: int, message: str) -> Invalid:
     """The uploaded file is not a valid dataset: the reader's line-level error, under the upload's name."""
-    return Invalid(f"{filename}:{line}: {message}", loc=["body", "file"], kind="dataset_invalid", line=line)
+    return Invalid(f"{filename}:{line}: {message}", field=("file",), kind="dataset_invalid", line=line)
 
 
 @dataclass
@@ -94,7 +94,7 @@ class _MultipartSink:
         self._name = opts.get(b"name", b"").decode("utf-8", "replace")
         if self._name == self.file_field:
             if self.seen_file:
-                raise Invalid(f"more than one `{self.file_field}` part in the upload", loc=["body", "file"])
+                raise Invalid(f"more than one `{self.file_field}` part in the upload", field=("file",))
             self.seen_file = self._is_file = True
             raw = opts.get(b"filename", b"").decode("utf-8", "replace")
             self.filename = os.path.basename(raw.replace("\\", "/")) or "upload"
@@ -104,7 +104,7 @@ class _MultipartSink:
         if self._is_file:
             self.size += len(chunk)
             if self.size > self.max_bytes:
-                raise TooLarge(f"upload exceeds the limit of {self.max_bytes} bytes", loc=["body", "file"])
+                raise TooLarge(f"upload exceeds the limit of {self.max_bytes} bytes", field=("file",))
             self.hash.update(chunk)
             self.out.write(chunk)
         else:
@@ -112,7 +112,7 @@ class _MultipartSink:
             if len(self._buf) > _FIELD_LIMIT:
                 raise Invalid(
                     f"form field {self._name!r} is longer than {_FIELD_LIMIT} bytes",
-                    loc=["body", self._name or "body"],
+                    field=(self._name or "body",),
                 )
 
     def on_part_end(self) -> None:
@@ -137,17 +137,17 @@ async def receive_file(
     if mime != b"multipart/form-data" or not boundary:
         raise Unsupported(
             f"send the dataset as multipart/form-data with a `{file_field}` field",
-            loc=["header", "content-type"],
+            field=("content-type",),
         )
     envelope = max_bytes + (1 << 20)  # room for part headers and small fields around the file
     if content_length is not None:
         try:
             declared = int(content_length)
         except ValueError:
-            raise Malformed("invalid Content-Length header", loc=["header", "content-length"]) from None
+            raise Malformed("invalid Content-Length header", field=("content-length",)) from None
         if declared > envelope:
             raise TooLarge(
-                f"upload of {declared} bytes exceeds the limit of {max_bytes} bytes", loc=["body", "file"]
+                f"upload of {declared} bytes exceeds the limit of {max_bytes} bytes", field=("file",)
             )
     body = _counted(chunks, envelope, max_bytes)
     try:
@@ -172,10 +172,10 @@ async def receive_file(
             raise
         if not sink.ended:
             raise Malformed(
-                "the multipart body ends before its closing boundary: the upload was cut short", loc=["body"]
+                "the multipart body ends before its closing boundary: the upload was cut short", field=()
             )
         if not sink.seen_file:
-            raise Invalid(f"no `{file_field}` part in the multipart body", loc=["body", file_field])
+            raise Invalid(f"no `{file_field}` part in the multipart body", field=(file_field,))
         return ReceivedFile(tmp, sink.filename or "upload", sink.size, sink.hash.hexdigest(), sink.fields)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -188,7 +188,7 @@ async def _counted(chunks: AsyncIterator[bytes], envelope: int, max_bytes: int) 
     async for chunk in chunks:
         total += len(chunk)
         if total > envelope:
-            raise TooLarge(f"upload exceeds the limit of {max_bytes} bytes", loc=["body", "file"])
+            raise TooLarge(f"upload exceeds the limit of {max_bytes} bytes", field=("file",))
         yield chunk
 
 
@@ -210,7 +210,7 @@ def _feed(parser: MultipartParser, chunk: bytes | None) -> None:
     except DomainError:
         raise
     except (MultipartParseError, ValueError, TypeError, IndexError) as e:
-        raise Malformed(f"malformed multipart body: {e}", loc=["body"]) from None
+        raise Malformed(f"malformed multipart body: {e}", field=()) from None
 
 
 def _callbacks(sink: _MultipartSink) -> dict[str, object]:
@@ -247,7 +247,7 @@ def _upload_kind(received: ReceivedFile) -> str:
     if kind:
         if kind not in KINDS:
             raise Invalid(f"form field `kind` must be one of {', '.join(KINDS)}, got {kind[:40]!r}",
-                          loc=["body", "kind"])
+                          field=("kind",))
         return kind
     try:
         with open(received.path, "rb") as fh:

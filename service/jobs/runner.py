@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from service.continual import trainer_inputs
+from service.db.tables import CANCELLED, FAILED, LABEL_TEXTS, SUCCEEDED, DatasetRow, JobRow
 from service.errors import disk_error, writing
 from service.input_kind import artifact_kind, check_input_kind
 from service.jobs.config import JobsConfig
-from service.jobs.models import CANCELLED, FAILED, LABEL_TEXTS, SUCCEEDED, DatasetRow, JobRow
 from service.jobs.store import JobStore
 from service.versions import next_version, version_key
 from trainer.durable import commit_file, fsync_path, fsync_tree

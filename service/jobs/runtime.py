@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
+from service.db.engine import make_engine, migrate
 from service.jobs.config import JobsConfig
-from service.jobs.db import make_engine, migrate
 from service.jobs.service import JobsService
 from service.jobs.store import JobStore
 from service.settings import Settings

@@ -20,12 +20,12 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from service.continual import resolve_base
-from service.errors import Conflict, Invalid, NotFound, Unavailable
+from service.db.tables import LABEL_TEXTS, SUCCEEDED, TERMINAL_STATES, DatasetRow, JobEventRow, JobRow
+from service.errors import Conflict, Field, Invalid, NotFound, Unavailable
 from service.input_kind import KIND_OF_FORMAT, check_input_kind
 from service.jobs import budget
 from service.jobs.config import JobsConfig
 from service.jobs.datasets import ingest, receive_file, upload_name
-from service.jobs.models import LABEL_TEXTS, SUCCEEDED, TERMINAL_STATES, DatasetRow, JobEventRow, JobRow
 from service.jobs.runner import dataset_path
 from service.jobs.store import MAX_EVENT_ID, JobStore
 from trainer.errors import ParamsError
@@ -85,10 +85,10 @@ class JobsService:
         row, created = await asyncio.to_thread(ingest, self.cfg, self.store, received)
         return row, created, upload_name(received)
 
-    def get_dataset(self, dataset_id: str, loc: list[str | int] | None = None) -> DatasetRow:
+    def get_dataset(self, dataset_id: str, field: Field | None = None) -> DatasetRow:
         row = self.store.get_dataset(dataset_id)
         if row is None or row.deleted_at is not None:
-            raise NotFound(f"dataset {dataset_id!r} not found", loc=loc or ["path", "dataset_id"])
+            raise NotFound(f"dataset {dataset_id!r} not found", field=field or ("dataset_id",))
         return row
 
     def list_datasets(self, limit: int, cursor: str | None) -> tuple[list[DatasetRow], str | None]:
@@ -107,20 +107,20 @@ class JobsService:
         if req.params.nproc_per_node > cores:
             raise Invalid(
                 f"nproc_per_node {req.params.nproc_per_node} exceeds the worker's {cores} CPU cores",
-                loc=["body", "params", "nproc_per_node"],
+                field=("params", "nproc_per_node"),
             )
         if req.params.device == "cuda":
             import torch
 
             if not torch.cuda.is_available():
                 raise Invalid(
-                    "device 'cuda' requested but no GPU is available", loc=["body", "params", "device"]
+                    "device 'cuda' requested but no GPU is available", field=("params", "device")
                 )
-        train = self.get_dataset(req.train_dataset, ["body", "train_dataset"])
+        train = self.get_dataset(req.train_dataset, ("train_dataset",))
         if train.format == LABEL_TEXTS:
             raise Invalid(f"dataset {train.id} is a label-texts file, not training data: name it as the "
                           "job's `label_texts` and a data set of rows as `train_dataset`",
-                          loc=["body", "train_dataset"])
+                          field=("train_dataset",))
         if req.label_texts is not None:
             self._check_label_texts(req.label_texts, train)
         if req.base is None:  # a base is checked against its own kind (`resolve_base`)
@@ -141,7 +141,7 @@ class JobsService:
             features = resolved.features if train.format == "xc" else None
             space = Space("the continued model", resolved.features, resolved.xc_labels)
         if req.test_dataset is not None:
-            test = self.get_dataset(req.test_dataset, ["body", "test_dataset"])
+            test = self.get_dataset(req.test_dataset, ("test_dataset",))
             _check_compatible(train, test, space)
         _check_ranks(params, labels)
         need = budget.estimate(params, labels, features)
@@ -154,7 +154,7 @@ class JobsService:
             raise Invalid(
                 f"the job needs {need.explain()}; over the memory budget of {budget.human_bytes(limit)}"
                 f"{per}: lower params.{need.culprit()}{more_ranks} or raise OVEX_MEMORY_BUDGET_BYTES",
-                loc=["body", "params", need.culprit()],
+                field=("params", need.culprit()),
                 kind="memory_budget",
                 need_bytes=need.bytes,
                 budget_bytes=limit,
@@ -172,14 +172,14 @@ class JobsService:
 
     def _check_label_texts(self, dataset_id: str, train: DatasetRow) -> None:
         """The job's `label_texts` names an uploaded label-texts file, and the rows are text."""
-        loc: list[str | int] = ["body", "label_texts"]
+        loc: Field = ("label_texts",)
         texts = self.get_dataset(dataset_id, loc)
         if texts.format != LABEL_TEXTS:
             raise Invalid(f"dataset {texts.id} is {texts.format} training data, not a label-texts file: "
-                          "upload a JSONL file of {\"name\", \"text\"} lines and name its id", loc=loc)
+                          "upload a JSONL file of {\"name\", \"text\"} lines and name its id", field=loc)
         if train.format != "jsonl":
             raise Invalid(f"label texts are read by the model's text featurizer, but dataset {train.id} is "
-                          f"{train.format} (feature ids): train on a JSONL text data set", loc=loc)
+                          f"{train.format} (feature ids): train on a JSONL text data set", field=loc)
 
     def _base_exists(self, base: dict[str, Any]) -> None:
         """Checked again under the version's lock: it may have been deleted since it was resolved."""
@@ -228,7 +228,7 @@ class JobsService:
     def get(self, job_id: str) -> JobRow:
         job = self.store.get_job(job_id)
         if job is None:
-            raise NotFound(f"job {job_id!r} not found", loc=["path", "job_id"])
+            raise NotFound(f"job {job_id!r} not found", field=("job_id",))
         return job
 
     def list_jobs(
@@ -371,7 +371,7 @@ def parse_last_event_id(value: str | None) -> int:
             return n
     raise Invalid(
         f"Last-Event-ID must be an event id this server sent (an integer 0..{MAX_EVENT_ID})",
-        loc=["header", "last-event-id"],
+        field=("last-event-id",),
     )
 
 
@@ -380,14 +380,14 @@ def _check_ranks(params: TrainParams, labels: int) -> None:
     ranks = params.nproc_per_node
     if ranks == 1:
         return
-    loc: list[str | int] = ["body", "params", "nproc_per_node"]
+    loc: Field = ("params", "nproc_per_node")
     try:
         check_shardable(params.loss, ranks)
     except ParamsError as exc:
-        raise Invalid(str(exc), loc=["body", "params", "loss"]) from None
+        raise Invalid(str(exc), field=("params", "loss")) from None
     if labels < ranks:
         raise Invalid(f"{labels} labels cannot be sharded across {ranks} ranks (need labels >= ranks)",
-                      loc=loc)
+                      field=loc)
 
 
 @dataclass(frozen=True)
@@ -400,16 +400,16 @@ class Space:
 
 
 def _check_compatible(train: DatasetRow, test: DatasetRow, space: Space) -> None:
-    loc: list[str | int] = ["body", "test_dataset"]
+    loc: Field = ("test_dataset",)
     if test.format != train.format:
-        raise Invalid(f"test dataset is {test.format} but the training dataset is {train.format}", loc=loc)
+        raise Invalid(f"test dataset is {test.format} but the training dataset is {train.format}", field=loc)
     too_wide = [
         f"{what} {n} > {m} in {space.name}"
         for what, n, m in (("features", test.features, space.features), ("labels", test.labels, space.labels))
         if train.format == "xc" and n is not None and m is not None and n > m
     ]
     if too_wide:
-        raise Invalid(f"test dataset does not fit {space.name}: {', '.join(too_wide)}", loc=loc)
+        raise Invalid(f"test dataset does not fit {space.name}: {', '.join(too_wide)}", field=loc)
 
 
 def _line(e: JobEventRow) -> str:

@@ -10,23 +10,20 @@ the log endpoint across processes.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
-import hashlib
-import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import CursorResult, Engine, Select, delete, false, func, or_, select, text, update
+from sqlalchemy import CursorResult, Engine, Select, delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.errors import Conflict, Invalid, NotFound
-from service.jobs.db import reachable
-from service.jobs.models import (
+from service.db.cursor import decode_cursor, encode_cursor
+from service.db.engine import reachable
+from service.db.locks import lock_version, lock_writes
+from service.db.tables import (
     ACTIVE_STATES,
     CANCELLED,
     FAILED,
@@ -38,6 +35,7 @@ from service.jobs.models import (
     JobEventRow,
     JobRow,
 )
+from service.errors import Conflict, Field, NotFound
 
 # the largest event id either database stores (BIGINT); a Last-Event-ID above it names nothing
 MAX_EVENT_ID = (1 << 63) - 1
@@ -119,10 +117,10 @@ class JobStore:
         test, label-texts or replay set). Named only by ended jobs, the record stays, marked deleted, so
         their history still says what they trained on (the caller removes the file either way)."""
         with self.session() as s:
-            _lock_writes(s)  # on PostgreSQL the row's lock waits instead, for a job being recorded on it
+            lock_writes(s)  # on PostgreSQL the row's lock waits instead, for a job being recorded on it
             row = s.get(DatasetRow, dataset_id, with_for_update=True)
             if row is None or row.deleted_at is not None:
-                raise NotFound(f"dataset {dataset_id!r} not found", loc=["path", "dataset_id"])
+                raise NotFound(f"dataset {dataset_id!r} not found", field=("dataset_id",))
             users = list(
                 s.scalars(
                     select(JobRow)
@@ -138,7 +136,7 @@ class JobStore:
                 raise Conflict(
                     f"dataset {dataset_id!r} is used by {len(active)} queued or running job(s) "
                     f"({', '.join(active)}); cancel them or wait until they end",
-                    loc=["path", "dataset_id"],
+                    field=("dataset_id",),
                 )
             if users:
                 row.deleted_at = time.time()
@@ -151,7 +149,7 @@ class JobStore:
     ) -> tuple[list[Row], str | None]:
         """Keyset paging on (created_at, id), newest first: stable while rows are added or removed."""
         if cursor is not None:
-            at, last_id = decode_cursor(cursor, table.__tablename__)
+            at, last_id = decode_cursor(cursor, [table.__tablename__], [float, str])
             q = q.where(or_(table.created_at < at, (table.created_at == at) & (table.id < last_id)))
         q = q.order_by(table.created_at.desc(), table.id.desc()).limit(limit + 1)
         with self.session() as s:
@@ -159,7 +157,7 @@ class JobStore:
         if len(rows) <= limit:
             return rows, None
         rows = rows[:limit]
-        return rows, encode_cursor(table.__tablename__, rows[-1].created_at, rows[-1].id)
+        return rows, encode_cursor([table.__tablename__], [rows[-1].created_at, rows[-1].id])
 
     # -- jobs -----------------------------------------------------------------------------------
     def create_job(
@@ -178,13 +176,13 @@ class JobStore:
         for (`NotFound` naming the field when one was deleted since the caller checked it). One that
         continues `base` is recorded under the base's `version_lock`, after `base_exists` (which raises
         when the version is gone) has passed under it."""
-        uses: dict[str, list[str | int]] = {train_dataset: ["body", "train_dataset"]}
+        uses: dict[str, Field] = {train_dataset: ("train_dataset",)}
         if test_dataset is not None:
-            uses.setdefault(test_dataset, ["body", "test_dataset"])
+            uses.setdefault(test_dataset, ("test_dataset",))
         if label_texts is not None:
-            uses.setdefault(label_texts, ["body", "label_texts"])
+            uses.setdefault(label_texts, ("label_texts",))
         if base is not None and base.get("replay_dataset"):
-            uses.setdefault(str(base["replay_dataset"]), ["body", "base", "replay_dataset"])
+            uses.setdefault(str(base["replay_dataset"]), ("base", "replay_dataset"))
         now = time.time()
         row = JobRow(
             id=new_id("job"),
@@ -206,13 +204,14 @@ class JobStore:
         with lock as s:
             if base_exists is not None:
                 base_exists()
-            _lock_writes(s)
+            lock_writes(s)
             q = (select(DatasetRow.id).where(DatasetRow.id.in_(list(uses)), DatasetRow.deleted_at.is_(None))
                  .with_for_update(read=True))
             found = set(s.scalars(q))
             for dataset_id, loc in uses.items():
                 if dataset_id not in found:
-                    raise NotFound(f"dataset {dataset_id!r} was deleted while the job was submitted", loc=loc)
+                    raise NotFound(f"dataset {dataset_id!r} was deleted while the job was submitted",
+                                   field=loc)
             s.add(row)
             s.flush()
             s.add(JobEventRow(job_id=row.id, ts=now, kind="state", data={"state": QUEUED}))
@@ -288,12 +287,12 @@ class JobStore:
         with self.session() as s:
             row = s.get(JobRow, job_id)
             if row is None:
-                raise NotFound(f"job {job_id!r} not found", loc=["path", "job_id"])
+                raise NotFound(f"job {job_id!r} not found", field=("job_id",))
             res = s.execute(delete(JobRow).where(JobRow.id == job_id, JobRow.state.in_(TERMINAL_STATES)))
             if _rowcount(res) != 1:
                 raise Conflict(
                     f"job {job_id!r} is {row.state}; cancel it and delete it once it has ended",
-                    loc=["path", "job_id"],
+                    field=("job_id",),
                 )
             s.execute(delete(JobEventRow).where(JobEventRow.job_id == job_id))
             return row
@@ -449,7 +448,7 @@ class JobStore:
             if row.state in TERMINAL_STATES and row.state != CANCELLED:
                 raise Conflict(
                     f"job {job_id!r} has already {row.state}; only a queued or running job can be cancelled",
-                    loc=["path", "job_id"],
+                    field=("job_id",),
                 )
             return row
 
@@ -513,25 +512,6 @@ class JobStore:
                 self._event(s, job_id, "activated", {"model_version": version})
 
 
-def lock_version(s: Session, model: str, version: str) -> None:
-    """Take, in the transaction `s`, the lock that every act on one model version (delete it, activate it,
-    record a job that continues it) takes, in every process and replica, until `s` ends. PostgreSQL: an
-    advisory lock on the pair; SQLite: the database's write lock, taken by a write that changes nothing."""
-    if s.get_bind().dialect.name == "postgresql":
-        key = int.from_bytes(hashlib.blake2b(f"{model}/{version}".encode(), digest_size=8).digest(),
-                             "big", signed=True)
-        s.execute(text("SELECT pg_advisory_xact_lock(CAST(:k AS BIGINT))"), {"k": key})
-    else:
-        _lock_writes(s)
-
-
-def _lock_writes(s: Session) -> None:
-    """SQLite: take the database's write lock now (a write that changes nothing), so what the transaction
-    reads next cannot change before it commits. PostgreSQL locks rows instead: nothing to do."""
-    if s.get_bind().dialect.name == "sqlite":
-        s.execute(update(JobRow).where(false()).values(id=JobRow.id))
-
-
 def _rowcount(res: Any) -> int:
     return int(res.rowcount) if isinstance(res, CursorResult) else int(getattr(res, "rowcount", 0))
 
@@ -539,28 +519,5 @@ def _rowcount(res: Any) -> int:
 def _get(s: Session, job_id: str) -> JobRow:
     row = s.get(JobRow, job_id)
     if row is None:
-        raise NotFound(f"job {job_id!r} not found", loc=["path", "job_id"])
+        raise NotFound(f"job {job_id!r} not found", field=("job_id",))
     return row
-
-
-def encode_cursor(listing: str, created_at: float, row_id: str) -> str:
-    """A cursor names its listing, so one passed to another listing is refused, not a wrong page."""
-    raw = json.dumps([listing, created_at, row_id], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str, listing: str) -> tuple[float, str]:
-    """The position a cursor of `listing` names; `Invalid` for anything this listing did not hand out."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        kind, at, row_id = json.loads(raw)
-        if (kind != listing or isinstance(at, bool) or not isinstance(at, int | float)
-                or not isinstance(row_id, str)):
-            raise ValueError(cursor)
-        return float(at), row_id
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
-        raise Invalid(
-            f"cursor is not one this server handed out for GET /v1/{listing}: pass `next_cursor` from the "
-            "previous page, or leave it out for the first page",
-            loc=["query", "cursor"],
-        ) from None

@@ -21,8 +21,8 @@ import uuid
 from types import FrameType
 from typing import Any
 
+from service.db.engine import checkpoint_wal, make_engine, migrate
 from service.jobs.config import JobsConfig
-from service.jobs.db import checkpoint_wal, make_engine, migrate
 from service.jobs.runner import JobRunner
 from service.jobs.store import JobStore
 from service.settings import Settings

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from service import registry as registry_module
+from service.db.tables import DatasetRow
 from service.errors import Conflict, NotFound
 from service.jobs.active import ActiveVersions
 from service.jobs.config import JobsConfig
-from service.jobs.models import DatasetRow
 from service.jobs.runtime import JobsRuntime
 from service.jobs.service import JobRequest
 from service.registry import ModelRegistry
@@ -158,7 +158,7 @@ def test_a_job_is_never_recorded_on_a_dataset_deleted_meanwhile(
         submitter.join(60)
         error = submitted.get("error")
         assert isinstance(error, NotFound), submitted
-        assert error.loc is not None and error.loc[-1] == field and "ds_other" in error.message
+        assert error.field is not None and error.field[-1] == field and "ds_other" in error.message
         assert runtime.store.list_jobs(limit=10)[0] == []
     finally:
         runtime.stop()

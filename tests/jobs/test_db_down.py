@@ -114,9 +114,9 @@ def test_a_job_that_published_before_the_database_went_down_never_publishes_twic
 
     import pytest
 
+    from service.db.tables import DatasetRow
     from service.errors import Unavailable
     from service.jobs import runner as runner_module
-    from service.jobs.models import DatasetRow
     from service.jobs.runner import JobRunner
     from service.jobs.runtime import JobsRuntime
     from service.settings import Settings

@@ -11,8 +11,8 @@ import pytest
 from ovex_client import Client, Conflict, NotFound
 from ovex_client import cli as client_cli
 
+from service.db.engine import make_engine
 from service.jobs.config import JobsConfig
-from service.jobs.db import make_engine
 from service.jobs.service import JobsService
 from service.jobs.store import JobStore
 from service.settings import Settings

@@ -254,9 +254,9 @@ def test_a_job_database_on_the_full_disk_fails_the_job_in_words_and_frees_its_fi
 
 def test_a_full_disk_under_the_job_database_is_a_507_in_words(tmp_path: Path) -> None:
     """SQLite's own "database or disk is full", on a real full disk: the store's refusal says so."""
+    from service.db.engine import make_engine, migrate
+    from service.db.tables import DatasetRow
     from service.errors import InsufficientStorage
-    from service.jobs.db import make_engine, migrate
-    from service.jobs.models import DatasetRow
     from service.jobs.store import JobStore
 
     with tmpfs(tmp_path / "db", "2m") as db:

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from service.db.engine import make_engine, migrate
+from service.db.tables import SUCCEEDED, DatasetRow
 from service.jobs.config import JobsConfig
-from service.jobs.db import make_engine, migrate
-from service.jobs.models import SUCCEEDED, DatasetRow
 from service.jobs.service import JobsService
 from service.jobs.store import JobStore
 from service.settings import Settings

@@ -202,7 +202,7 @@ def test_cancel_running_job_stops_fast_and_cleans_up(
     assert outcome and (outcome[0] is None or isinstance(outcome[0], httpx.TransportError)), outcome
     # its embedded worker stopped with it and handed the job back (resuming it after a restart is shown in
     # test_embedded_worker_is_a_fresh_child_that_follows_ovex_serve)
-    from service.jobs.db import make_engine
+    from service.db.engine import make_engine
     from service.jobs.store import JobStore
 
     engine = make_engine(srv.env.get("OVEX_DB_URL") or f"sqlite:///{srv.data_dir / 'ovex.db'}")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from service.db.engine import make_engine, migrate
+from service.db.tables import DatasetRow
 from service.errors import Conflict, Invalid, NotFound
-from service.jobs.db import make_engine, migrate
-from service.jobs.models import DatasetRow
 from service.jobs.store import JobStore
 
 

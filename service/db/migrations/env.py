@@ -1,11 +1,11 @@
-"""Alembic environment: runs on the connection `service.jobs.db.migrate` hands over (or a URL)."""
+"""Alembic environment: runs on the connection `service.db.engine.migrate` hands over (or a URL)."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from service.jobs.models import Base
+from service.db.tables import Base
 
 config = context.config
 target_metadata = Base.metadata

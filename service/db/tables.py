@@ -1,4 +1,4 @@
-"""SQL tables of the job system: datasets, jobs and the per-job event log.
+"""Every SQL table: datasets, jobs and the per-job event log; models' active versions and flags.
 
 Timestamps are float seconds since the epoch: SQLite and PostgreSQL then compare and return them the
 same way, which matters for the heartbeat lease that decides whether a job's worker has died.
@@ -91,3 +91,24 @@ class JobEventRow(Base):
     ts: Mapped[float] = mapped_column(Float)
     kind: Mapped[str] = mapped_column(String(16))
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class ActiveVersionRow(Base):
+    __tablename__ = "active_versions"
+
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    version: Mapped[str] = mapped_column(String(128))
+    explicit: Mapped[bool] = mapped_column(Boolean, default=False)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class ModelFlagsRow(Base):
+    """What an operator decided about a model beyond its active version: it is the default (at most one
+    row), or it is deactivated (not served; its versions stay)."""
+
+    __tablename__ = "model_flags"
+
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    deactivated: Mapped[bool] = mapped_column(Boolean, default=False)
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False)
+    updated_at: Mapped[float] = mapped_column(Float)

@@ -54,9 +54,9 @@ def lost(exc: BaseException) -> bool:
 
 @contextlib.contextmanager
 def reachable(outcome: str = "") -> Iterator[None]:
-    """Run database calls; a lost database becomes `Unavailable`, a 503 with Retry-After that names no
-    SQL, host, path or driver class (`outcome` says what did not happen), and a full disk under it
-    `InsufficientStorage` (507); the log keeps the driver's message."""
+    """Run database calls; a lost database becomes `Unavailable` with a retry hint, naming no SQL, host,
+    path or driver class (`outcome` says what did not happen), and a full disk under it
+    `InsufficientStorage`; the log keeps the driver's message."""
     try:
         yield
     except Exception as exc:
@@ -77,8 +77,8 @@ def _refusal(exc: Exception, then: str) -> DomainError:
         return InsufficientStorage(f"the job database's disk is full{then}; free space or ask the operator")
     if primary == sqlite3.SQLITE_READONLY:
         return Unavailable(f"the job database's disk is read-only{then}; retry later or ask the operator",
-                           headers={"Retry-After": "30"})
-    return Unavailable(f"the job database is unavailable{then}; retry later", headers={"Retry-After": "2"})
+                           retry_after=30)
+    return Unavailable(f"the job database is unavailable{then}; retry later", retry_after=2)
 
 
 def make_engine(url: str) -> Engine:
