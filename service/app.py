@@ -23,13 +23,13 @@ from service.api.errors import document_errors, install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import Metrics, MetricsMiddleware
 from service.batching import MicroBatcher
-from service.jobs.active import ActiveVersions
-from service.jobs.config import JobsConfig
-from service.jobs.runtime import JobsRuntime
 from service.logs import configure_logging
 from service.registry import ModelRegistry
 from service.retrieval import configure_threads
 from service.settings import Settings
+from service.training.active import ActiveVersions
+from service.training.config import JobsConfig
+from service.training.runtime import JobsRuntime
 
 log = logging.getLogger("ovex.app")
 

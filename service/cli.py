@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from service import serve as serve_cli
-from service.jobs import worker as jobs_worker
+from service.training import worker as jobs_worker
 from trainer import cli as trainer_cli
 from trainer.errors import OvexError
 

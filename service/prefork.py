@@ -35,7 +35,7 @@ import uvicorn
 from service.peers import Peers, join
 
 if TYPE_CHECKING:
-    from service.jobs.runtime import EmbeddedWorker
+    from service.training.runtime import EmbeddedWorker
 
 log = logging.getLogger("ovex.serve")
 

@@ -122,7 +122,7 @@ def run_workers(settings: Settings) -> int:
     os.environ[SETTINGS_ENV] = child.to_child_json()
     os.environ.update({name: str(child.threads) for name in _THREAD_ENV})
     preload()
-    from service.jobs.runtime import EmbeddedWorker
+    from service.training.runtime import EmbeddedWorker
 
     config = uvicorn.Config("service.app:app_from_env", factory=True, **_uvicorn_options(child))
     sock = config.bind_socket()

@@ -148,7 +148,7 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="a version that failed to load is retried after this long"
     )
 
-    # --- training jobs (service/jobs) ----------------------------------------------------------------
+    # --- training jobs (service/training) ----------------------------------------------------------------
     db_url: str | None = Field(
         default=None, description="job database URL; None: SQLite file <data_dir>/ovex.db"
     )

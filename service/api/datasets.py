@@ -9,9 +9,10 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
 from service.api.auth import ApiKey, ReadKey
+from service.api.uploads import receive_file
 from service.db.tables import DatasetRow
 from service.errors import Unavailable
-from service.jobs.service import JobsService
+from service.training.service import JobsService
 
 # every route of the jobs and datasets API reads the job database
 DB_DOWN: dict[int | str, dict[str, Any]] = {
@@ -141,9 +142,14 @@ _UPLOAD_BODY = {
 async def upload_dataset(request: Request, response: Response, jobs: Jobs, _: ApiKey) -> DatasetOut:
     """Stream the `file` part to disk (413 over the limit), validate it with the trainer's reader (422 with
     the line at fault), and store it under its SHA-256. Uploading the same bytes again returns the record."""
-    row, created, asked = await jobs.upload(
-        request.headers.get("content-type"), request.headers.get("content-length"), request.stream()
+    received = await receive_file(
+        request.headers.get("content-type"),
+        request.headers.get("content-length"),
+        request.stream(),
+        jobs.cfg.uploads_dir,
+        jobs.cfg.settings.max_upload_bytes,
     )
+    row, created, asked = await jobs.upload(received)
     out = dataset_out(row)
     if not created:
         response.status_code = 200

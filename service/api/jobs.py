@@ -17,7 +17,7 @@ from service.api.bodies import ClientBody
 from service.api.datasets import DB_DOWN, KEYED, Cursor, Jobs, Limit
 from service.db.tables import JobRow
 from service.errors import InputError
-from service.jobs.service import Event, JobRequest
+from service.training.service import Event, JobRequest
 from trainer.losses import LOSSES, load_plugins
 from trainer.params import TrainParams, given_params, validation_message
 

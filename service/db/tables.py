@@ -55,7 +55,7 @@ class JobRow(Base):
     train_dataset: Mapped[str] = mapped_column(String(40), ForeignKey("datasets.id"))
     test_dataset: Mapped[str | None] = mapped_column(String(40), ForeignKey("datasets.id"), nullable=True)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
-    # {"model", "version", "replay_dataset"} of the version a continual job grows (service.continual)
+    # {"model", "version", "replay_dataset"} of the version a continual job grows (training.continuing)
     base: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True, default=None)
     # the dataset (of format "label_texts") whose label texts the job trains with
     label_texts: Mapped[str | None] = mapped_column(String(40), nullable=True, default=None)

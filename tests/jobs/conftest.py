@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.jobs.runtime import terminate
+from service.training.runtime import terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-jobs"

@@ -16,12 +16,12 @@ import pytest
 from service import registry as registry_module
 from service.db.tables import DatasetRow
 from service.errors import Conflict, NotFound
-from service.jobs.active import ActiveVersions
-from service.jobs.config import JobsConfig
-from service.jobs.runtime import JobsRuntime
-from service.jobs.service import JobRequest
 from service.registry import ModelRegistry
 from service.settings import Settings
+from service.training.active import ActiveVersions
+from service.training.config import JobsConfig
+from service.training.runtime import JobsRuntime
+from service.training.service import JobRequest
 from tests.jobs.conftest import Backend
 from tests.service.conftest import train_small
 from trainer.params import TrainParams

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.jobs import budget
+from service.training import budget
 from trainer.params import TrainParams
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.jobs import budget
+from service.training import budget
 from tests.jobs.conftest import Backend, Server
 from trainer.label_shards import shard_bounds
 from trainer.params import MAX_BATCH, MAX_NEGATIVES, TrainParams

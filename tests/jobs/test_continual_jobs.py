@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from service.jobs.active import ActiveVersions
+from service.training.active import ActiveVersions
 from tests.jobs.conftest import Backend
 from trainer.data import read_xc, write_xc
 from trainer.synth import synth
@@ -244,7 +244,7 @@ def test_the_memory_budget_counts_a_label_the_base_and_the_data_share_once(
 ) -> None:
     """XC labels are named by their ids: continuing a 40-label model on 40-label data makes 40 labels, not
     80, so a continual run on the data the base was trained on fits the budget its base fitted."""
-    from service.jobs.budget import estimate
+    from service.training.budget import estimate
     from trainer.params import TrainParams
 
     params = {**TINY, "dim": 1024, "epochs": 1}
@@ -260,7 +260,7 @@ def test_the_memory_budget_counts_a_label_the_base_and_the_data_share_once(
 def test_a_base_named_by_ids_shares_them_with_xc_data(tmp_path: Path) -> None:
     """Only a base whose labels are named "0", "1", ... shares its ids with XC data; one with its own names
     gets every label of the data appended, which the budget and the test-set checks must allow for."""
-    from service.continual import _named_by_ids
+    from service.training.continuing import _named_by_ids
     from trainer.artifact import labels_text
 
     (tmp_path / "labels.txt").write_text(labels_text([str(i) for i in range(12)]), encoding="utf-8")

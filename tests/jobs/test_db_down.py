@@ -116,10 +116,10 @@ def test_a_job_that_published_before_the_database_went_down_never_publishes_twic
 
     from service.db.tables import DatasetRow
     from service.errors import Unavailable
-    from service.jobs import runner as runner_module
-    from service.jobs.runner import JobRunner
-    from service.jobs.runtime import JobsRuntime
     from service.settings import Settings
+    from service.training import runner as runner_module
+    from service.training.runner import JobRunner
+    from service.training.runtime import JobsRuntime
     from trainer.params import TrainParams
 
     settings = Settings(data_dir=tmp_path / "data", models_dir=tmp_path / "models", db_url=own_postgres.url)

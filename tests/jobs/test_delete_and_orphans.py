@@ -12,10 +12,10 @@ from ovex_client import Client, Conflict, NotFound
 from ovex_client import cli as client_cli
 
 from service.db.engine import make_engine
-from service.jobs.config import JobsConfig
-from service.jobs.service import JobsService
-from service.jobs.store import JobStore
 from service.settings import Settings
+from service.training.config import JobsConfig
+from service.training.service import JobsService
+from service.training.store import JobStore
 from tests.jobs.conftest import API_KEY, Backend, Server
 
 TINY = {"dim": 16, "batch_size": 32, "negatives": 8, "lr": 0.05, "epochs": 2}

@@ -257,7 +257,7 @@ def test_a_full_disk_under_the_job_database_is_a_507_in_words(tmp_path: Path) ->
     from service.db.engine import make_engine, migrate
     from service.db.tables import DatasetRow
     from service.errors import InsufficientStorage
-    from service.jobs.store import JobStore
+    from service.training.store import JobStore
 
     with tmpfs(tmp_path / "db", "2m") as db:
         engine = make_engine(f"sqlite:///{db / 'ovex.db'}")

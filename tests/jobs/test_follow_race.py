@@ -10,10 +10,10 @@ from typing import Any
 
 from service.db.engine import make_engine, migrate
 from service.db.tables import SUCCEEDED, DatasetRow
-from service.jobs.config import JobsConfig
-from service.jobs.service import JobsService
-from service.jobs.store import JobStore
 from service.settings import Settings
+from service.training.config import JobsConfig
+from service.training.service import JobsService
+from service.training.store import JobStore
 
 
 def test_a_job_ending_between_the_two_reads_ends_the_stream_with_its_activation(tmp_path: Path) -> None:

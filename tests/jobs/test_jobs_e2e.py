@@ -203,7 +203,7 @@ def test_cancel_running_job_stops_fast_and_cleans_up(
     # its embedded worker stopped with it and handed the job back (resuming it after a restart is shown in
     # test_embedded_worker_is_a_fresh_child_that_follows_ovex_serve)
     from service.db.engine import make_engine
-    from service.jobs.store import JobStore
+    from service.training.store import JobStore
 
     engine = make_engine(srv.env.get("OVEX_DB_URL") or f"sqlite:///{srv.data_dir / 'ovex.db'}")
     try:
@@ -300,7 +300,7 @@ def test_embedded_worker_is_a_fresh_child_that_follows_ovex_serve(
     assert srv.proc is not None and pid != srv.proc.pid
     stat = Path(f"/proc/{pid}/stat").read_text()
     assert int(stat.rsplit(")", 1)[1].split()[1]) == srv.proc.pid  # its parent is the server
-    assert b"service.jobs.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()  # a new interpreter
+    assert b"service.training.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()  # a new interpreter
 
     os.kill(srv.proc.pid, signal.SIGKILL)
     srv.proc.wait(10)
@@ -360,9 +360,9 @@ def test_a_job_builds_the_serving_index_and_the_service_loads_it_from_the_cache(
 def test_a_cancel_while_the_serving_index_builds_stops_the_job(tmp_path: Path) -> None:
     """The runner's build step polls the job's stop flag: a cancel there ends the job as cancelled, with
     no index left in the artifact it would have published."""
-    from service.jobs.config import JobsConfig
-    from service.jobs.runner import JobRunner
     from service.settings import Settings
+    from service.training.config import JobsConfig
+    from service.training.runner import JobRunner
     from trainer.errors import TrainingCancelled
     from trainer.params import TrainParams
     from trainer.synth import synth_dataset
@@ -399,9 +399,9 @@ def test_a_failed_job_tells_what_failed_without_the_servers_paths(tmp_path: Path
     import errno
     from types import SimpleNamespace
 
-    from service.jobs.config import JobsConfig
-    from service.jobs.runner import JobRunner
     from service.settings import Settings
+    from service.training.config import JobsConfig
+    from service.training.runner import JobRunner
     from trainer.errors import write_error
 
     class Store:

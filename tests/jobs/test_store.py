@@ -13,7 +13,7 @@ import pytest
 from service.db.engine import make_engine, migrate
 from service.db.tables import DatasetRow
 from service.errors import Conflict, Invalid, NotFound
-from service.jobs.store import JobStore
+from service.training.store import JobStore
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.services)])

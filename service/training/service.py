@@ -19,15 +19,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from service.continual import resolve_base
 from service.db.tables import LABEL_TEXTS, SUCCEEDED, TERMINAL_STATES, DatasetRow, JobEventRow, JobRow
 from service.errors import Conflict, Field, Invalid, NotFound, Unavailable
 from service.input_kind import KIND_OF_FORMAT, check_input_kind
-from service.jobs import budget
-from service.jobs.config import JobsConfig
-from service.jobs.datasets import ingest, receive_file, upload_name
-from service.jobs.runner import dataset_path
-from service.jobs.store import MAX_EVENT_ID, JobStore
+from service.training import budget
+from service.training.config import JobsConfig
+from service.training.continuing import resolve_base
+from service.training.datasets import ReceivedFile, ingest, upload_name
+from service.training.runner import dataset_path
+from service.training.store import MAX_EVENT_ID, JobStore
 from trainer.errors import ParamsError
 from trainer.label_shards import check_shardable
 from trainer.params import TrainParams
@@ -70,18 +70,9 @@ class JobsService:
         self.registry = registry  # the stored versions a job's base is resolved against
 
     # -- datasets ---------------------------------------------------------------------------------
-    async def upload(
-        self, content_type: str | None, content_length: str | None, chunks: AsyncIterator[bytes]
-    ) -> tuple[DatasetRow, bool, str]:
-        """Stream, validate and store an upload; (record, created, the name the upload asked for). Nothing
+    async def upload(self, received: ReceivedFile) -> tuple[DatasetRow, bool, str]:
+        """Validate and store a received upload; (record, created, the name the upload asked for). Nothing
         is stored on any refusal."""
-        received = await receive_file(
-            content_type,
-            content_length,
-            chunks,
-            self.cfg.uploads_dir,
-            self.cfg.settings.max_upload_bytes,
-        )
         row, created = await asyncio.to_thread(ingest, self.cfg, self.store, received)
         return row, created, upload_name(received)
 

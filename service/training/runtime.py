@@ -21,10 +21,10 @@ from typing import Any, Protocol
 from sqlalchemy.orm import Session
 
 from service.db.engine import make_engine, migrate
-from service.jobs.config import JobsConfig
-from service.jobs.service import JobsService
-from service.jobs.store import JobStore
 from service.settings import Settings
+from service.training.config import JobsConfig
+from service.training.service import JobsService
+from service.training.store import JobStore
 
 log = logging.getLogger("ovex.jobs")
 
@@ -137,7 +137,7 @@ class EmbeddedWorker:
             os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         )
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service.jobs.worker", "--parent-pid", str(os.getpid())],
+            [sys.executable, "-m", "service.training.worker", "--parent-pid", str(os.getpid())],
             env=env,
             stdin=subprocess.PIPE,
             start_new_session=True,  # Ctrl-C in the terminal reaches the API, which stops the worker itself

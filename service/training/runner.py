@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from service.continual import trainer_inputs
 from service.db.tables import CANCELLED, FAILED, LABEL_TEXTS, SUCCEEDED, DatasetRow, JobRow
 from service.errors import disk_error, writing
 from service.input_kind import artifact_kind, check_input_kind
-from service.jobs.config import JobsConfig
-from service.jobs.store import JobStore
+from service.training.config import JobsConfig
+from service.training.continuing import trainer_inputs
+from service.training.store import JobStore
 from service.versions import next_version, version_key
 from trainer.durable import commit_file, fsync_path, fsync_tree
 from trainer.errors import DataFormatError, OvexError, TrainingCancelled

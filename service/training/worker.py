@@ -22,10 +22,10 @@ from types import FrameType
 from typing import Any
 
 from service.db.engine import checkpoint_wal, make_engine, migrate
-from service.jobs.config import JobsConfig
-from service.jobs.runner import JobRunner
-from service.jobs.store import JobStore
 from service.settings import Settings
+from service.training.config import JobsConfig
+from service.training.runner import JobRunner
+from service.training.store import JobStore
 
 log = logging.getLogger("ovex.worker")
 WAL_CHECKPOINT_EVERY_S = 30.0
@@ -196,7 +196,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def main(argv: list[str] | None = None) -> None:
     """The embedded worker: `ovex serve` writes its `Settings` as JSON on our stdin."""
-    parser = argparse.ArgumentParser(prog="python -m service.jobs.worker")
+    parser = argparse.ArgumentParser(prog="python -m service.training.worker")
     parser.add_argument("--parent-pid", type=int, default=0, help="stop when this process is gone")
     args = parser.parse_args(argv)
     settings = Settings.model_validate_json(sys.stdin.read())
