@@ -66,6 +66,8 @@ def _state_tensors(stepper: Stepper) -> dict[str, torch.Tensor]:
             tensors[f"toptim.{name}"] = t
     for name, t in stepper.best.state.items():
         tensors[f"best.{name}"] = t
+    if stepper.hard is not None and stepper.hard.table is not None:  # mined at the epoch's start
+        tensors["hard.table"] = stepper.hard.table
     tensors["rng.torch"] = _rng(torch.get_rng_state())
     tensors["rng.sampler"] = _rng(stepper.sampler.get_state())
     if torch.cuda.is_available():
@@ -205,6 +207,8 @@ def _restore(stepper: Stepper, meta: dict[str, Any], tensors: dict[str, torch.Te
     if stepper.table_optim is not stepper.optim:
         stepper.table_optim.load_state_tensors(part("toptim."))
     stepper.best.load(meta, {k: v.to(device) for k, v in tensors.items() if k.startswith("best.")})
+    if stepper.hard is not None and "hard.table" in tensors:
+        stepper.hard.table = tensors["hard.table"].cpu()
     if "rng.torch" in tensors:
         torch.set_rng_state(tensors["rng.torch"])
         stepper.sampler.set_state(tensors["rng.sampler"])

@@ -56,6 +56,10 @@ class Candidates:
     # int64 [2, n]: `masked_negative_pairs`, when worked out ahead (on the host, for a GPU step)
     masked: torch.Tensor | None = None
     mask: torch.Tensor | None = None  # `pos_mask` once made
+    # hard negatives (`trainer.hard_negatives`): each pair's hard labels as columns, int64 [P, k], and
+    # bool [P, k] the ones it takes (the others point at column 0 and count for nothing)
+    hard_cols: torch.Tensor | None = None
+    hard_keep: torch.Tensor | None = None
 
     @property
     def pos_mask(self) -> torch.Tensor:
@@ -88,6 +92,7 @@ class CandidateBatch:
     h: torch.Tensor  # float [B, d]
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [C, d+1] rows
     pos_scores: torch.Tensor | None = None  # float [P]: f_y for each positive pair (pos_rows, pos_cols)
+    hard_scores: torch.Tensor | None = None  # float [P, k]: f of each pair's hard columns (`cand.hard_cols`)
 
     def positive_scores(self) -> torch.Tensor:
         """f_y of every positive pair, whether or not `scores` holds the positive columns."""
@@ -389,12 +394,31 @@ def ove_loss(batch: CandidateBatch) -> torch.Tensor:
             batch.scores[:, :n], batch.positive_scores(), c.pos_rows, scale, mask_p, mask_j, pw,
             c.group_size,
         )
-        return total
-    weights = torch.exp(c.neg_logw).to(batch.scores.dtype)
-    total = _OveSum.apply(
-        batch.scores[:, :n], batch.positive_scores(), c.pos_rows, weights, mask_p, mask_j, pw
-    )
+    else:
+        weights = torch.exp(c.neg_logw).to(batch.scores.dtype)
+        total = _OveSum.apply(
+            batch.scores[:, :n], batch.positive_scores(), c.pos_rows, weights, mask_p, mask_j, pw
+        )
+    if batch.hard_scores is not None and c.hard_keep is not None:
+        total = total + hard_group_loss(batch.hard_scores, batch.positive_scores(), c.hard_keep, pw,
+                                        c.group_size)
     return total
+
+
+def hard_group_loss(hard_scores: torch.Tensor, s_pos: torch.Tensor, keep: torch.Tensor, pair_w: torch.Tensor,
+                    group: int) -> torch.Tensor:
+    """Σ_p pair_w_p · Σ_g log(1 + Σ_{h∈g} e^{f_h − f_y}) over consecutive groups of G of each pair's hard
+    columns, weight 1 (each is taken with probability 1; `trainer.hard_negatives` says why the sum with
+    the sampled part stays a bound)."""
+    z = (hard_scores - s_pos.unsqueeze(1)).masked_fill(~keep, -math.inf)
+    k = z.shape[1]
+    g = max(1, min(group, k))
+    pad = (-k) % g
+    if pad:
+        z = F.pad(z, (0, pad), value=-math.inf)
+    zg = z.view(z.shape[0], -1, g)
+    zg = torch.cat([zg.new_zeros(zg.shape[0], zg.shape[1], 1), zg], dim=2)  # the implicit e^0 = 1
+    return torch.logsumexp(zg, dim=2).sum(1) @ pair_w
 
 
 def ove_loss_reference(batch: CandidateBatch) -> torch.Tensor:

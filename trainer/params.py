@@ -105,6 +105,17 @@ class TrainParams(BaseModel):
         "softmax (a tighter bound of the same family; 1 = the one-vs-each bound over pairs)",
     )
     sampler: Sampler = Field(default="uniform", description="proposal for negatives (importance-weighted)")
+    hard_negatives: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description="ove: each positive also takes this many hard negatives, its label's nearest labels by "
+        "head row (mined every hard_every epochs from the second on), scored with weight 1 while the "
+        "sampled ones that fall among them are left out for it, so the loss stays a bound (0 = off)",
+    )
+    hard_every: int = Field(
+        default=1, ge=1, le=10_000, description="with hard_negatives: epochs between two minings"
+    )
     alpha: float = Field(default=0.75, ge=0.0, le=2.0, description="exponent of the unigram^alpha proposal")
     label_weighting: LabelWeighting = Field(
         default="row",
@@ -287,6 +298,12 @@ class TrainParams(BaseModel):
 
         if self.stop_epoch > self.epochs:
             raise ValueError(f"stop_epoch {self.stop_epoch} is after the last epoch ({self.epochs})")
+        if self.hard_negatives > 0 and self.loss != "ove":
+            raise ValueError(f"hard_negatives {self.hard_negatives} needs loss 'ove', not {self.loss!r}; "
+                             "set hard_negatives 0 to train with it")
+        if self.hard_negatives > 0 and self.nproc_per_node > 1:
+            raise ValueError(f"hard_negatives {self.hard_negatives} trains on one process; set "
+                             f"nproc_per_node 1 or hard_negatives 0")
         if self.group_size > 1 and self.sampler != "uniform" and get_loss(self.loss).grouped:
             raise ValueError(
                 f"group_size {self.group_size} needs sampler 'uniform' (grouped negatives are only unbiased "

@@ -37,6 +37,7 @@ from trainer.continual import (
 )
 from trainer.data import Dataset, check_compatible, label_counts, label_names_of, unseen_labels_note
 from trainer.errors import ParamsError, TrainingCancelled
+from trainer.hard_negatives import HardNegatives
 from trainer.label_shards import (
     LabelShard,
     check_shardable,
@@ -337,6 +338,7 @@ class Stepper:
         self.dense = model.dense_parameters()
         self.best = BestEpoch()  # used when params.valid_fraction > 0; saved with checkpoints
         self.head_lr: torch.Tensor | None = None  # per-label lr multiplier of the head (continual runs)
+        self.hard: HardNegatives | None = None  # with params.hard_negatives: the mined table
 
     def step(self, ep: EpochData, i: int, j: int, lr: float) -> torch.Tensor:
         """One SGD step on rows [i, j); returns the loss as a 0-d tensor on the training device (reading
@@ -360,6 +362,8 @@ class Stepper:
             groups = params.group_size if self.spec.grouped else 1
             sc = shard_candidates(y_ptr, y_ind, self.shard, self.sampler, params.negatives, groups)
             sc.cand.masked = torch.stack(masked_negative_pairs(sc.cand))
+            if self.hard is not None:  # one rank: the pairs' labels are its columns' ids
+                self.hard.extend(sc.cand, y_ind)
         cand = sc.cand
         x_ind = ep.x_ind[a:b]
         tower = tower_of(self.model)
@@ -429,11 +433,16 @@ class Stepper:
         pos_scores = own
         if group.world > 1:
             pos_scores = group.sum(own.new_zeros(n_pairs).index_copy(0, inp.owned, own))
+        hard_scores = None
+        if cand.hard_cols is not None:  # each pair's hard columns: P·k dot products, not a [B, C] product
+            picked = used_rows.index_select(0, cand.hard_cols.reshape(-1)).view(*cand.hard_cols.shape, -1)
+            hard_scores = torch.bmm(picked, h_aug.index_select(0, cand.pos_rows).unsqueeze(2)).squeeze(2)
         extra: dict[str, torch.Tensor] = {}
         for name, table in model.extra.items():
             picked = table.detach() if rows is None else table.index_select(0, rows)
             extra[name] = picked.requires_grad_()
-        batch = CandidateBatch(cand=cand, scores=scores, h=h, extra=extra, pos_scores=pos_scores)
+        batch = CandidateBatch(cand=cand, scores=scores, h=h, extra=extra, pos_scores=pos_scores,
+                               hard_scores=hard_scores)
         loss = shard_softmax_loss(batch, group) if params.loss == "softmax" else self.spec.fn(batch)
         if apart is not None:  # the tower alone scores the same candidates (with their biases, held)
             loss = loss + self._tower_loss(cand, h, *apart, own_rows, own_cols, low)
@@ -820,6 +829,10 @@ def _fit(
             keep.size, params.sampler, params.alpha, counts[keep], seed=seed,
             focus=None if focus is None else focus[keep], focus_share=share), keep)
     stepper = Stepper(model, spec, params, sampler, group, shard)
+    if params.hard_negatives > 0:
+        if tower is not None:
+            raise ParamsError("hard_negatives does not train with label texts yet; set hard_negatives 0")
+        stepper.hard = HardNegatives(k, params.hard_negatives, params.hard_every, params.seed)
     if focus is not None:
         stepper.head_lr = WarmStart.label_lr(focus, params.new_label_lr, device)
 
@@ -864,6 +877,10 @@ def _fit(
             epoch_examples = 0
             losses.new_epoch()
             pos0 = start_pos if epoch == start_epoch else 0
+            # mined from the trained head: a continual run's at once, a fresh run's after its first epoch
+            first_mining = 0 if warm is not None else 1
+            if stepper.hard is not None and pos0 == 0 and stepper.hard.due(epoch, first_mining):
+                stepper.hard.refresh(model.head, model_counts)
             for pos in range(pos0, steps_per_epoch):
                 if hooks.should_stop():
                     raise TrainingCancelled(f"training stopped at step {step}")
