@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         v2 = models / "m" / added["version"]
         rebuild_s = None
         if args.compare_rebuild:
-            from service.registry import build_serving_index
+            from service.serving.registry import build_serving_index
             from service.settings import Settings
 
             scratch = work / "scratch"

@@ -393,7 +393,7 @@ def serve_path(
 ) -> dict[str, Any]:
     """One server with `OVEX_RETRIEVAL=path`: ready time, peak RSS, and every (normalization, c) cell."""
     port = free_port()
-    from service.retrieval import INDEX_FORMAT
+    from service.serving.retrieval import INDEX_FORMAT
 
     meta_path = art / "index" / path / "meta.json"
     had = path == "exact" or (

@@ -21,13 +21,14 @@ from service.api import metrics as metrics_api
 from service.api.console import install_console
 from service.api.errors import document_errors, install_error_handlers
 from service.api.limits import BodyLimitMiddleware
-from service.api.metrics import Metrics, MetricsMiddleware
-from service.batching import MicroBatcher
+from service.api.metrics import MetricsMiddleware
 from service.logs import configure_logging
-from service.registry import ModelRegistry
-from service.retrieval import configure_threads
+from service.metrics import Metrics
+from service.serving.active import ActiveVersions
+from service.serving.batching import MicroBatcher
+from service.serving.registry import ModelRegistry
+from service.serving.retrieval import configure_threads
 from service.settings import Settings
-from service.training.active import ActiveVersions
 from service.training.config import JobsConfig
 from service.training.runtime import JobsRuntime
 

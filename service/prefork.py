@@ -7,7 +7,7 @@ torch/OpenMP parallel region, builds no app and loads no model. Each worker sets
 builds its app, loads its models and indexes, follows the active versions, and serves the socket the
 supervisor bound. The supervisor replaces a worker that dies or whose event loop stops beating, hands
 SIGTERM/SIGINT on to every worker, and runs the one job worker for the group. It also keeps, in shared
-memory, which worker serves in which slot (`service.peers`): an activation waits for the live ones.
+memory, which worker serves in which slot (`service.serving.peers`): an activation waits for the live ones.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import uvicorn
 
-from service.peers import Peers, join
+from service.serving.peers import Peers, join
 
 if TYPE_CHECKING:
     from service.training.runtime import EmbeddedWorker
@@ -47,7 +47,7 @@ PRELOAD = (
     "trainer.featurize",
     "safetensors.torch",
     "sqlalchemy.dialects.sqlite",
-    "service.quantized_scan",
+    "service.serving.quantized_scan",
     "numba",
     "uvicorn.lifespan.on",
     "uvicorn.loops.asyncio",
@@ -79,7 +79,7 @@ def _compile_scan_kernel() -> None:
     copied, the small arrays and the cell offsets read-only when it read the cache): one thread, no model."""
     import numpy as np
 
-    from service.quantized_scan import Int8Head, quantize_query, scan_cells
+    from service.serving.quantized_scan import Int8Head, quantize_query, scan_cells
 
     d = 4
     for from_cache in (False, True):

@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from service.api.metrics import Metrics
-from service.batching import MicroBatcher
-from service.registry import ModelRegistry
+from service.metrics import Metrics
+from service.serving.batching import MicroBatcher
+from service.serving.registry import ModelRegistry
 from service.settings import Settings
 
 

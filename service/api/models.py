@@ -10,7 +10,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from service.add_labels import ADDED, add_labels
 from service.api.auth import ApiKey
 from service.api.datasets import Limit
 from service.api.deps import RegistryDep, SettingsDep
@@ -32,9 +31,10 @@ from service.api.schemas import (
 )
 from service.db.tables import JobRow
 from service.errors import DomainError, NotFound
-from service.input_kind import InputKind, model_kind
-from service.listing import MAX_PAGE, models_page, versions_page
-from service.registry import ModelRegistry, ServedModel
+from service.serving.add_labels import ADDED, add_labels
+from service.serving.input_kind import InputKind, model_kind
+from service.serving.listing import MAX_PAGE, models_page, versions_page
+from service.serving.registry import ModelRegistry, ServedModel
 
 router = APIRouter(tags=["models"])
 

@@ -14,13 +14,13 @@ from starlette.concurrency import run_in_threadpool
 from service.api.auth import PredictKey
 from service.api.deps import BatcherDep, MetricsDep, RegistryDep, SettingsDep
 from service.api.errors import MAX_FIELD_ERRORS
-from service.api.metrics import Metrics
 from service.api.schemas import BATCH_LIMIT, ErrorBody, ModelName, PredictRequest, PredictResponse
-from service.batching import MicroBatcher
 from service.errors import Field, InputError, Unavailable
-from service.explain import explain
-from service.predictor import InputRow, Job, Options, RowPrediction
-from service.registry import ServedModel
+from service.metrics import Metrics
+from service.serving.batching import MicroBatcher
+from service.serving.explain import explain
+from service.serving.predictor import InputRow, Job, Options, RowPrediction
+from service.serving.registry import ServedModel
 from service.settings import Settings
 
 router = APIRouter(tags=["predict"])

@@ -25,8 +25,8 @@ from service.api.v2_protocol import (
     to_predict_request,
 )
 from service.errors import InputError, Malformed, NotFound
-from service.registry import ModelRegistry, ServedModel
-from service.versions import some_versions
+from service.serving.registry import ModelRegistry, ServedModel
+from service.serving.versions import some_versions
 
 router = APIRouter(prefix="/v2", tags=["v2 (open inference protocol)"])
 

@@ -27,7 +27,7 @@ from pydantic import (
 from service.api.bodies import ClientBody
 from service.api.schemas import PredictInput, PredictRequest, SparseFeatures
 from service.errors import Malformed
-from service.predictor import RowPrediction
+from service.serving.predictor import RowPrediction
 
 MAX_TENSOR_ELEMENTS = 1 << 22
 Datatype = Literal[

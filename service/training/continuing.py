@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from service.errors import Conflict, Field, InputError, Invalid, NotFound
-from service.versions import some_versions
+from service.serving.versions import some_versions
 from trainer.artifact import labels_text, map_safetensors
 from trainer.continual import continual_params
 from trainer.errors import ArtifactError, OvexError, ParamsError

@@ -23,11 +23,11 @@ from typing import Any
 
 from service.db.tables import CANCELLED, FAILED, LABEL_TEXTS, SUCCEEDED, DatasetRow, JobRow
 from service.errors import disk_error, writing
-from service.input_kind import artifact_kind, check_input_kind
+from service.serving.input_kind import artifact_kind, check_input_kind
+from service.serving.versions import next_version, version_key
 from service.training.config import JobsConfig
 from service.training.continuing import trainer_inputs
 from service.training.store import JobStore
-from service.versions import next_version, version_key
 from trainer.durable import commit_file, fsync_path, fsync_tree
 from trainer.errors import DataFormatError, OvexError, TrainingCancelled
 
@@ -364,7 +364,7 @@ class JobRunner:
         service then loads the new version from that cache instead of building it while it serves.
         A cancel stops the build between chunks. A failure costs only the cache: the artifact is good,
         and the service builds the index when it loads the version."""
-        from service.registry import build_serving_index
+        from service.serving.registry import build_serving_index
 
         def check() -> None:
             if hooks.should_stop():

@@ -30,7 +30,7 @@ log = logging.getLogger("ovex.jobs")
 
 
 class Registry(Protocol):
-    """What the watcher needs of `service.registry.ModelRegistry`."""
+    """What the watcher needs of `service.serving.registry.ModelRegistry`."""
 
     def active(self) -> Mapping[str, Any]: ...
 

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from service.db.tables import LABEL_TEXTS, SUCCEEDED, TERMINAL_STATES, DatasetRow, JobEventRow, JobRow
 from service.errors import Conflict, Field, Invalid, NotFound, Unavailable
-from service.input_kind import KIND_OF_FORMAT, check_input_kind
+from service.serving.input_kind import KIND_OF_FORMAT, check_input_kind
 from service.training import budget
 from service.training.config import JobsConfig
 from service.training.continuing import resolve_base

@@ -16,9 +16,9 @@ import pytest
 from service import registry as registry_module
 from service.db.tables import DatasetRow
 from service.errors import Conflict, NotFound
-from service.registry import ModelRegistry
+from service.serving.active import ActiveVersions
+from service.serving.registry import ModelRegistry
 from service.settings import Settings
-from service.training.active import ActiveVersions
 from service.training.config import JobsConfig
 from service.training.runtime import JobsRuntime
 from service.training.service import JobRequest
@@ -40,7 +40,7 @@ def _setup(tmp_path: Path, backend: Backend, trained: Path) -> tuple[JobsRuntime
     settings = Settings(data_dir=tmp_path / "data", models_dir=models, db_url=db_url)
     runtime = JobsRuntime(settings, None)
     registry = ModelRegistry(settings, ActiveVersions(runtime.engine))
-    runtime.service.registry, registry.before_delete = registry, runtime.service.keep_bases
+    runtime.service.serving.registry, registry.before_delete = registry, runtime.service.keep_bases
     runtime.store.add_dataset(DatasetRow(id="ds_train", name="t", checksum="c" * 64, format="xc",
                                          filename="t", size_bytes=1, rows=10, features=300, labels=40,
                                          created_at=time.time()))

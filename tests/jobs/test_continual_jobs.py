@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from service.training.active import ActiveVersions
+from service.serving.active import ActiveVersions
 from tests.jobs.conftest import Backend
 from trainer.data import read_xc, write_xc
 from trainer.synth import synth
@@ -323,7 +323,7 @@ def test_a_version_is_kept_when_the_job_database_cannot_tell(tmp_path: Path) -> 
 
     from service.db.engine import make_engine
     from service.errors import Unavailable
-    from service.registry import ModelRegistry
+    from service.serving.registry import ModelRegistry
     from service.settings import Settings
 
     (tmp_path / "ovex.db").mkdir()  # SQLite cannot open its file: a real driver error

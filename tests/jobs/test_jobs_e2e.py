@@ -330,7 +330,7 @@ def test_a_job_builds_the_serving_index_and_the_service_loads_it_from_the_cache(
     builds the index into the artifact before publishing it, and the service loads that cache, not a build."""
     import json
 
-    from service.retrieval import fingerprint
+    from service.serving.retrieval import fingerprint
     from trainer.artifact import load_artifact
 
     srv = make_server(Backend("sqlite"), OVEX_EXACT_MAX_WEIGHTS="0")

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.training.active import ActiveVersions
+from service.serving.active import ActiveVersions
 from tests.service.conftest import API_KEY, Server, copy_version, start_server, stop_server
 
 BODY = {"inputs": [{"features": {"indices": [3, 17, 101], "values": [1.0, 2.0, 0.5]}}], "top_k": 3}

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import service.quantized_scan as quantized_scan
-from service.quantized_scan import append_rows, build_cells, quantize_head
-from service.retrieval import (
+import service.serving.quantized_scan as quantized_scan
+from service.serving.quantized_scan import append_rows, build_cells, quantize_head
+from service.serving.retrieval import (
     QuantizedScanner,
     RetrievalConfig,
     build_retriever,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from service.batching import MicroBatcher
-from service.predictor import InputRow, Job, Options, RowPrediction
+from service.serving.batching import MicroBatcher
+from service.serving.predictor import InputRow, Job, Options, RowPrediction
 
 
 class FakePredictor:

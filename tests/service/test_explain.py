@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.explain import EXACT, GRADIENT, explain, method
-from service.predictor import InputRow, Options, Predictor
-from service.registry import ServedModel, load_served
+from service.serving.explain import EXACT, GRADIENT, explain, method
+from service.serving.predictor import InputRow, Options, Predictor
+from service.serving.registry import ServedModel, load_served
 from service.settings import Settings
 from tests.service.conftest import Server
 
@@ -65,7 +65,7 @@ def test_linear_contributions_sum_to_score_minus_bias(served: ServedModel, featu
 
 
 def _job(row: InputRow, top_k: int) -> object:
-    from service.predictor import Job
+    from service.serving.predictor import Job
 
     return Job([row], Options(top_k=top_k, normalization="none", exact=True))
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.training.active import ActiveVersions
+from service.serving.active import ActiveVersions
 from tests.service.conftest import API_KEY, Server, copy_version, start_server, stop_server
 
 BODY = {

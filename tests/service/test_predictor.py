@@ -13,9 +13,9 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.predictor import InputRow, Job, Normalization, Options, Predictor
-from service.registry import load_served
-from service.retrieval import ExactScorer, RetrievalConfig, build_retriever
+from service.serving.predictor import InputRow, Job, Normalization, Options, Predictor
+from service.serving.registry import load_served
+from service.serving.retrieval import ExactScorer, RetrievalConfig, build_retriever
 from service.settings import Settings
 from trainer.artifact import load_artifact
 from trainer.sparse_maps import evsoftmax, softmax, sparsemax

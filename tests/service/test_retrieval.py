@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import service.quantized_scan as quantized_scan
-import service.retrieval as retrieval
-from service.quantized_scan import (
+import service.serving.quantized_scan as quantized_scan
+import service.serving.retrieval as retrieval
+from service.serving.quantized_scan import (
     build_cells,
     quantize_head,
     quantize_query,
@@ -22,7 +22,7 @@ from service.quantized_scan import (
     scan_cells,
     score_bounds,
 )
-from service.retrieval import (
+from service.serving.retrieval import (
     ExactScorer,
     FlatRetriever,
     QuantizedScanner,

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from service.predictor import Job, Predictor, RowPrediction
+from service.serving.predictor import Job, Predictor, RowPrediction
 
 log = logging.getLogger("ovex.batching")
 

@@ -17,8 +17,8 @@ import numpy.typing as npt
 import scipy.sparse as sp
 
 from service.errors import Invalid
-from service.input_kind import InputKind
-from service.retrieval import ExactScorer, Retriever, TopK
+from service.serving.input_kind import InputKind
+from service.serving.retrieval import ExactScorer, Retriever, TopK
 from trainer.sparse_maps import linear_head_means, normalize_topk
 
 log = logging.getLogger("ovex.predictor")

@@ -48,7 +48,7 @@ import numpy.typing as npt
 import torch
 from threadpoolctl import threadpool_limits
 
-from service.quantized_scan import (
+from service.serving.quantized_scan import (
     Cells,
     Check,
     Int8Head,

@@ -6,7 +6,7 @@ file is version n's extended by the new labels (weights: head, loss-owned heads 
 labels.txt; label_texts.jsonl) and whose other files are copies, in a hidden staging directory renamed
 into place: the same commit point as a job's publish, so readers never see half a version and version n
 is only ever read. The int8 scan's cache is extended too (new rows join the nearest cells, whose bounds
-widen: `service.retrieval.extend_int8_cache`), so the new version loads in seconds, not after k-means.
+widen: `service.serving.retrieval.extend_int8_cache`), so the new version loads in seconds, not after k-means.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from service.errors import Conflict, InputError, Invalid, NotFound, Unavailable, writing
-from service.registry import ModelRegistry, build_serving_index, retrieval_config
-from service.retrieval import choose_kind, extend_int8_cache
-from service.versions import next_version, version_key
+from service.serving.registry import ModelRegistry, build_serving_index, retrieval_config
+from service.serving.retrieval import choose_kind, extend_int8_cache
+from service.serving.versions import next_version, version_key
 from trainer.durable import fsync_path, fsync_tree, write_safetensors
 from trainer.errors import ArtifactError, OvexError
 

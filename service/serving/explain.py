@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from service.predictor import InputRow, Predictor, RowPrediction
+from service.serving.predictor import InputRow, Predictor, RowPrediction
 
 EXACT = "exact"
 GRADIENT = "gradient_x_input"

@@ -6,10 +6,10 @@ arrived, so during a swap every request is answered entirely by the old or entir
 A version that fails to load is refused with a log line and never replaces the one serving.
 
 Which version is active is not this process's decision: it is a row of the shared database
-(`service.training.active`). Activation loads and warms the version here, then records it; every other
+(`service.serving.active`). Activation loads and warms the version here, then records it; every other
 process and replica polls the rows (`active_poll_s`) and follows. The other workers of the same
 `ovex serve --workers N` are asked to follow at once, and the activation answers once they have
-(`service.peers`). A model nobody activated gets the
+(`service.serving.peers`). A model nobody activated gets the
 highest version that loads, and that first choice is recorded too, so a restart, a second worker or a
 second replica serves the same version instead of re-deciding from what is on disk.
 """
@@ -31,15 +31,21 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from service.api.metrics import Metrics
 from service.errors import Conflict, DomainError, NotFound, Unavailable, writing
-from service.peers import Siblings, this_worker
-from service.predictor import Predictor
-from service.quantized_scan import Check, no_check
-from service.retrieval import ExactScorer, RetrievalConfig, Retriever, build_retriever, configure_threads
+from service.metrics import Metrics
+from service.serving.active import ActiveVersions, Flags
+from service.serving.peers import Siblings, this_worker
+from service.serving.predictor import Predictor
+from service.serving.quantized_scan import Check, no_check
+from service.serving.retrieval import (
+    ExactScorer,
+    RetrievalConfig,
+    Retriever,
+    build_retriever,
+    configure_threads,
+)
+from service.serving.versions import next_version, retire, version_key
 from service.settings import Settings
-from service.training.active import ActiveVersions, Flags
-from service.versions import next_version, retire, version_key
 
 log = logging.getLogger("ovex.registry")
 

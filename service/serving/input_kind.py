@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from service.errors import Conflict
-from service.versions import version_key
+from service.serving.versions import version_key
 
 InputKind = Literal["text", "sparse"]
 KIND_OF_FORMAT: dict[str, InputKind] = {"jsonl": "text", "xc": "sparse"}
