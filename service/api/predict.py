@@ -19,7 +19,7 @@ from service.errors import Field, InputError, Unavailable
 from service.metrics import Metrics
 from service.serving.batching import MicroBatcher
 from service.serving.explain import explain
-from service.serving.predictor import InputRow, Job, Options, RowPrediction
+from service.serving.predictor import InputRow, Options, Query, RowPrediction
 from service.serving.registry import ServedModel
 from service.settings import Settings
 
@@ -40,13 +40,13 @@ async def count_first(settings: SettingsDep) -> None:
     BATCH_LIMIT.set(settings.max_batch)
 
 
-def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job:
+def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Query:
     """Check what only the limits and the model can tell, then build plain predictor inputs. The index
     checks are numpy's, so a body full of numbers costs the event loop a few milliseconds at most."""
     errors: list[tuple[Field, str]] = []
     if len(req.inputs) > settings.max_batch:
         errors.append(
-            (("inputs"), f"at most {settings.max_batch} inputs per request, got {len(req.inputs)}")
+            (("inputs",), f"at most {settings.max_batch} inputs per request, got {len(req.inputs)}")
         )
     if req.top_k > settings.max_top_k:
         errors.append((("top_k",), f"top_k must be at most {settings.max_top_k}, got {req.top_k}"))
@@ -92,7 +92,7 @@ def _to_job(req: PredictRequest, served: ServedModel, settings: Settings) -> Job
         rows.append(InputRow(indices=indices, values=values))
     if errors:
         raise InputError(_bounded(errors))
-    return Job(rows, Options(top_k=req.top_k, normalization=req.normalization, exact=req.exact))
+    return Query(rows, Options(top_k=req.top_k, normalization=req.normalization, exact=req.exact))
 
 
 def _bounded(errors: list[tuple[Field, str]]) -> list[tuple[Field, str]]:

@@ -7,6 +7,8 @@ Thin: the bodies and their conversion live in `v2_protocol`; a prediction goes t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -55,6 +57,13 @@ def _served(registry: ModelRegistry, name: str, version: str | None) -> ServedMo
             f"({served.version!r}) serves; activate it first, or leave the version out"
         )
     return served
+
+
+def _v2_field(field: Sequence[str | int], msg: str) -> str:
+    """A field error in V2's words: an input row by its number, any other field by its name."""
+    if len(field) > 1 and field[0] == "inputs":
+        return f"row {field[1]}: {msg}"
+    return f"{field[-1]}: {msg}" if field else msg
 
 
 @router.get("/health/live")
@@ -136,11 +145,7 @@ async def _infer(
     try:
         preds, _ = await predict_rows(served, pr, batcher, settings, metrics)
     except InputError as exc:  # /v1 names fields as body.inputs.<row>...; V2 inputs are tensors
-        raise Malformed(
-            "; ".join(
-                f"row {loc[2]}: {msg}" if len(loc) > 2 else f"{loc[-1]}: {msg}" for loc, msg in exc.errors
-            )
-        ) from None
+        raise Malformed("; ".join(_v2_field(f, msg) for f, msg in exc.errors)) from None
     return InferResponse(
         model_name=served.name,
         model_version=served.version,

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from service.serving.predictor import Job, Predictor, RowPrediction
+from service.serving.predictor import Predictor, Query, RowPrediction
 
 log = logging.getLogger("ovex.batching")
 
@@ -33,7 +33,7 @@ JobResult = list[RowPrediction] | Exception
 @dataclass
 class _Item:
     predictor: Predictor
-    job: Job
+    query: Query
     future: asyncio.Future[JobResult]
     enqueued: float = field(default_factory=time.perf_counter)
 
@@ -71,12 +71,12 @@ class MicroBatcher:
                 await self._task
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def submit(self, predictor: Predictor, job: Job, timeout_s: float) -> list[RowPrediction]:
+    async def submit(self, predictor: Predictor, query: Query, timeout_s: float) -> list[RowPrediction]:
         """Queue one request's rows; returns its predictions or raises what the predictor raised for it."""
         if self._queue is None:
             raise RuntimeError("batcher not started")
         fut: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Item(predictor, job, fut))
+        self._queue.put_nowait(_Item(predictor, query, fut))
         res = await asyncio.wait_for(fut, timeout_s)
         if isinstance(res, Exception):
             raise res
@@ -85,7 +85,7 @@ class MicroBatcher:
     async def _gather(self, first: _Item) -> list[_Item]:
         assert self._queue is not None
         batch = [first]
-        rows = len(first.job.rows)
+        rows = len(first.query.rows)
         # Wait for company only when the last batch had some: a lone client (concurrency 1) would
         # otherwise pay the whole window on every request for nothing.
         window = self.window_s if self._last_requests > 1 else 0.0
@@ -102,7 +102,7 @@ class MicroBatcher:
                 except TimeoutError:
                     break
             batch.append(item)
-            rows += len(item.job.rows)
+            rows += len(item.query.rows)
         return batch
 
     async def _run(self) -> None:
@@ -119,7 +119,7 @@ class MicroBatcher:
             if not live:
                 continue
             try:
-                if streak and len(live) == 1 and len(live[0].job.rows) == 1 and self._queue.empty():
+                if streak and len(live) == 1 and len(live[0].query.rows) == 1 and self._queue.empty():
                     results = self._compute(live)
                 else:
                     results = await loop.run_in_executor(self._executor, self._compute, live)
@@ -139,10 +139,10 @@ class MicroBatcher:
         out: list[JobResult] = [RuntimeError("not computed")] * len(items)
         for idx in groups.values():
             pred = items[idx[0]].predictor
-            jobs = [items[i].job for i in idx]
-            n_rows = sum(len(j.rows) for j in jobs)
+            queries = [items[i].query for i in idx]
+            n_rows = sum(len(j.rows) for j in queries)
             if self.on_batch is not None:
-                self.on_batch(n_rows, len(jobs))
-            for i, res in zip(idx, pred.predict_jobs_safe(jobs), strict=True):
+                self.on_batch(n_rows, len(queries))
+            for i, res in zip(idx, pred.predict_queries_safe(queries), strict=True):
                 out[i] = res
         return out

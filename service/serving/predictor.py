@@ -106,8 +106,8 @@ class InputRowError(Invalid):
 
 
 @dataclass(frozen=True)
-class Job:
-    """A request's inputs with its options; the batcher concatenates jobs for one predictor call."""
+class Query:
+    """A request's inputs with its options; the batcher concatenates queries for one predictor call."""
 
     rows: Sequence[InputRow]
     options: Options
@@ -169,34 +169,34 @@ class Predictor:
         return np.ascontiguousarray(h, dtype=np.float32)
 
     # -- the whole pipeline ---------------------------------------------------------------------------
-    def predict_jobs(self, jobs: Sequence[Job]) -> list[list[RowPrediction]]:
-        """Every job's rows in one encode; retrieval grouped by (path, fetch size)."""
-        rows = [r for j in jobs for r in j.rows]
-        opts = [j.options for j in jobs for _ in j.rows]
+    def predict_queries(self, queries: Sequence[Query]) -> list[list[RowPrediction]]:
+        """Every query's rows in one encode; retrieval grouped by (path, fetch size)."""
+        rows = [r for j in queries for r in j.rows]
+        opts = [j.options for j in queries for _ in j.rows]
         h = self.encode(rows)
         preds = self.predict_encoded(h, opts)
         out: list[list[RowPrediction]] = []
         pos = 0
-        for j in jobs:
+        for j in queries:
             out.append(preds[pos : pos + len(j.rows)])
             pos += len(j.rows)
         return out
 
-    def predict_jobs_safe(self, jobs: Sequence[Job]) -> list[list[RowPrediction] | Exception]:
-        """Like `predict_jobs`, but one bad request gets its own error instead of failing the batch:
-        inputs whose encoding is not finite are refused, and a failing batch is retried job by job."""
+    def predict_queries_safe(self, queries: Sequence[Query]) -> list[list[RowPrediction] | Exception]:
+        """Like `predict_queries`, but one bad request gets its own error instead of failing the batch:
+        inputs whose encoding is not finite are refused, and a failing batch is retried query by query."""
         try:
-            rows = [r for j in jobs for r in j.rows]
+            rows = [r for j in queries for r in j.rows]
             h = self.encode(rows)
         except Exception as exc:
-            if len(jobs) == 1:
+            if len(queries) == 1:
                 return [exc]
-            return [res for j in jobs for res in self.predict_jobs_safe([j])]
-        out: list[list[RowPrediction] | Exception] = [[] for _ in jobs]
+            return [res for j in queries for res in self.predict_queries_safe([j])]
+        out: list[list[RowPrediction] | Exception] = [[] for _ in queries]
         keep: list[int] = []
         pos = 0
         finite = np.isfinite(h).all(axis=1) & (np.abs(h).max(axis=1, initial=0.0) < 1e18)
-        for ji, j in enumerate(jobs):
+        for ji, j in enumerate(queries):
             bad = [r for r in range(len(j.rows)) if not finite[pos + r]]
             if bad:
                 out[ji] = InputRowError(
@@ -208,9 +208,9 @@ class Predictor:
                 keep.append(ji)
             pos += len(j.rows)
         if keep:
-            starts = np.cumsum([0] + [len(j.rows) for j in jobs])
+            starts = np.cumsum([0] + [len(j.rows) for j in queries])
             sel = np.concatenate([np.arange(starts[ji], starts[ji + 1]) for ji in keep])
-            opts = [jobs[ji].options for ji in keep for _ in jobs[ji].rows]
+            opts = [queries[ji].options for ji in keep for _ in queries[ji].rows]
             try:
                 preds = self.predict_encoded(h[sel], opts)
             except Exception as exc:
@@ -219,13 +219,13 @@ class Predictor:
                 return out
             p = 0
             for ji in keep:
-                n = len(jobs[ji].rows)
+                n = len(queries[ji].rows)
                 out[ji] = preds[p : p + n]
                 p += n
         return out
 
     def predict(self, rows: Sequence[InputRow], options: Options) -> list[RowPrediction]:
-        return self.predict_jobs([Job(rows, options)])[0]
+        return self.predict_queries([Query(rows, options)])[0]
 
     def fetch_size(self, o: Options) -> int:
         want = o.top_k if o.normalization in ("none", "softmax") else max(o.top_k, MIN_FETCH)

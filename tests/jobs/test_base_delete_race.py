@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from service import registry as registry_module
 from service.db.tables import DatasetRow
 from service.errors import Conflict, NotFound
+from service.serving import registry as registry_module
 from service.serving.active import ActiveVersions
 from service.serving.registry import ModelRegistry
 from service.settings import Settings

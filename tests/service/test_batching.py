@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from service.serving.batching import MicroBatcher
-from service.serving.predictor import InputRow, Job, Options, RowPrediction
+from service.serving.predictor import InputRow, Options, Query, RowPrediction
 
 
 class FakePredictor:
-    """Records the jobs of each call; answers every row with its own tag so mixing would show."""
+    """Records the queries of each call; answers every row with its own tag so mixing would show."""
 
     def __init__(self, tag: str, delay: float = 0.0) -> None:
         self.tag = tag
@@ -22,12 +22,12 @@ class FakePredictor:
         self.calls: list[int] = []
         self.threads: set[str] = set()
 
-    def predict_jobs_safe(self, jobs: list[Job]) -> list[Any]:
-        self.calls.append(len(jobs))
+    def predict_queries_safe(self, queries: list[Query]) -> list[Any]:
+        self.calls.append(len(queries))
         self.threads.add(threading.current_thread().name)
         time.sleep(self.delay)
         out: list[Any] = []
-        for j in jobs:
+        for j in queries:
             if j.rows and j.rows[0].text == "boom":
                 out.append(ValueError("bad row"))
             else:
@@ -35,8 +35,8 @@ class FakePredictor:
         return out
 
 
-def _job(text: str = "x", n: int = 1) -> Job:
-    return Job([InputRow(text=text)] * n, Options())
+def _query(text: str = "x", n: int = 1) -> Query:
+    return Query([InputRow(text=text)] * n, Options())
 
 
 def test_concurrent_requests_are_batched_per_predictor() -> None:
@@ -47,7 +47,7 @@ def test_concurrent_requests_are_batched_per_predictor() -> None:
         mb = MicroBatcher(0.005, 64, on_batch=lambda rows, reqs: calls.append((rows, reqs)))
         await mb.start()
         try:
-            return await asyncio.gather(*[mb.submit(a if i % 2 else b, _job(), 5) for i in range(40)])
+            return await asyncio.gather(*[mb.submit(a if i % 2 else b, _query(), 5) for i in range(40)])
         finally:
             await mb.stop()
 
@@ -66,15 +66,15 @@ def test_max_rows_bounds_a_batch_and_errors_stay_with_their_request() -> None:
         mb = MicroBatcher(0.01, 4, None)
         await mb.start()
         try:
-            jobs = [_job("boom" if i == 3 else "x", 2) for i in range(10)]
-            return await asyncio.gather(*[mb.submit(p, j, 5) for j in jobs], return_exceptions=True)
+            queries = [_query("boom" if i == 3 else "x", 2) for i in range(10)]
+            return await asyncio.gather(*[mb.submit(p, j, 5) for j in queries], return_exceptions=True)
         finally:
             await mb.stop()
 
     res = asyncio.run(main())
     assert isinstance(res[3], ValueError)
     assert all(isinstance(r, list) and len(r) == 2 for i, r in enumerate(res) if i != 3)
-    assert max(p.calls) <= 2  # 4 rows at most: two 2-row jobs
+    assert max(p.calls) <= 2  # 4 rows at most: two 2-row queries
 
 
 def test_submit_times_out_instead_of_hanging() -> None:
@@ -85,7 +85,7 @@ def test_submit_times_out_instead_of_hanging() -> None:
         await mb.start()
         try:
             with pytest.raises(TimeoutError):  # two inputs: computed on the compute thread
-                await mb.submit(slow, _job(n=2), 0.05)
+                await mb.submit(slow, _query(n=2), 0.05)
         finally:
             await mb.stop()
 
@@ -104,18 +104,18 @@ def test_a_lone_request_is_computed_on_the_loop_thread_and_a_batch_on_the_comput
         await mb.start()
         seen: dict[str, set[str]] = {}
 
-        async def threads(name: str, *jobs: Job) -> None:
+        async def threads(name: str, *queries: Query) -> None:
             a.threads.clear()
-            await asyncio.gather(*[mb.submit(a, j, 5) for j in jobs])
+            await asyncio.gather(*[mb.submit(a, j, 5) for j in queries])
             seen[name] = set(a.threads)
 
         try:
-            await threads("first", _job())  # alone, but no lone batch before it
-            await threads("lone", _job())
-            await threads("together", *[_job() for _ in range(6)])
-            await threads("after a batch", _job())
-            await threads("three inputs", _job(n=3))
-            await threads("lone again", _job())
+            await threads("first", _query())  # alone, but no lone batch before it
+            await threads("lone", _query())
+            await threads("together", *[_query() for _ in range(6)])
+            await threads("after a batch", _query())
+            await threads("three inputs", _query(n=3))
+            await threads("lone again", _query())
         finally:
             await mb.stop()
         return seen

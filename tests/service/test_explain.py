@@ -52,7 +52,7 @@ def test_linear_contributions_sum_to_score_minus_bias(served: ServedModel, featu
     pred: Predictor = served.predictor
     assert method(pred) == EXACT
     row = row_of(features)
-    [[answer]] = pred.predict_jobs([_job(row, top_k)])
+    [[answer]] = pred.predict_queries([_query(row, top_k)])
     [why] = explain(pred, [row], [answer], max_terms=1000)
     assert len(why) == len(answer.labels)
     for label, e in zip(answer.labels, why, strict=True):
@@ -64,15 +64,15 @@ def test_linear_contributions_sum_to_score_minus_bias(served: ServedModel, featu
         assert {c["feature"] for c in e["contributions"]} <= set(features)
 
 
-def _job(row: InputRow, top_k: int) -> object:
-    from service.serving.predictor import Job
+def _query(row: InputRow, top_k: int) -> object:
+    from service.serving.predictor import Query
 
-    return Job([row], Options(top_k=top_k, normalization="none", exact=True))
+    return Query([row], Options(top_k=top_k, normalization="none", exact=True))
 
 
 def test_bounded_to_max_terms(served: ServedModel) -> None:
     row = row_of({i: 1.0 for i in range(0, 60, 2)})
-    [[answer]] = served.predictor.predict_jobs([_job(row, 3)])
+    [[answer]] = served.predictor.predict_queries([_query(row, 3)])
     [why] = explain(served.predictor, [row], [answer], max_terms=4)
     assert all(len(e["contributions"]) == 4 and e["n_features"] == 30 for e in why)
 
@@ -81,7 +81,7 @@ def test_mlp_is_flagged_approximate(served_mlp: ServedModel) -> None:
     pred = served_mlp.predictor
     assert method(pred) == GRADIENT
     row = row_of({3: 1.0, 17: 2.0, 101: 0.5})
-    [[answer]] = pred.predict_jobs([_job(row, 3)])
+    [[answer]] = pred.predict_queries([_query(row, 3)])
     [why] = explain(pred, [row], [answer], max_terms=10)
     assert why and all(e["method"] == GRADIENT and e["approximate"] is True for e in why)
     assert all(np.isfinite(c["contribution"]) for e in why for c in e["contributions"])
@@ -123,7 +123,7 @@ def test_text_words_are_named(tmp_path: Path) -> None:
     pred = load_served("t", "1", out, Settings(warmup=False)).predictor
     text = " ".join(f"w{j}" for j in X.indices[X.indptr[0] : X.indptr[1]]) + " unknownword"
     row = InputRow(text=text)
-    [[answer]] = pred.predict_jobs([_job(row, 3)])
+    [[answer]] = pred.predict_queries([_query(row, 3)])
     [why] = explain(pred, [row], [answer], max_terms=1000)
     words = set(text.split())
     for label, e in zip(answer.labels, why, strict=True):

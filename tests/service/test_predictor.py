@@ -13,7 +13,7 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.serving.predictor import InputRow, Job, Normalization, Options, Predictor
+from service.serving.predictor import InputRow, Normalization, Options, Predictor, Query
 from service.serving.registry import load_served
 from service.serving.retrieval import ExactScorer, RetrievalConfig, build_retriever
 from service.settings import Settings
@@ -53,10 +53,10 @@ def test_dropmax_head_is_served_with_its_gate(dropmax_model: Path, tmp_path: Pat
     x = sp.vstack([sp.csr_matrix((r.values, (np.zeros(10, int), r.indices)), shape=(1, loaded.n_features))
                    for r in rows]).tocsr()
     full = loaded.scores(loaded.featurizer.transform_sparse(x)).astype(np.float64)
-    jobs = [Job(rows, Options(top_k=120, normalization="sparsemax")),
-            Job(rows, Options(top_k=120, normalization="evsoftmax")),
-            Job(rows, Options(top_k=5, normalization="none"))]
-    sm, ev, none = served.predictor.predict_jobs_safe(jobs)
+    queries = [Query(rows, Options(top_k=120, normalization="sparsemax")),
+            Query(rows, Options(top_k=120, normalization="evsoftmax")),
+            Query(rows, Options(top_k=5, normalization="none"))]
+    sm, ev, none = served.predictor.predict_queries_safe(queries)
     assert not isinstance(sm, Exception) and not isinstance(ev, Exception) and not isinstance(none, Exception)
     for r, row in enumerate(full):
         want = sparsemax(row)
