@@ -38,7 +38,9 @@ import scipy.sparse as sp
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from stamp import RESULTS, stamp, stamped, under_title  # noqa: E402
 
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.artifact import load_artifact  # noqa: E402
@@ -53,7 +55,6 @@ PEERS = ("omikuji", "napkinxc-ovr", "napkinxc-plt", "sklearn-lr", "sklearn-lr-l2
 METHODS = OVEX + PEERS
 K = 5
 REPORTED = ("p@1", "p@3", "p@5", "ndcg@5", "psp@1", "psp@5")
-RESULTS = ROOT / "bench" / "results"
 
 Top = np.ndarray  # [n, K] int64 label ids, -1 = padding
 
@@ -257,6 +258,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the CPU is shared)")
     ap.add_argument("--out", type=Path, default=RESULTS / "accuracy")
     args = ap.parse_args()
+    st = stamp()
     torch.set_num_threads(args.threads)
 
     notes: list[str] = []
@@ -291,8 +293,8 @@ def main() -> None:
                       f"p@5 {m['p@5']:.4f} ndcg@5 {m['ndcg@5']:.4f} {seconds:6.1f}s", flush=True)
                 result["summary"] = summarise(runs)
                 result["targets"] = targets(result["summary"])
-                args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    args.out.with_suffix(".md").write_text(markdown(result))
+                args.out.with_suffix(".json").write_text(json.dumps(stamped(st, result), indent=1))
+    args.out.with_suffix(".md").write_text(under_title(markdown(result), st))
     print(markdown(result))
 
 

@@ -15,7 +15,6 @@ held-out label finds one in its top 5. For comparison, the same version's int8 i
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import platform
@@ -31,14 +30,11 @@ import httpx
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
+
+from stamp import RESULTS, markdown_line, stamp, stamped  # noqa: E402
 
 API_KEY = "bench-add-labels"
-
-
-def _git(*args: str) -> str:
-    done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO)
-    return done.stdout.strip()
 
 
 def _free_port() -> int:
@@ -232,8 +228,7 @@ def write(result: dict[str, Any], out: Path) -> None:
     lines = [
         "# Adding labels by their texts to a served model",
         "",
-        f"Commit {result['commit'][:12]}{' (dirty)' if result['dirty'] else ''}, {result['date']}, "
-        f"{result['machine']['cpus']} CPUs ({result['machine']['note']}); `{result['command']}`",
+        markdown_line(result) + f" ({result['note']})",
         "",
         f"A model of {result['labels_before']:,} labels (d = {result['dim']}, {result['features']:,} words, "
         f"trained with label texts on {result['data']['train_rows']:,} planted rows in "
@@ -284,19 +279,10 @@ def main() -> None:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--note", default="shared machine (other jobs running)")
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "add_labels")
+    ap.add_argument("--out", type=Path, default=RESULTS / "add_labels")
     args = ap.parse_args()
-    result = run(args)
-    result = {
-        "command": "python " + " ".join([Path(sys.argv[0]).relative_to(REPO).as_posix()
-                                         if Path(sys.argv[0]).is_absolute() else sys.argv[0], *sys.argv[1:]]),
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain")),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "note": args.note,
-                    "load_avg": os.getloadavg()},
-        **result,
-    }
+    st = stamp()
+    result = stamped(st, {"note": args.note, "python": platform.python_version(), **run(args)})
     write(result, args.out)
     print(json.dumps(result, indent=2))
 

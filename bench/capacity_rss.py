@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT / "bench"))
+
+from stamp import RESULTS  # noqa: E402
+
 FAST = ["--batch-size", "16", "--negatives", "4", "--epochs", "1", "--quiet"]
 
 # the child: train through the CLI, then report its peak RSS (VmHWM of its own memory: ru_maxrss would

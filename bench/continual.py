@@ -57,7 +57,9 @@ import scipy.sparse as sp
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from stamp import RESULTS, finish, stamp, under_title  # noqa: E402
 
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.artifact import load_artifact  # noqa: E402
@@ -66,7 +68,6 @@ from trainer.params import TrainParams  # noqa: E402
 from trainer.synth import synth_dataset  # noqa: E402
 from trainer.train import QuietHooks, train  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 HOLD_OUT = 0.2
 K = 5
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -319,6 +320,7 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true",
                     help="keep the other sets already in the results file (a long run split by set)")
     args = ap.parse_args()
+    st = stamp()
     torch.set_num_threads(1)
     load_start = [round(x, 2) for x in os.getloadavg()]
     results: list[dict[str, Any]] = []
@@ -332,16 +334,21 @@ def main() -> None:
                 print(f"{name} seed {seed}: " + " ".join(f"{k} {v:.4f}" for k, v in s.items())
                       + f" load {r['load_average'][0]:.1f}", flush=True)
             # after each set: a long run leaves what it has
-            write_results(args.name, results, load_start, args.merge)
+            write_results(args.name, results, load_start, args.merge, st)
 
 
-def write_results(name: str, results: list[dict[str, Any]], load_start: list[float], merge: bool) -> None:
-    """The JSON and the table; with `merge`, the sets of the file's earlier runs not run now are kept."""
+def write_results(name: str, results: list[dict[str, Any]], load_start: list[float], merge: bool,
+                  st: dict[str, Any]) -> None:
+    """The JSON and the table; with `merge`, the sets of the file's earlier runs not run now are kept
+    (each set's stamp under `stamps`: the run that measured it)."""
     command = "python bench/continual.py " + " ".join(sys.argv[1:])
     commands = [command]
     path = RESULTS / f"{name}.json"
+    now_stamp = finish(st)
+    stamps = {r["set"]: now_stamp for r in results}
     if merge and path.exists():
         earlier = json.loads(path.read_text())
+        stamps = {**{s: v for s, v in earlier.get("stamps", {}).items() if s not in stamps}, **stamps}
         now = {r["set"] for r in results}
         results = [r for r in earlier["runs"] if r["set"] not in now] + results
         commands = [c for c in earlier["meta"].get("commands", [earlier["meta"]["command"]])
@@ -352,9 +359,11 @@ def write_results(name: str, results: list[dict[str, Any]], load_start: list[flo
             "load_start": load_start, "load_average": [round(x, 2) for x in os.getloadavg()],
             "defaults": TrainParams().to_json_dict(), "synth": SYNTH_SETS}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "aggregate": agg, "runs": results},
-                                                     indent=1))
+    (RESULTS / f"{name}.json").write_text(json.dumps(
+        {**now_stamp, "stamps": stamps, "meta": meta, "aggregate": agg, "runs": results}, indent=1))
     write_md(RESULTS / f"{name}.md", agg, meta)
+    md = RESULTS / f"{name}.md"
+    md.write_text(under_title(md.read_text(), now_stamp))
     print(json.dumps({n: {k: round(t["mean"], 4) for k, t in a["targets"].items()} for n, a in agg.items()}),
           flush=True)
 

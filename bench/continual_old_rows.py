@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -38,12 +37,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from continual import PhaseHooks, base_split, load_set  # noqa: E402
+from stamp import RESULTS, stamp, stamped, under_title  # noqa: E402
 
 from trainer.artifact import load_artifact  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
 from trainer.train import train  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 DELTAS = (0.0, -0.1, -0.2, -0.3, -0.5, -0.75, -1.0)
 
 
@@ -135,6 +134,7 @@ def main() -> None:
     ap.add_argument("--sets", nargs="+", default=["bibtex", "corel5k"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     args = ap.parse_args()
+    st = stamp()
     torch.set_num_threads(1)
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ovex-old-rows-") as tmp:
@@ -143,9 +143,10 @@ def main() -> None:
     command = "python bench/continual_old_rows.py " + " ".join(sys.argv[1:])
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "continual_old_rows.json").write_text(json.dumps(
-        {"command": command, "load_average": [round(x, 2) for x in os.getloadavg()], "deltas": DELTAS,
-         "runs": results}, indent=1))
+        stamped(st, {"deltas": DELTAS, "runs": results}), indent=1))
     write_md(results, command)
+    md = RESULTS / "continual_old_rows.md"
+    md.write_text(under_title(md.read_text(), st))
 
 
 if __name__ == "__main__":

@@ -37,13 +37,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from continual import PhaseHooks, base_split, median_time, old_p_at, p_at, score, timed  # noqa: E402
+from stamp import RESULTS, stamp, stamped, under_title  # noqa: E402
 
 from trainer import optim  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
 from trainer.synth import synth_dataset  # noqa: E402
 from trainer.train import train  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 FEATURES, TEST_ROWS, DATA_SEED = 50_000, 1_000, 7
 
 
@@ -85,6 +85,7 @@ def main() -> None:
     if args.run is not None:
         child(args)
         return
+    st = stamp()
     tr = synth_dataset(args.labels, FEATURES, args.rows, seed=DATA_SEED)
     test = synth_dataset(args.labels, FEATURES, TEST_ROWS, seed=DATA_SEED, part=1)
     held = base_split(tr, args.seed)[1]
@@ -123,9 +124,11 @@ def main() -> None:
             "labels": args.labels, "features": FEATURES, "rows": args.rows, "test_rows": TEST_ROWS,
             "seed": args.seed, "defaults": TrainParams().to_json_dict()}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "continual_scale.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs},
-                                                             indent=1))
+    (RESULTS / "continual_scale.json").write_text(json.dumps(
+        stamped(st, {"meta": meta, "summary": summary, "runs": runs}), indent=1))
     write_md(RESULTS / "continual_scale.md", meta, runs, summary)
+    md = RESULTS / "continual_scale.md"
+    md.write_text(under_title(md.read_text(), st))
     print(json.dumps(summary), flush=True)
 
 

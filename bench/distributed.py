@@ -39,7 +39,9 @@ import scipy.sparse as sp
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from stamp import RESULTS, finish, markdown_line, stamp  # noqa: E402
 
 from bench.serve_load import group  # noqa: E402  (a process and its descendants)
 from trainer.collectives import join_group, launch  # noqa: E402
@@ -50,7 +52,8 @@ from trainer.negatives import NegativeSampler  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
 from trainer.train import EpochData, Stepper, tune_malloc  # noqa: E402
 
-OUT = ROOT / "bench" / "results" / "distributed"
+OUT = RESULTS / "distributed"
+RUN: dict[str, Any] = {}  # this run's stamp (set in main); each part written keeps its own under "stamps"
 DIM = 32
 FEATURES = 100_000
 
@@ -329,8 +332,12 @@ def write(results: dict[str, Any]) -> None:
         results = {**results, "proxy": old.get("proxy", []) + results["proxy"]}
     old.update(results)
     old["torch"] = torch.__version__
+    now = finish(RUN)
+    old["stamps"] = {**old.get("stamps", {}), **{key: now for key in results}}
+    old.update(now)  # the top level: the latest run; the oldest part's commit is in "stamps"
     OUT.with_suffix(".json").write_text(json.dumps(old, indent=1))
-    lines = ["# Distributed training: a label-sharded head across ranks", "",
+    lines = ["# Distributed training: a label-sharded head across ranks", "", markdown_line(now),
+             "Each part's own commit and load: `stamps` in the JSON.", "",
              f"{os.cpu_count()} CPUs, torch {torch.__version__}, gloo on loopback, d={DIM}, one thread a "
              "rank. "
              "Traffic and throughput were measured with no other test or benchmark running (one K or one "
@@ -432,6 +439,7 @@ def main() -> None:
     ap.add_argument("--proxy", default="{}", help="proxy: TrainParams overrides as JSON")
     ap.add_argument("--name", default="", help="scale: results key suffix (default: from rows and epochs)")
     args = ap.parse_args()
+    RUN.update(stamp())
     if args.part in ("traffic", "all"):
         write({"traffic": part_traffic([int(float(k)) for k in args.ks.split(",")], args.steps)})
     if args.part in ("throughput", "all"):

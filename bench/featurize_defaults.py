@@ -22,7 +22,9 @@ import numpy as np
 import scipy.sparse as sp
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from stamp import RESULTS, stamp, stamped  # noqa: E402
 
 from trainer.data import check_compatible, read_xc  # noqa: E402
 from trainer.featurize import Featurizer, FeaturizerConfig  # noqa: E402
@@ -102,8 +104,9 @@ def main() -> None:
     ap.add_argument("--sets", nargs="+", default=["bibtex", "corel5k"])
     ap.add_argument("--learners", nargs="+", default=["logreg", "linear_softmax"])
     ap.add_argument("--options", nargs="+", default=list(OPTIONS))
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "featurize_defaults.json"))
+    ap.add_argument("--out", default=str(RESULTS / "featurize_defaults.json"))
     args = ap.parse_args()
+    st = stamp()
     results: dict[str, dict[str, dict[str, object]]] = {}
     for name in args.sets:
         train = read_xc(Path(args.data) / f"{name}_train.txt")
@@ -123,8 +126,8 @@ def main() -> None:
             row["seconds"] = round(time.perf_counter() - t, 1)
             results[name][opt_name] = row
             print(name, opt_name, json.dumps(row), flush=True)
-            out = {"results": results, "command": "python " + " ".join(sys.argv),
-                   "note": "P@k etc. on the standard test split; best of a small C / lr grid per weighting"}
+            out = stamped(st, {"results": results, "note": "P@k etc. on the standard test split; best of a "
+                                                          "small C / lr grid per weighting"})
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
 

@@ -18,7 +18,6 @@ import argparse
 import http.client
 import json
 import os
-import platform
 import re
 import socket
 import subprocess
@@ -32,7 +31,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "bench" / "results"
+sys.path.insert(0, str(REPO / "bench"))
+
+from stamp import RESULTS, markdown_line, stamp, stamped  # noqa: E402
+
 DOCUMENTED_5XX = (503, 507)  # unavailable (retry), insufficient storage: said to the client, not a fault
 LEAKS = re.compile(
     r"Traceback|File \"|/tmp/|/work/|/home/|/root/|\b[A-Z][A-Za-z]*(Error|Exception)\b|\bErrno\b"
@@ -724,9 +726,7 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         "# Hostile requests against `ovex serve`",
         "",
-        f"Commit `{result['commit']}`, {result['date']}, {result['machine']}.",
-        f"Command: `{result['command']}`. Load average (1 min) before and after: "
-        f"{result['load_average_before_after'][0]}, {result['load_average_before_after'][1]}.",
+        markdown_line(result),
         "",
         "| requests | 5xx (not 503/507) | dropped | bad error bodies | connection unusable after | "
         "/healthz checks | /healthz p99 ms | /healthz max ms | /healthz max ms while a request was refused | "
@@ -758,7 +758,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     key = "hostile-bench-key"
-    load_before = os.getloadavg()
+    st = stamp()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         models = work / "models"
@@ -772,22 +772,7 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait(20)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
-    ).stdout.strip()
-    dirty = bool(
-        subprocess.run(
-            ["git", "status", "--porcelain"], capture_output=True, text=True, cwd=REPO
-        ).stdout.strip()
-    )
-    result = {
-        "commit": commit + ("-dirty" if dirty else ""),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "command": "python bench/hostile.py",
-        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
-        "report": asdict(report),
-    }
+    result = stamped(st, {"report": asdict(report)})
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "hostile.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / "hostile.md").write_text(render(result))

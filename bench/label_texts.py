@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,21 +41,18 @@ sys.path.insert(0, str(ROOT / "bench"))
 from real import (  # noqa: E402
     TAIL_MAX,
     K,
-    _git,
     _stats,
-    _version,
     load_set,
-    machine,
     ovex_train,
     tail_metrics,
 )
+from stamp import RESULTS, finish, stamp  # noqa: E402
 
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.data import read_xc  # noqa: E402
 
 SETS = ("wordnet", "bibtex", "corel5k")
 ARMS = ("defaults", "label-texts")
-RESULTS = ROOT / "bench" / "results"
 SHOWN = ("p@1", "p@3", "p@5", "psp@5", "tail_p@1", "tail_p@5", "unseen_hit@5", "train_wall_s",
          "examples_per_s")
 
@@ -177,7 +172,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Label texts: `ovex train` defaults vs defaults + `--label-texts`",
         "",
-        f"Command: `{' '.join(result['command'])}`  ",
+        f"Command: `{result['command']}`  ",
         f"Commit {result['commit'][:12]}{' (dirty)' if result['dirty'] else ''}, {result['date']}; "
         f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']:.1f} GiB; torch {result['torch']}; load average "
         f"before {result['loadavg_before'][0]:.2f}, after {result['loadavg_after'][0]:.2f}.  ",
@@ -212,15 +207,9 @@ def main() -> None:
     args = ap.parse_args()
     extra = shlex.split(args.extra)
     runs: list[dict[str, Any]] = []
+    st = stamp()
     result: dict[str, Any] = {
-        "command": [Path(sys.executable).name, *sys.argv],
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain")),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine(),
-        "loadavg_before": list(os.getloadavg()),
-        "loadavg_after": list(os.getloadavg()),
-        "torch": _version("torch"),
+        **finish(st),
         "seeds": args.seeds,
         "extra": extra,
         "runs": runs,
@@ -241,7 +230,7 @@ def main() -> None:
                       f"unseen {mt['unseen_hit@5']} tail@5 {mt['tail_p@5']} "
                       f"train {row['train_wall_s']:.1f}s {row['examples_per_s']:.0f} ex/s", flush=True)
                 result["summary"] = summarise(runs)
-                result["loadavg_after"] = list(os.getloadavg())
+                result.update(finish(st))
                 args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
                 args.out.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))

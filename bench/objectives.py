@@ -28,7 +28,9 @@ import numpy as np
 import scipy.sparse as sp
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from stamp import RESULTS, stamp, stamped, under_title  # noqa: E402
 
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.artifact import load_artifact  # noqa: E402
@@ -189,10 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--encoders", nargs="+", default=list(ENCODERS), choices=ENCODERS)
     ap.add_argument("--epochs", type=int, default=None, help="override the default epochs (smoke runs)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "objectives")
+    ap.add_argument("--out", type=Path, default=RESULTS / "objectives")
     args = ap.parse_args(argv)
     raw_argv = sys.argv[1:] if argv is None else argv
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    st = stamp()
     rows: list[dict[str, Any]] = []
     for name in args.sets:
         if not (args.data_dir / f"{name}_train.txt").exists():
@@ -209,9 +212,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"covered sparsemax {sm['true_labels_covered']:.3f} ({row['train_seconds']:.0f}s)",
                     flush=True,
                 )
-                blob = json.dumps({"argv": raw_argv, "rows": rows}, indent=1)
+                blob = json.dumps(stamped(st, {"argv": raw_argv, "rows": rows}), indent=1)
                 args.out.with_suffix(".json").write_text(blob)
                 write_md(rows, args.out.with_suffix(".md"), raw_argv)
+                md = args.out.with_suffix(".md")
+                md.write_text(under_title(md.read_text(), st))
     return 0
 
 

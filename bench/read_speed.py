@@ -22,7 +22,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from stamp import RESULTS, markdown_line, stamp, stamped  # noqa: E402
 
 from trainer.synth import synth, write_synth  # noqa: E402
 
@@ -57,8 +59,9 @@ def main() -> None:
     ap.add_argument("--features", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2, help="reads to time (best is reported)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "data_read.json"))
+    ap.add_argument("--out", default=str(RESULTS / "data_read.json"), help="the JSON (.md beside)")
     args = ap.parse_args()
+    st = stamp()
 
     t, c = time.perf_counter(), time.process_time()
     X, Y = synth(args.labels, args.features, args.rows, args.seed)
@@ -96,12 +99,19 @@ def main() -> None:
         "read_mb_per_cpu_s": round(size_mb / best["cpu_seconds"], 1),
         "read_peak_rss_mb": round(best["peak_rss_mb"], 1), "csr_mb": round(best["csr_mb"], 1),
         "reader_baseline_rss_mb": round(best["baseline_rss_mb"], 1),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_average_at_end": os.getloadavg()},
-        "command": "python " + " ".join(sys.argv),
+        "python": platform.python_version(),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(stamped(st, result), indent=2) + "\n")
+    out.with_suffix(".md").write_text("\n".join([
+        "# Reading an XC file (trainer.data.read_xc)", "", markdown_line(st), "",
+        "| rows | labels | features | non-zeros / row | file MB | read s | read CPU-s | peak RSS MB "
+        "| CSR MB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {args.rows:,} | {args.labels:,} | {args.features:,} | {result['nnz_per_row']:.2f} "
+        f"| {result['file_mb']:.1f} | {result['read_seconds']:.3f} | {result['read_cpu_seconds']:.3f} "
+        f"| {result['read_peak_rss_mb']:.1f} | {result['csr_mb']:.1f} |", ""]))
     print(json.dumps(result, indent=2))
 
 

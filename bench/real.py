@@ -46,7 +46,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -56,6 +55,10 @@ import scipy.sparse as sp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from stamp import finish, machine, stamp  # noqa: E402, F401  (machine, _git: imported from here by others)
+from stamp import git as _git  # noqa: E402, F401
 
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.data import Dataset, in_label_space, read_jsonl, read_xc, write_xc  # noqa: E402
@@ -462,7 +465,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Real data: `ovex train` vs omikuji, napkinXC PLT and popularity",
         "",
-        f"Command: `{' '.join(result['command'])}`  ",
+        f"Command: `{result['command']}`  ",
         f"Commit {result['commit'][:12]}{' (dirty)' if result['dirty'] else ''}, {result['date']}; "
         f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']:.1f} GiB; torch {result['torch']}; "
         f"load average before {result['loadavg_before'][0]:.2f}, after {result['loadavg_after'][0]:.2f}.  ",
@@ -509,28 +512,6 @@ def markdown(result: dict[str, Any]) -> str:
     for note in result.get("notes", []):
         lines.append(f"- {note}")
     return "\n".join(lines) + "\n"
-
-
-def _git(*args: str) -> str:
-    try:
-        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-    return done.stdout.strip()
-
-
-def machine() -> dict[str, Any]:
-    """CPU model, core count and memory, for reading the times."""
-    cpu = "unknown"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    mem_kib = 0
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            mem_kib = int(line.split()[1])
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem_kib / 1024**2}
 
 
 def _version(package: str) -> str | None:
@@ -583,15 +564,9 @@ def main() -> None:
                     label += "-tfidf"
                 plan.append((name, method, label, extra))
     runs: list[dict[str, Any]] = []
+    st = stamp()
     result: dict[str, Any] = {
-        "command": [sys.executable, *sys.argv],
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain")),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine(),
-        "loadavg_before": list(os.getloadavg()),
-        "loadavg_after": list(os.getloadavg()),
-        "torch": _version("torch"),
+        **finish(st),
         "versions": {p: _version(p) for p in ("omikuji", "napkinxc", "scikit-learn", "numpy", "scipy")},
         "seeds": args.seeds,
         "tfidf": {**TFIDF, "ngram_range": list(TFIDF["ngram_range"])},
@@ -613,7 +588,7 @@ def main() -> None:
             else:
                 print(f"{name:8s} {label:16s} seed {seed} {row['status']}", flush=True)
             result["summary"] = summarise(runs)
-            result["loadavg_after"] = list(os.getloadavg())
+            result.update(finish(st))
             args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
             args.out.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))

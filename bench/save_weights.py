@@ -31,11 +31,12 @@ import torch
 from safetensors.torch import save_file
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from stamp import RESULTS, markdown_line, stamp, stamped  # noqa: E402
 
 from trainer.durable import write_safetensors  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 SIZES = {"Bibtex (159 labels)": (159, 1_836), "synthetic (100,000 labels)": (100_000, 50_000)}
 DIM = 512
 
@@ -62,6 +63,7 @@ def main() -> None:
     ap.add_argument("--pause", type=float, default=3.0)
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where the files are written (and removed)")
     args = ap.parse_args()
+    st = stamp()
     out: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="ovex-save-", dir=args.dir) as tmp:
         for size, (labels, features) in SIZES.items():
@@ -87,8 +89,9 @@ def main() -> None:
             "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
             "repeats": args.repeats, "pause_s": args.pause, "dir": "a temporary folder under " + args.dir}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "save_weights.json").write_text(json.dumps({"meta": meta, "seconds": out}, indent=1))
-    lines = ["# Writing a weights file: durable writer against page-cache writers", "",
+    (RESULTS / "save_weights.json").write_text(
+        json.dumps(stamped(st, {"meta": meta, "seconds": out}), indent=1))
+    lines = ["# Writing a weights file: durable writer against page-cache writers", "", markdown_line(st), "",
              f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}; files in {meta['dir']}", "",
              "Median seconds per write (every write in the JSON); each write to a new file after a pause of "
              f"{args.pause:g} s.", "", "| tables | " + " | ".join(WRITERS) + " |",

@@ -21,7 +21,9 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from stamp import RESULTS, markdown_line, stamp, stamped  # noqa: E402
 
 from trainer.artifact import load_artifact  # noqa: E402
 from trainer.metrics import evaluate_topk  # noqa: E402
@@ -58,8 +60,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None, help="default: TrainParams' default")
     ap.add_argument("--optimizer", choices=["adam", "adagrad"], default=None, help="default: TrainParams'")
     ap.add_argument("--model-dir", default=None)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale"))
+    ap.add_argument("--out", default=str(RESULTS / "scale"))
     args = ap.parse_args()
+    st = stamp()
 
     t0 = time.perf_counter()
     train_ds = synth_dataset(args.labels, args.features, args.rows, seed=7)
@@ -121,10 +124,12 @@ def main() -> None:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    out.with_suffix(".json").write_text(json.dumps(stamped(st, report), indent=2))
     m = result.metrics
     md = [
         "# Scale: a 10^6-label model",
+        "",
+        markdown_line(st),
         "",
         f"Synthetic data (trainer.synth, seed 7): {args.labels:,} labels, {args.features:,} features, "
         f"{args.rows:,} training rows ({labels_per_row:.2f} labels/row, {seen:,} distinct labels seen), "

@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
+from stamp import RESULTS, stamp, stamped, under_title  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------
 # the model
@@ -513,8 +514,9 @@ def main() -> int:
     ap.add_argument(
         "--ceiling-path", default="int8", help="the path whose server also measures the HTTP stack alone"
     )
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "serve_load")
+    ap.add_argument("--out", type=Path, default=RESULTS / "serve_load")
     args = ap.parse_args()
+    st = stamp()
     args.paths = args.paths.split(",")
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.work.mkdir(parents=True, exist_ok=True)
@@ -547,8 +549,8 @@ def main() -> int:
         },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    args.out.with_suffix(".md").write_text(render_md(result))
+    args.out.with_suffix(".json").write_text(json.dumps(stamped(st, result), indent=1))
+    args.out.with_suffix(".md").write_text(under_title(render_md(result), st))
     print(render_md(result))
     return 0
 

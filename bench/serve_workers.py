@@ -31,6 +31,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from stamp import RESULTS, markdown_line, stamp, stamped  # noqa: E402  (bench/ is on the path now)
+
 from bench.serve_load import free_port, group, run_cell  # noqa: E402  (the same load generator)
 
 OVEX = [sys.executable, "-m", "service.cli"]
@@ -311,12 +313,13 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=20_000)
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each load cell")
     ap.add_argument("--work", type=Path, default=Path("/tmp/ovex_bench_workers"))
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "serve_workers")
+    ap.add_argument("--out", type=Path, default=RESULTS / "serve_workers")
     ap.add_argument("--note", default="shared machine (other jobs running)", help="how busy the machine was")
     ap.add_argument(
         "--prepare", action="store_true", help="only train and cache the index (CPU-heavy, no figures)"
     )
     args = ap.parse_args()
+    st = stamp()
 
     art = train(args.work, args.labels, args.features, args.rows)
     reqs = bodies(args.work, 1000)
@@ -362,9 +365,11 @@ def main() -> int:
         },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    args.out.with_suffix(".json").write_text(json.dumps(stamped(st, result), indent=2))
     lines = [
         "# ovex serve --workers 1 vs 2",
+        "",
+        markdown_line(st),
         "",
         f"Model: {args.labels:,} labels, {args.features:,} features, d=512, "
         "trained by `ovex train` with defaults; "

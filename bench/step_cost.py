@@ -26,7 +26,9 @@ import scipy.sparse as sp
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from stamp import RESULTS, markdown_line, stamp, stamped  # noqa: E402
 
 from trainer.data import label_counts  # noqa: E402
 from trainer.losses import get_loss  # noqa: E402
@@ -103,8 +105,9 @@ def main() -> None:
     ap.add_argument("--optimizer", default=TrainParams().optimizer, choices=["adam", "adagrad"])
     ap.add_argument("--group-size", type=int, default=TrainParams().group_size, help="ove's group size")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default: all cores)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "step_cost"))
+    ap.add_argument("--out", default=str(RESULTS / "step_cost"))
     args = ap.parse_args()
+    st = stamp()
     tune_malloc()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -169,9 +172,11 @@ def main() -> None:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    out.with_suffix(".json").write_text(json.dumps(stamped(st, report), indent=2))
     lines = [
         "# Step cost vs number of labels K",
+        "",
+        markdown_line(st),
         "",
         f"d={args.dim}, batch {args.batch_size}, {args.negatives} negatives (OVE), ~{nnz:.0f} nnz/row over "
         f"{args.features:,} features, OVE in groups of {args.group_size} (`ove-pairs`: groups of 1), "
