@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint install test-docker bench clean
+.PHONY: run test lint install test-docker bench bench-stale clean
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	python3 -m venv $(VENV)
@@ -28,6 +28,17 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+## bench: rerun every benchmark behind a figure in README.md or docs/ on the current code, into bench/results
+##   QUICK=1: the small profile (under 10 minutes) into a scratch directory; STALE=1: only stale results;
+##   ONLY=a,b: the benchmarks named (`.venv/bin/python bench/suite.py plan` lists them and their time)
+bench: $(STAMP)
+	$(PY) bench/suite.py run $(if $(QUICK),--quick )$(if $(STALE),--stale )$(if $(ONLY),--only $(ONLY) )$(if $(RESULTS),--results $(RESULTS))
+	$(if $(QUICK),,$(PY) scripts/figures.py --write)
+
+## bench-stale: list the results files older than the code they measure
+bench-stale: $(STAMP)
+	$(PY) bench/suite.py stale
 
 ## test-docker: lint, build and run the docker compose stack end to end (needs a Docker engine)
 test-docker:

@@ -5,6 +5,8 @@ table lists exactly the server's settings."""
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import os
 import re
 import shlex
@@ -141,71 +143,228 @@ def test_readme_opens_with_the_two_setup_commands() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# figures: every measured figure names the bench/results file it comes from, and that file holds it
+# figures: every measured figure names the bench/results file (and, where it says so, the row) it comes
+# from, and that file holds it as a number; a figure of a missed target says so
 
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
-CITATION = re.compile(r"bench/results/[\w.*-]+(?:/[\w.*-]+)*")
-FIGURE = re.compile(r"(?<![\w.=@^-])(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+)(?![\w]|\.\d)")
+# a results file, optionally as it was at a commit (a decision's record kept in git history)
+CITATION = re.compile(r"bench/results/[\w.*-]+(?:/[\w.*-]+)*(?:@[0-9a-f]{7,40})?")
+UNIT = r"(?:\s?(?:ms|MB|GB|GiB|MiB|KiB|%)|\ss|[x×]|\s(?:requests|req|examples|rows)/s)(?![\w/])"
+# a number that is not a bound (≤ 10 ms), an exponent (10^6), a setting (d=128), a version or a name part
+BOUND = "".join(f"(?<!{w} )" for w in ("over", "under", "every", "last", "up to", "at most", "at least",
+                                                  "within"))
+NUMBER = (rf"(?:(?<=[\s(])[-−+])?(?<![\w.=@^/])(?<![≤≥<>~]\s)(?<![≤≥<>~]){BOUND}"
+          r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+|\d+)")
+COUNT = r"(?!-row|-label|\s(?:rows|labels|features|words|texts)\b)"  # a data set's size, not a measurement
+FIGURE = re.compile(rf"({NUMBER}){COUNT}(?:(?={UNIT})|(?![\w]|\.\d|,\d))")
 MEASURED = re.compile(
-    r"P@\d|nDCG|PSP|recall|\bms\b|CPU-second|examples per|ex/s|req/s|\d s\b|slower|faster|\bMB\b|GiB"
+    r"P@\d|nDCG|PSP|recall|\bms\b|CPU-second|examples per|ex/s|req/s|requests/s|examples/s|\d s\b|slower|"
+    r"faster|\bMB\b|GiB|\bGB\b|certified|\d\s?%|\d\s?[x×]\b|\bratio\b|\bwall time\b"
 )
+COMPUTED = "(computed, not measured)"  # a paragraph or a table (in the paragraph above it) of arithmetic
+ROW = re.compile(r"\brows?\s((?:`[^`]+`(?:,?\s+(?:and\s+|or\s+)?)?)+)")
 
 
 def figure_units(text: str) -> list[str]:
-    """Paragraphs and table rows outside code blocks; configuration rows (defaults, not figures) left out."""
+    """Paragraphs and table rows outside code blocks (each row with its table's header, for its
+    keywords); configuration rows (defaults, not figures) left out."""
     text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    text = re.sub(r"^<!--.*?-->\n", "", text, flags=re.M)  # the markers of generated blocks
     units: list[str] = []
+    before = ""
     for para in re.split(r"\n\s*\n", text):
         lines = para.splitlines()
+        if COMPUTED in para or (COMPUTED in before and para.startswith("|")):
+            before = para
+            continue  # arithmetic from sizes, said to be so: no measurement to cite
         if lines and all(ln.startswith("|") for ln in lines):
-            units += [ln for ln in lines if "OVEX_" not in ln]
+            rule = [i for i, ln in enumerate(lines) if re.fullmatch(r"\|[\s:|-]+\|?", ln.strip())]
+            head = lines[0] if rule == [1] else ""
+            cites = " ".join(CITATION.findall(before))  # a table's source may be named just above it
+            units += [f"{ln}\n{head}\n{cites}".rstrip() if head and i > 1 else ln
+                      for i, ln in enumerate(lines) if "OVEX_" not in ln and i not in rule]
         else:
             units.append(para)
+        before = para
     return units
 
 
 def figures_in(unit: str) -> list[str]:
-    prose = re.sub(r"\]\([^)]*\)", "]", unit)  # link targets
+    """The measured numbers of a unit: any number with a unit of measure, and, where the unit speaks of
+    a measurement (or is a table row citing a results file), every decimal and grouped number too."""
+    prose = unit.split("\n|", 1)[0] if unit.startswith("|") else unit  # a row, without its header
+    prose = re.sub(r"\]\([^)]*\)", "]", prose)  # link targets
     prose = re.sub(r"`[^`]*`", "", prose)  # code: flags, values, file names
-    return FIGURE.findall(prose) if MEASURED.search(prose) else []
+    measured = bool(MEASURED.search(unit)) or (unit.startswith("|") and bool(CITATION.search(unit)))
+    out = []
+    for m in FIGURE.finditer(prose):
+        number = m[1].replace("−", "-")
+        with_unit = bool(re.match(UNIT, prose[m.end(1):]))
+        if with_unit or (measured and ("." in number or "," in number)):
+            out.append(number)
+    return out
 
 
-def cited_text(unit: str, doc: Path) -> tuple[list[str], str]:
+def _read_cited(name: str, doc: Path, root: Path) -> str:
+    if "@" in name:  # a file as it was at a commit
+        pattern, commit = name.split("@")
+        listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", commit, "--", "bench/results"],
+                                cwd=root, capture_output=True, text=True).stdout.split()
+        paths = [p for p in listed if fnmatch.fnmatch(p, pattern)]
+        assert paths, f"{doc.name}: cites {name}, which git does not have"
+        return "\n".join(subprocess.run(["git", "show", f"{commit}:{p}"], cwd=root, capture_output=True,
+                                        text=True, check=True).stdout for p in paths)
+    paths = sorted(root.glob(name))
+    assert paths, f"{doc.name}: cites {name}, which does not exist"
+    return "\n".join(p.read_text() for p in paths)
+
+
+def _rows(text: str, selector: str) -> str:
+    """The part of a results file a citation names: the section under a heading that contains the
+    selector, or the table lines whose cells include every cell of the selector (`a | b | c`)."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):  # a heading named by the selector (a word: the whole heading)
+        title = line.lstrip("#").strip()
+        if line.startswith("#") and (selector == title or (" " in selector and selector in title)):
+            level = len(line) - len(line.lstrip("#"))
+            end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("#")
+                        and len(lines[j]) - len(lines[j].lstrip("#")) <= level), len(lines))
+            return "\n".join(lines[i:end])
+    want = [c.strip() for c in selector.replace("\\|", "|").split("|") if c.strip()]  # \| in a table
+    picked = []
+    for line in lines:
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if all(w in cells for w in want):
+                picked.append(line)
+    return "\n".join(picked)
+
+
+def cited_text(unit: str, doc: Path, root: Path = ROOT) -> tuple[list[str], str]:
+    """The files a unit cites and the text its figures must come from: the rows it names, if any."""
     cited = sorted(set(CITATION.findall(unit)))
-    texts = []
-    for name in cited:
-        paths = sorted(ROOT.glob(name))
-        assert paths, f"{doc.name}: cites {name}, which does not exist"
-        texts += [p.read_text() for p in paths]
-    return cited, "\n".join(texts)
+    text = "\n".join(_read_cited(name, doc, root) for name in cited)
+    selectors = [s for group in ROW.findall(re.sub(r"\]\([^)]*\)", "]", unit))
+                 for s in re.findall(r"`([^`]+)`", group)]
+    if cited and selectors:
+        parts = [_rows(text, sel) for sel in selectors]
+        absent = [s for s, p in zip(selectors, parts, strict=True) if not p]
+        assert not absent, f"{doc.name}: no row {absent} in {cited}"
+        text = "\n".join(parts)
+    return cited, text
+
+
+def holds(source: str, figure: str) -> bool:
+    """The figure occurs in the source as a whole number (0.60 is not 0.6012), commas optional."""
+    plain = figure.replace(",", "")
+    for shown in {figure, plain, figure.lstrip("+"), plain.lstrip("+")}:
+        if re.search(rf"(?<![\d.,]){re.escape(shown)}(?![\d]|[.,]\d)", source):
+            return True
+    return False
+
+
+def missed_figures() -> set[str]:
+    """Figures of targets the results files mark as missed (`"met": false`), as the docs write them."""
+    out: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("met") is False and isinstance(node.get("mean"), float):
+                out.update({f"{node['mean']:.4f}", f"{node['mean']:+.4f}"})
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    for path in sorted((ROOT / "bench" / "results").glob("*.json")):
+        walk(json.loads(path.read_text()))
+    return out
+
+
+def said_missed(unit: str, figure: str) -> bool:
+    """Each clause (between semicolons or sentences) that gives the figure also says the target was missed."""
+    clauses = [c for c in re.split(r";|\.\s", unit.replace("−", "-")) if holds(c, figure)]
+    return all(re.search(r"\bmiss(ed|es)\b|\bnot met\b", c, re.I) for c in clauses)
+
+
+def figure_problems(text: str, doc: Path, missed: set[str] | None = None, root: Path = ROOT) -> list[str]:
+    problems = []
+    for unit in figure_units(text):
+        figures = figures_in(unit)
+        if not figures:
+            continue
+        cited, source = cited_text(unit, doc, root)
+        if not cited:
+            problems.append(f"no bench/results file cited for {figures} in: {unit[:160]!r}")
+            continue
+        wrong = [f for f in figures if not holds(source, f)]
+        if wrong:
+            problems.append(f"{wrong} not in {cited} (rows named there): {unit[:160]!r}")
+        unsaid = [f for f in figures if f in (missed or set()) and not said_missed(unit, f)]
+        if unsaid:
+            problems.append(f"{unsaid}: a missed target, not said to be missed: {unit[:160]!r}")
+    return problems
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_every_figure_cites_a_results_file_that_holds_it(doc: Path) -> None:
-    problems = []
-    for unit in figure_units(doc.read_text()):
-        figures = figures_in(unit)
-        if not figures:
-            continue
-        cited, source = cited_text(unit, doc)
-        if not cited:
-            problems.append(f"no bench/results file cited for {figures} in: {unit[:160]!r}")
-            continue
-        missing = [f for f in figures if f not in source and f.replace(",", "") not in source]
-        if missing:
-            problems.append(f"{missing} not in {cited}: {unit[:160]!r}")
+    problems = figure_problems(doc.read_text(), doc, missed_figures())
     assert problems == [], "\n".join(problems)
 
 
-def test_figure_check_catches_a_stale_or_uncited_figure() -> None:
-    """The rule above on made-up units: a figure missing from its file, and one citing no file."""
-    stale = "P@1 rose to 0.6999 (`bench/results/scale.md`)."
-    uncited = "P@1 rose to 0.7030 after 2 epochs."
-    assert figures_in(stale) == ["0.6999"] and "0.6999" not in cited_text(stale, README)[1]
-    assert "0.7030" in cited_text("0.7030 (bench/results/scale.md)", README)[1]
-    assert figures_in(uncited) == ["0.7030"] and cited_text(uncited, README)[0] == []
+PLANTED_FILE = """# made-up results
+
+| method | P@1 | train s |
+|---|---|---|
+| ovex | 0.5951 ± 0.0041 | 63 |
+| omikuji | 0.6073 ± 0.0010 | 10.3 |
+
+- exact softmax: 1,300.4x slower; 1,103.3 requests/s
+"""
+PLANTED = [
+    # (kind, a unit that passes, the same unit with one figure wrong)
+    ("decimal", "P@1 0.5951 (`bench/results/x.md`).", "P@1 0.5952 (`bench/results/x.md`)."),
+    ("whole number with a unit", "trained in 63 s (`bench/results/x.md`).",
+     "trained in 64 s (`bench/results/x.md`)."),
+    ("a number followed by a letter", "1,300.4x the time (`bench/results/x.md`)",
+     "1,300.5x the time (`bench/results/x.md`)"),
+    ("a paragraph without keywords", "It answered 1,103.3 requests/s (`bench/results/x.md`).",
+     "It answered 1,103.4 requests/s (`bench/results/x.md`)."),
+    ("a results-table row", "| ovex | 0.5951 | `bench/results/x.md` |",
+     "| ovex | 0.5961 | `bench/results/x.md` |"),
+    ("a figure from another row", "P@1 0.6073, row `omikuji` of `bench/results/x.md`",
+     "P@1 0.5951, row `omikuji` of `bench/results/x.md`"),
+    ("a prefix of a longer number", "P@1 0.6073 (`bench/results/x.md`)", "P@1 0.607 (`bench/results/x.md`)"),
+]
+
+
+@pytest.mark.parametrize(("kind", "good", "bad"), PLANTED, ids=[k for k, _, _ in PLANTED])
+def test_figure_check_fails_on_a_planted_wrong_figure(kind: str, good: str, bad: str, tmp_path: Path) -> None:
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "x.md").write_text(PLANTED_FILE)
+    assert figure_problems(good, README, root=tmp_path) == [], kind
+    assert figure_problems(bad, README, root=tmp_path) != [], kind
+
+
+def test_figure_check_wants_a_citation_and_says_missed_targets(tmp_path: Path) -> None:
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "x.md").write_text("old-label P@1 -0.0209 against the base\n")
+    assert figure_problems("P@1 rose to 0.7030 after 2 epochs.", README) != []  # no file cited
+    unit = "old-label P@1 -0.0209 against the base (`bench/results/x.md`)"
+    assert figure_problems(unit, README, {"-0.0209"}, tmp_path) != []
+    assert figure_problems(unit + ", a missed target", README, {"-0.0209"}, tmp_path) == []
     assert figures_in("| `OVEX_X` | 0.99 | recall target |") == ["0.99"]  # rows are filtered by figure_units
     assert figure_units("| `OVEX_X` | 0.99 | recall |\n| a | 0.5 ms | b |") == ["| a | 0.5 ms | b |"]
+    assert figures_in("p99 ≤ 10 ms, 10^6 labels, d=128, 5 workers") == []  # bounds and settings
+
+
+def test_readme_figures_are_generated_from_the_results() -> None:
+    """The README's generated blocks are what scripts/figures.py writes from today's results files."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "figures.py")], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, "README.md differs from scripts/figures.py's output (run it with " \
+        f"--write):\n{done.stdout[-3000:]}{done.stderr[-2000:]}"
 
 
 def _table_default(text: str) -> Any:

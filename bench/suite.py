@@ -1,0 +1,362 @@
+"""Every benchmark behind a figure in README.md or docs/*.md: how to rerun it, what it writes, and the code
+it measures, so one command reruns them all on today's code and a stale result can be found.
+
+    .venv/bin/python bench/suite.py plan [--quick]           # the commands and the expected time
+    .venv/bin/python bench/suite.py run [--quick] [--only a,b] [--stale] [--results DIR]
+    .venv/bin/python bench/suite.py stale                    # results older than the code they measure
+
+`make bench` runs `run`; `QUICK=1` runs the small profile into a scratch directory (never over
+bench/results), `STALE=1` only the benchmarks whose results are stale, `ONLY=a,b` the ones named.
+
+A command is an argv after the interpreter; `{results}` is the results directory and `{work}` a scratch
+directory kept for the run (trained models passed from one step to the next). A benchmark's expected time
+is the wall time its results last recorded (`wall_s` of the stamp, or the sum its runs record), else the
+estimate written here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from stamp import git  # noqa: E402
+
+COMMITTED = ROOT / "bench" / "results"
+TRAINER = ("trainer/",)
+SERVING = ("trainer/", "service/")
+CLI = ("trainer/", "service/cli.py", "service/serve.py")
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark: its steps (full and quick), the results files it writes, the code it measures."""
+
+    name: str
+    steps: tuple[tuple[str, ...], ...]
+    quick: tuple[tuple[str, ...], ...]
+    outputs: tuple[str, ...]  # file names under the results directory
+    measures: tuple[str, ...]  # paths (files or folders) whose change makes the results stale
+    estimate_s: float  # the full profile's wall time when no results file records one
+    device: str = "cpu"  # "cuda": needs a GPU, never run by `make bench` here
+    full: bool = True  # False: on demand only (ONLY=name), a decision's record rather than a figure of today
+
+    def scripts(self) -> list[str]:
+        return sorted({step[0] for step in (*self.steps, *self.quick)})
+
+
+def _s(*argv: str) -> tuple[str, ...]:
+    return argv
+
+
+BENCHES: tuple[Bench, ...] = (
+    Bench("real", steps=(_s("bench/real.py", "--out", "{results}/real", "--ovex-args=--precision bf16",
+                            "--label", "ovex --precision bf16"),),
+          quick=(_s("bench/real.py", "--sets", "bibtex", "--methods", "ovex", "popularity", "--seeds", "0",
+                    "--out", "{results}/real"),),
+          outputs=("real.json", "real.md"), measures=(*CLI, "bench/real.py"), estimate_s=1900),
+    Bench("step_cost", steps=(_s("bench/step_cost.py", "--out", "{results}/step_cost"),),
+          quick=(_s("bench/step_cost.py", "--ks", "1000,10000", "--rows", "2000", "--features", "5000",
+                    "--seconds", "0.3", "--softmax-seconds", "0.3", "--out", "{results}/step_cost"),),
+          outputs=("step_cost.json", "step_cost.md"), measures=(*TRAINER, "bench/step_cost.py"),
+          estimate_s=150),
+    # one 10^6-label model: its training is the scale figure, then it is served
+    Bench("scale_serve_1e6",
+          steps=(_s("bench/scale.py", "--model-dir", "{work}/t1e6/1", "--out", "{results}/scale"),
+                 _s("bench/serve_load.py", "--artifact", "{work}/t1e6/1", "--train-report",
+                    "{results}/scale.json", "--work", "{work}/serve", "--out",
+                    "{results}/serve_load_trained_1e6"),
+                 _s("bench/serve_load.py", "--artifact", "{work}/t1e6/1", "--train-report",
+                    "{results}/scale.json", "--paths", "int8", "--workers", "2", "--work", "{work}/serve",
+                    "--out", "{results}/serve_load_trained_1e6_workers2")),
+          quick=(_s("bench/scale.py", "--labels", "20000", "--features", "5000", "--rows", "5000",
+                    "--test-rows", "200", "--epochs", "1", "--dim", "32", "--model-dir", "{work}/t1e6/1",
+                    "--out", "{results}/scale"),
+                 _s("bench/serve_load.py", "--artifact", "{work}/t1e6/1", "--train-report",
+                    "{results}/scale.json", "--paths", "int8", "--concurrency", "1,8", "--cell-seconds",
+                    "1", "--max-requests", "100", "--quick", "--work", "{work}/serve", "--out",
+                    "{results}/serve_load_trained_1e6"),
+                 _s("bench/serve_load.py", "--artifact", "{work}/t1e6/1", "--train-report",
+                    "{results}/scale.json", "--paths", "int8", "--workers", "2", "--concurrency", "8",
+                    "--cell-seconds", "1", "--max-requests", "100", "--quick", "--work", "{work}/serve",
+                    "--out", "{results}/serve_load_trained_1e6_workers2")),
+          outputs=("scale.json", "scale.md", "serve_load_trained_1e6.json", "serve_load_trained_1e6.md",
+                   "serve_load_trained_1e6_workers2.json", "serve_load_trained_1e6_workers2.md"),
+          measures=(*SERVING, "bench/scale.py", "bench/serve_load.py"), estimate_s=560),
+    Bench("serve_1e5",
+          steps=(_s("bench/scale.py", "--labels", "100000", "--rows", "100000", "--dim", "512", "--epochs",
+                    "7", "--batch-size", "256", "--model-dir", "{work}/t1e5/1", "--out",
+                    "{work}/serve_train_1e5"),
+                 _s("bench/serve_load.py", "--artifact", "{work}/t1e5/1", "--train-report",
+                    "{work}/serve_train_1e5.json", "--work", "{work}/serve", "--out",
+                    "{results}/serve_load_trained_1e5")),
+          quick=(_s("bench/scale.py", "--labels", "5000", "--features", "5000", "--rows", "3000",
+                    "--test-rows", "200", "--epochs", "1", "--dim", "64", "--model-dir", "{work}/t1e5/1",
+                    "--out", "{work}/serve_train_1e5"),
+                 _s("bench/serve_load.py", "--artifact", "{work}/t1e5/1", "--train-report",
+                    "{work}/serve_train_1e5.json", "--paths", "exact,int8", "--concurrency", "1",
+                    "--cell-seconds", "1", "--max-requests", "100", "--quick", "--work", "{work}/serve",
+                    "--out", "{results}/serve_load_trained_1e5")),
+          outputs=("serve_load_trained_1e5.json", "serve_load_trained_1e5.md"),
+          measures=(*SERVING, "bench/scale.py", "bench/serve_load.py"), estimate_s=480),
+    Bench("distributed",
+          steps=(_s("bench/distributed.py", "--part", "traffic"),
+                 _s("bench/distributed.py", "--part", "throughput"),
+                 _s("bench/distributed.py", "--part", "scale", "--train-rows", "600000", "--epochs", "4",
+                    "--train-flags=--dropout 0", "--name", "600k_rows_4_epochs_dropout_0")),
+          quick=(_s("bench/distributed.py", "--part", "traffic", "--ks", "1e4", "--steps", "3"),),
+          outputs=("distributed.json", "distributed.md"),
+          measures=(*CLI, "bench/distributed.py"), estimate_s=760),
+    Bench("continual",
+          steps=(_s("bench/continual.py", "--sets", "bibtex", "corel5k", "synth", "synth-40k"),),
+          quick=(_s("bench/continual.py", "--sets", "bibtex", "--seeds", "0", "--repeats", "1",
+                    "--variants"),),
+          outputs=("continual.json", "continual.md"), measures=(*TRAINER, "bench/continual.py"),
+          estimate_s=1100),
+    Bench("continual_scale", steps=(_s("bench/continual_scale.py"),),
+          quick=(_s("bench/continual_scale.py", "--labels", "20000", "--rows", "2000", "--repeats", "1"),),
+          outputs=("continual_scale.json", "continual_scale.md"),
+          measures=(*TRAINER, "bench/continual_scale.py", "bench/continual.py"), estimate_s=180),
+    Bench("continual_old_rows", steps=(_s("bench/continual_old_rows.py"),),
+          quick=(_s("bench/continual_old_rows.py", "--sets", "bibtex", "--seeds", "0"),),
+          outputs=("continual_old_rows.json", "continual_old_rows.md"),
+          measures=(*TRAINER, "bench/continual_old_rows.py", "bench/continual.py"), estimate_s=120),
+    Bench("save_weights", steps=(_s("bench/save_weights.py"),),
+          quick=(_s("bench/save_weights.py", "--repeats", "1", "--pause", "0"),),
+          outputs=("save_weights.json", "save_weights.md"),
+          measures=("trainer/durable.py", "bench/save_weights.py"), estimate_s=100),
+    Bench("data_read", steps=(_s("bench/read_speed.py", "--out", "{results}/data_read.json"),),
+          quick=(_s("bench/read_speed.py", "--rows", "2000", "--labels", "1000", "--features", "1000",
+                    "--repeats", "1", "--out", "{results}/data_read.json"),),
+          outputs=("data_read.json", "data_read.md"),
+          measures=("trainer/data.py", "trainer/synth.py", "bench/read_speed.py"), estimate_s=90),
+    Bench("synth_scale", steps=(_s("bench/synth_scale.py", "--out", "{results}/synth_scale"),),
+          quick=(_s("bench/synth_scale.py", "--labels", "1000", "--features", "500", "--rows", "1000,2000",
+                    "--out", "{results}/synth_scale"),),
+          outputs=("synth_scale.json", "synth_scale.md"),
+          measures=("trainer/synth.py", "bench/synth_scale.py"), estimate_s=40),
+    Bench("hostile", steps=(_s("bench/hostile.py", "--out", "{results}"),),
+          quick=(_s("bench/hostile.py", "--out", "{results}"),),
+          outputs=("hostile.json", "hostile.md"), measures=("service/", "bench/hostile.py"), estimate_s=90),
+    Bench("add_labels",
+          steps=(_s("bench/add_labels.py", "--labels", "100000", "--added", "1000", "--features", "50000",
+                    "--rows", "50000", "--test-rows", "2000", "--dim", "512", "--out",
+                    "{results}/add_labels"),),
+          quick=(_s("bench/add_labels.py", "--labels", "2000", "--added", "20", "--features", "2000",
+                    "--rows", "2000", "--test-rows", "100", "--dim", "32", "--no-compare-rebuild",
+                    "--out", "{results}/add_labels"),),
+          outputs=("add_labels.json", "add_labels.md"), measures=(*SERVING, "bench/add_labels.py"),
+          estimate_s=380),
+    Bench("serve_workers",
+          steps=(_s("bench/serve_workers.py", "--work", "{work}/workers", "--out",
+                    "{results}/serve_workers"),),
+          quick=(_s("bench/serve_workers.py", "--labels", "2000", "--features", "1000", "--rows", "1000",
+                    "--seconds", "1", "--work", "{work}/workers", "--out", "{results}/serve_workers"),),
+          outputs=("serve_workers.json", "serve_workers.md"),
+          measures=(*SERVING, "bench/serve_workers.py", "bench/serve_load.py"), estimate_s=240),
+    Bench("label_texts",
+          steps=(_s("bench/label_texts.py", "--out", "{results}/label_texts"),),
+          quick=(_s("bench/label_texts.py", "--sets", "bibtex", "--seeds", "0", "--arms", "label-texts",
+                    "--out", "{results}/label_texts"),),
+          outputs=("label_texts.json", "label_texts.md"), measures=(*CLI, "bench/label_texts.py"),
+          estimate_s=600),
+    Bench("gpu", steps=(_s("bench/gpu.py", "--device", "cuda", "--out", "{results}/gpu.json"),),
+          quick=(), outputs=("gpu.json", "gpu.md"), measures=(*TRAINER, "bench/gpu.py"), estimate_s=600,
+          device="cuda"),
+    # the records of decisions: rerun on demand (ONLY=name), not by every `make bench`
+    Bench("accuracy", steps=(_s("bench/accuracy.py", "--out", "{results}/accuracy"),), quick=(),
+          outputs=("accuracy.json", "accuracy.md"), measures=(*TRAINER, "bench/accuracy.py"),
+          estimate_s=1800, full=False),
+    Bench("objectives", steps=(_s("bench/objectives.py", "--out", "{results}/objectives"),), quick=(),
+          outputs=("objectives.json", "objectives.md"), measures=(*TRAINER, "bench/objectives.py"),
+          estimate_s=1800, full=False),
+    Bench("profile_train", steps=(_s("bench/profile_train.py", "--out", "{results}/profile_train"),),
+          quick=(), outputs=("profile_train.json", "profile_train.md"),
+          measures=(*TRAINER, "bench/profile_train.py"), estimate_s=300, full=False),
+    Bench("featurize_defaults",
+          steps=(_s("bench/featurize_defaults.py", "--out", "{results}/featurize_defaults.json"),), quick=(),
+          outputs=("featurize_defaults.json",),
+          measures=("trainer/featurize.py", "bench/featurize_defaults.py"),
+          estimate_s=600, full=False),
+    Bench("accuracy_sweep", steps=(_s("bench/sweep.py", "--table"),), quick=(),
+          outputs=("accuracy_sweep.jsonl", "accuracy_sweep.md"), measures=("bench/sweep.py",),
+          estimate_s=0, full=False),
+    Bench("real_defaults", steps=(), quick=(), outputs=("real_defaults.json", "real_defaults.md"),
+          measures=(), estimate_s=0, full=False),
+    Bench("real_screens", steps=(_s("bench/screen_real.py", "--out", "{results}/real_screens"),), quick=(),
+          outputs=("real_screens.json", "real_screens.md", "real_screens_patched.json",
+                   "real_screens_patched.md"), measures=(), estimate_s=0, full=False),
+    Bench("capacity_rss", steps=(_s("bench/capacity_rss.py"),), quick=(),
+          outputs=("capacity_rss.json", "capacity_rss.md"),
+          measures=("trainer/capacity.py", "bench/capacity_rss.py"),
+          estimate_s=300, full=False),
+    Bench("gpu_cpu", steps=(), quick=(), outputs=("gpu_cpu.json",), measures=(), estimate_s=0, full=False),
+    Bench("docker", steps=(), quick=(), outputs=("docker.json",), measures=(), estimate_s=0, full=False),
+)
+BY_NAME = {b.name: b for b in BENCHES}
+
+
+def recorded_seconds(bench: Bench, results: Path = COMMITTED) -> float | None:
+    """The wall time the results files record (a stamp's `wall_s`), if any."""
+    total = 0.0
+    for name in bench.outputs:
+        path = results / name
+        if path.suffix != ".json" or not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and isinstance(data.get("wall_s"), int | float):
+            total += float(data["wall_s"])
+    return total or None
+
+
+def expected_seconds(bench: Bench, quick: bool = False) -> float:
+    if quick:
+        return 30.0 * len(bench.quick)
+    return recorded_seconds(bench) or bench.estimate_s
+
+
+def selected(only: str | None, quick: bool, stale_only: bool) -> list[Bench]:
+    names = [n for n in (only or "").split(",") if n]
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise SystemExit(f"no benchmark named {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
+    default = [b for b in BENCHES if b.full and b.device == "cpu"]
+    chosen = [BY_NAME[n] for n in names] if names else default
+    if stale_only:
+        stale_names = {row["bench"] for row in stale()}
+        chosen = [b for b in chosen if b.name in stale_names]
+    return [b for b in chosen if (b.quick if quick else b.steps)]
+
+
+def commands(bench: Bench, quick: bool, results: Path, work: Path) -> list[list[str]]:
+    fill = {"results": str(results), "work": str(work)}
+    steps = bench.quick if quick else bench.steps
+    return [[sys.executable, *(a.format(**fill) for a in step)] for step in steps]
+
+
+# --------------------------------------------------------------------------------------------------
+# staleness: a result is stale when the code it measures changed after the commit that made it
+
+
+def result_commits(path: Path) -> list[str | None]:
+    """The commits a results JSON was made at (each part's, where runs were merged); None: no stamp."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return [None]
+    if not isinstance(data, dict):
+        return [None]
+    parts = data.get("stamps")
+    if isinstance(parts, dict) and parts:
+        return [p.get("commit") if isinstance(p, dict) else None for p in parts.values()]
+    commit = data.get("commit")
+    return [commit.removesuffix("-dirty") if isinstance(commit, str) and commit else None]
+
+
+def changed_since(commit: str, paths: tuple[str, ...]) -> str:
+    """The newest commit after `commit` that touched `paths` ('' if none, '?' if `commit` is unknown)."""
+    if not git("rev-parse", "--verify", "-q", f"{commit}^{{commit}}"):
+        return "?"
+    return git("log", "-1", "--format=%h", f"{commit}..HEAD", "--", *paths)
+
+
+def stale(results: Path = COMMITTED) -> list[dict[str, Any]]:
+    """Each results JSON of a rerunnable benchmark whose commit predates a change to what it measures."""
+    rows = []
+    for bench in BENCHES:
+        if not bench.steps or not bench.measures:
+            continue
+        for name in bench.outputs:
+            path = results / name
+            if path.suffix != ".json" or not path.exists():
+                continue
+            for commit in result_commits(path):
+                if commit is None:
+                    rows.append({"bench": bench.name, "file": name, "commit": None,
+                                 "why": "no commit recorded"})
+                    break
+                newer = changed_since(commit, bench.measures)
+                if newer:
+                    why = ("commit unknown here" if newer == "?"
+                           else f"{', '.join(bench.measures)} changed in {newer}")
+                    rows.append({"bench": bench.name, "file": name, "commit": commit[:10], "why": why})
+                    break
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def run(benches: list[Bench], quick: bool, results: Path) -> int:
+    results.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OVEX_BENCH_RESULTS": str(results), "PYTHONUNBUFFERED": "1"}
+    timings: dict[str, float] = {}
+    failed: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="ovex-bench-") as tmp:
+        for bench in benches:
+            work = Path(tmp) / bench.name
+            work.mkdir()
+            t0 = time.monotonic()
+            for argv in commands(bench, quick, results, work):
+                print(f"$ {shlex.join(argv)}", flush=True)
+                if subprocess.run(argv, cwd=ROOT, env=env).returncode != 0:
+                    failed.append(bench.name)
+                    break
+            timings[bench.name] = round(time.monotonic() - t0, 1)
+            print(f"== {bench.name}: {timings[bench.name]} s", flush=True)
+    total = sum(timings.values())
+    print(json.dumps({"seconds": timings, "total_s": round(total, 1), "failed": failed}, indent=1))
+    return 1 if failed else 0
+
+
+def plan(benches: list[Bench], quick: bool) -> None:
+    total = 0.0
+    for bench in benches:
+        secs = expected_seconds(bench, quick)
+        total += secs
+        print(f"{bench.name:20s} ~{secs / 60:5.1f} min  writes {', '.join(bench.outputs)}")
+        for argv in commands(bench, quick, Path("{results}"), Path("{work}")):
+            print(f"    {shlex.join(['python', *argv[1:]])}")
+    print(f"expected: {total / 60:.1f} min in all")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("action", choices=["plan", "run", "stale"])
+    ap.add_argument("--quick", action="store_true", help="the small profile (under 10 minutes)")
+    ap.add_argument("--only", default=None, help="comma-separated benchmark names")
+    ap.add_argument("--stale", action="store_true", help="only the benchmarks with stale results")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="where results go (default: bench/results; with --quick a scratch directory)")
+    args = ap.parse_args(argv)
+    if args.action == "stale":
+        rows = stale()
+        for row in rows:
+            print(f"{row['file']:40s} {row['commit'] or '-':10s} {row['why']}")
+        print(f"{len(rows)} stale; rerun: make bench STALE=1")
+        return 0
+    benches = selected(args.only, args.quick, args.stale)
+    if args.action == "plan":
+        plan(benches, args.quick)
+        return 0
+    scratch = Path(tempfile.mkdtemp(prefix="ovex-bench-quick-")) if args.quick and not args.results else None
+    results = args.results or scratch or COMMITTED
+    if args.quick and results.resolve() == COMMITTED.resolve():
+        raise SystemExit("the quick profile never writes over bench/results: give another --results")
+    print(f"results → {results}", flush=True)
+    return run(benches, args.quick, results)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,228 @@
+"""The README's headline figures, written from the results JSON, never copied by hand.
+
+    .venv/bin/python scripts/figures.py          # exit 1, showing the difference, if README.md is not current
+    .venv/bin/python scripts/figures.py --write  # rewrite the generated blocks of README.md
+
+Each generated block sits between `<!-- figures:NAME -->` and `<!-- /figures:NAME -->`. Every line takes
+all its numbers from one row of one results file (one set of a run, one cell of a serving table), names
+that row, and says whether a target it is held to was met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+README = ROOT / "README.md"
+
+
+def load(name: str, results: Path = RESULTS) -> Any:
+    return json.loads((results / name).read_text())
+
+
+def link(name: str, row: str = "") -> str:
+    text = f"[`{name}`](bench/results/{name})"
+    return f"{text}, {'rows' if ' and ' in row else 'row'} {row}" if row else text
+
+
+def verdict(value: float, bound: float, at_most: bool, unit: str = "") -> str:
+    """`target ≤ 10 ms: met` or `...: missed`, so a missed target is said where its figure is."""
+    met = value <= bound if at_most else value >= bound
+    shown = f"{bound:,g}{unit}"
+    return f"target {'≤' if at_most else '≥'} {shown}: {'met' if met else '**missed**'}"
+
+
+# --------------------------------------------------------------------------------------------------
+# the Results table: one line per headline
+
+
+def real_set(name: str, shown: str, peers: bool, results: Path) -> tuple[str, str, str]:
+    data = load("real.json", results)
+    s = data["summary"][name]
+    labels = next(r["n_train_labels"] for r in data["runs"] if r["set"] == name and r["status"] == "ok")
+    seeds = s["ovex"]["ok"]
+
+    def m(method: str, key: str) -> float:
+        return float(s[method][key]["mean"])
+
+    what = f"{shown} P@1 ({'real text, ' if name == 'wordnet' else ''}{labels:,} labels, {seeds} seeds)"
+    fig = (f"ovex {m('ovex', 'p@1'):.4f}, omikuji {m('omikuji', 'p@1'):.4f}, "
+           f"napkinXC PLT {m('napkinxc-plt', 'p@1'):.4f}")
+    if peers:
+        def side(key: str, title: str) -> str:
+            a, o = m("ovex", key), m("omikuji", key)
+            return f"{'ahead' if a > o else 'behind'} on {title} ({a:.4f} against {o:.4f})"
+
+        ratio = m("ovex", "train_wall_s") / m("omikuji", "train_wall_s")
+        fig += (f"; ovex {side('p@5', 'P@5')}, {side('psp@5', 'PSP@5')}; trained in {ratio:.2f}× "
+                "omikuji's time")
+    return what, fig, link("real.md", f"`{name}`")
+
+
+def step_cost(results: Path) -> tuple[str, str, str]:
+    rows = load("step_cost.json", results)["results"]
+    rate = {(r["loss"], r["k"]): r["examples_per_cpu_s"] for r in rows}
+    ks = sorted({r["k"] for r in rows})
+    lo, hi = ks[0], ks[-1]
+    fig = (f"ovex {rate[('ove', lo)]:,.0f} → {rate[('ove', hi)]:,.0f}; exact softmax "
+           f"{rate[('softmax', lo)]:,.0f} → {rate[('softmax', hi)]:,.0f}")
+    return (f"training examples per CPU-second, 10^{len(str(lo)) - 1} → 10^{len(str(hi)) - 1} labels", fig,
+            link("step_cost.md", f"`{lo:,}` and `{hi:,}` (K)"))
+
+
+def scale(results: Path) -> tuple[str, str, str]:
+    r = load("scale.json", results)
+    what = f"{r['labels']:,} labels, {r['rows']:,} rows, {r['params']['epochs']} epochs".replace(
+        "1,000,000 labels", "10^6 labels")
+    return what, f"P@1 {r['metrics']['p@1']:.4f}, trained in {r['train_seconds']:.0f} s", link("scale.md")
+
+
+def distributed(results: Path) -> tuple[str, str, str]:
+    key = "scale_600k_rows_4_epochs_dropout_0"
+    s = load("distributed.json", results)[key]
+    what = (f"10^7 labels on {s['ranks']} ranks (`--nproc-per-node {s['ranks']}`, d={s['dim']}, dropout 0, "
+            f"{s['train_rows']:,} rows, {s['epochs']} epochs)")
+    fig = (f"P@1 {s['metrics']['p@1']:.4f} against {s['most_frequent_p@1']:.4f} for always the most frequent "
+           f"label; trained in {s['train_s']:.0f} s, served after a {s['serve_load_s']:.1f} s load")
+    return what, fig, link("distributed.md", f"`{s['train_rows']:,} rows, {s['epochs']} epochs, dropout 0`")
+
+
+def gpu(results: Path) -> tuple[str, str, str]:
+    run, cpu = load("gpu.json", results), load("gpu_cpu.json", results)
+
+    def speed(data: dict[str, Any], labels: int, batch: int = 256) -> dict[str, Any]:
+        return next(s for s in data["speed"] if s["labels"] == labels and s["batch_size"] == batch
+                    and s["precision"] == "fp32")
+
+    one, big, huge = speed(run, 10**6), speed(run, 10**6, 8192), speed(run, 10**7)
+    base = speed(cpu, 10**6)
+    wn = next(w for w in run["wordnet"] if w["label"] == "defaults")
+    wn_cpu = next(w for w in cpu["wordnet"] if w["label"] == "defaults")
+    gpu_name = run["machine"].get("gpu", "GPU").replace("NVIDIA ", "")
+    what = f"training on one GPU ({gpu_name}), planted data, d={one['dim']}, the default batch of 256"
+    fig = (f"{one['examples_per_s']:,.0f} examples/s at 10^6 labels "
+           f"({one['examples_per_s'] / base['examples_per_s']:.1f}× this CPU; the step is bound by kernel "
+           f"launches), {big['examples_per_s']:,.0f} with batches of 8192; a 10^7-label model in "
+           f"{huge['peak_device_bytes'] / 2**30:.1f} GiB; WordNet P@1 {wn['p@1']:.4f} against "
+           f"{wn_cpu['p@1']:.4f} on the CPU, {wn['wall_s']:.1f} s against {wn_cpu['wall_s']:.1f} s")
+    return what, fig, link("gpu.md")
+
+
+def serve_cell(name: str, path: str, norm: str, conc: int, results: Path) -> dict[str, Any]:
+    model = load(name, results)["models"][0]
+    server = next(s for s in model["servers"] if s["path"] == path)
+    return next(c for c in server["cells"] if c["normalization"] == norm and c["concurrency"] == conc)
+
+
+def serve_1e6(results: Path) -> tuple[str, str, str]:
+    c = serve_cell("serve_load_trained_1e6.json", "int8", "sparsemax", 1, results)
+    fig = (f"p50 {c['p50_ms']} ms, p99 {c['p99_ms']} ms ({verdict(c['p99_ms'], 10, True, ' ms')}); "
+           f"certified exact {c['certified_exact_share']}")
+    return ("serving a *trained* 10^6-label model (d=128), one client, sparsemax answers (the default), "
+            "int8 path", fig, link("serve_load_trained_1e6.md", "`int8 \\| sparsemax \\| 1` (c = 1)"))
+
+
+def serve_1e6_workers(results: Path) -> tuple[str, str, str]:
+    c = serve_cell("serve_load_trained_1e6_workers2.json", "int8", "sparsemax", 32, results)
+    fig = f"{c['req_per_s']:,} requests/s ({verdict(c['req_per_s'], 1000, False)})"
+    return ("the same model, 32 clients, `ovex serve --workers 2`", fig,
+            link("serve_load_trained_1e6_workers2.md", "`int8 \\| sparsemax \\| 32` (c = 32)"))
+
+
+def serve_1e5(results: Path) -> tuple[str, str, str]:
+    c = serve_cell("serve_load_trained_1e5.json", "int8", "sparsemax", 1, results)
+    fig = (f"p50 {c['p50_ms']} ms ({verdict(c['p50_ms'], 5, True, ' ms')}), p99 {c['p99_ms']} ms "
+           f"({verdict(c['p99_ms'], 10, True, ' ms')}); every label's int8 code read per query")
+    return ("serving a trained 10^5-label model at the default d=512, one client, sparsemax answers", fig,
+            link("serve_load_trained_1e5.md", "`int8 \\| sparsemax \\| 1` (c = 1)"))
+
+
+def results_table(results: Path = RESULTS) -> str:
+    rows = [
+        real_set("wordnet", "WordNet", True, results),
+        real_set("bibtex", "Bibtex", False, results),
+        real_set("corel5k", "Corel5k", False, results),
+        step_cost(results), scale(results), distributed(results), gpu(results),
+        serve_1e6(results), serve_1e6_workers(results), serve_1e5(results),
+    ]
+    lines = ["| what | figure | source |", "|---|---|---|"]
+    lines += [f"| {what} | {fig} | {src} |" for what, fig, src in rows]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# continual training: one line per target, the four sets of one file
+
+
+CONTINUAL_SETS = ("bibtex", "corel5k", "synth", "synth-40k")
+CONTINUAL_NAMES = {"bibtex": "Bibtex", "corel5k": "Corel5k", "synth": "the 10k-row synthetic set",
+                   "synth-40k": "the 40k-row one"}
+
+
+def continual(results: Path = RESULTS) -> str:
+    agg = load("continual.json", results)["aggregate"]
+
+    def line(key: str, text: str, sign: bool) -> str:
+        vals = [agg[s]["targets"][key] for s in CONTINUAL_SETS]
+        shown = " / ".join(f"{v['mean']:+.4f}" if sign else f"{v['mean']:.4f}" for v in vals)
+        missed = [CONTINUAL_NAMES[s] for s, v in zip(CONTINUAL_SETS, vals, strict=True) if v["met"] is False]
+        target = vals[0]["target"].replace(">=", "≥").replace("<=", "≤")
+        said = f"target {target}: **missed** on {' and '.join(missed)}" if missed else f"target {target}: met"
+        return f"{text} {shown} ({said})"
+
+    parts = [
+        line("new_p@1_ratio", "new-label P@1", False) + " of the retrain's",
+        line("old_p@1_delta_vs_base", "old-label P@1", True) + " against the base",
+        line("all_p@1_delta_vs_full", "overall P@1", True) + " against the retrain",
+        line("time_ratio", "wall time", False) + " of the retrain's",
+    ]
+    seeds = len({r["seed"] for r in load("continual.json", results)["runs"]})
+    return textwrap.fill(
+        f"Against a full retrain ({seeds} seeds, Bibtex / Corel5k / synthetic 10^5 labels with 10k / "
+        "40k rows; each set's rows `new_p@1_ratio`, `old_p@1_delta_vs_base`, `all_p@1_delta_vs_full` "
+            "and `time_ratio` of `bench/results/continual.md`): " + "; ".join(parts) + ".", width=108,
+                         break_on_hyphens=False)
+
+
+BLOCKS: dict[str, Callable[[Path], str]] = {"results": results_table, "continual": continual}
+
+
+def render(text: str, results: Path = RESULTS) -> str:
+    """`text` with every generated block written anew from the results files."""
+    for name, make in BLOCKS.items():
+        pattern = re.compile(rf"(<!-- figures:{name} -->\n).*?(\n<!-- /figures:{name} -->)", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"README.md has no `<!-- figures:{name} -->` block")
+        body = make(results)
+        text = pattern.sub(lambda m, body=body: m[1] + body + m[2], text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--write", action="store_true", help="rewrite README.md's generated blocks")
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    old = README.read_text()
+    new = render(old, args.results)
+    if args.write:
+        README.write_text(new)
+        return 0
+    if new != old:
+        sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True), "README.md",
+                                                   "generated"))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
