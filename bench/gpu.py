@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from real import _git, machine  # noqa: E402
 
+import trainer.train as train_module  # noqa: E402
 from trainer.capacity import run_bytes  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
 from trainer.synth import synth_dataset  # noqa: E402
@@ -58,8 +60,9 @@ def _sync(device: torch.device) -> None:
 
 
 def speed_row(labels: int, rows: int, device: torch.device, batch: int | None, precision: str,
-              data: dict[int, Any]) -> dict[str, Any]:
-    """Two epochs on planted data through `train` (no test split, no artifact): the rate and memory."""
+              data: dict[int, Any], inline: bool = False) -> dict[str, Any]:
+    """Two epochs on planted data through `train` (no test split, no artifact): the rate and memory.
+    `inline`: the steps' host part made in turn with the device part, not ahead on a thread."""
     if labels not in data:
         data.clear()  # one planted set in memory at a time
         data[labels] = synth_dataset(labels, FEATURES, rows, seed=1)
@@ -73,12 +76,19 @@ def speed_row(labels: int, rows: int, device: torch.device, batch: int | None, p
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
-    result = train(params, ds, None, out_dir=None, hooks=QuietHooks())
+    ahead = train_module.steps_made_ahead
+    if inline:
+        train_module.steps_made_ahead = lambda device, group: False
+    try:
+        result = train(params, ds, None, out_dir=None, hooks=QuietHooks())
+    finally:
+        train_module.steps_made_ahead = ahead
     wall = time.perf_counter() - t0
     estimate = run_bytes(labels, FEATURES, params)
     row: dict[str, Any] = {
         "labels": labels, "rows": ds.n_rows, "dim": DIM, "batch_size": params.batch_size,
-        "precision": precision, "device": device.type, "default": batch is None and precision == "fp32",
+        "precision": precision, "device": device.type, "inline": inline,
+        "default": batch is None and precision == "fp32" and not inline,
         "examples_per_s": result.history[-1]["examples_per_s"],
         "examples_per_s_epoch1": result.history[0]["examples_per_s"],
         "steps": result.steps, "wall_s": wall, "final_loss": result.final_loss,
@@ -88,7 +98,8 @@ def speed_row(labels: int, rows: int, device: torch.device, batch: int | None, p
         peak = torch.cuda.max_memory_allocated(device)
         row.update({"peak_device_bytes": peak, "peak_bytes_per_label": peak / labels,
                     "estimate_bytes_per_label": estimate.tables / labels})
-    print(json.dumps({k: row[k] for k in ("labels", "batch_size", "precision", "examples_per_s", "wall_s")}),
+    print(json.dumps({k: row[k] for k in ("labels", "batch_size", "precision", "inline", "examples_per_s",
+                                          "wall_s")}),
           flush=True)
     return row
 
@@ -220,16 +231,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     data: dict[int, Any] = {}
     if args.data:
-        for extra, label in (([], "defaults"), (["--precision", "bf16"], "bf16")):
+        for label, _, flags in (run.partition("=") for run in args.wordnet_runs):
+            extra = shlex.split(flags)
             row = attempt(f"wordnet {label}", lambda e=extra, lb=label: wordnet_row(
                 Path(args.data), device, Path(args.scratch) / f"wordnet-{lb}", e, lb))
             if row:
                 out["wordnet"].append(row)
             save()
     for labels in args.labels:
-        for batch, precision in [(None, "fp32"), *[(b, "fp32") for b in args.extra_batch], (None, "bf16")]:
-            row = attempt(f"speed {labels} {batch} {precision}",
-                          lambda k=labels, b=batch, p=precision: speed_row(k, args.rows, device, b, p, data))
+        settings = [(None, "fp32", False), *[(b, "fp32", False) for b in args.extra_batch],
+                    *[(None, p, False) for p in args.extra_precision],
+                    *[(b, "fp32", True) for b in [None, *args.extra_batch] if labels in args.inline_at]]
+        for batch, precision, inline in settings:
+            row = attempt(f"speed {labels} {batch} {precision}{' inline' if inline else ''}",
+                          lambda k=labels, b=batch, p=precision, i=inline:
+                          speed_row(k, args.rows, device, b, p, data, i))
             if row:
                 out["speed"].append(row)
             save()
@@ -264,7 +280,7 @@ def render(paths: list[Path]) -> str:
         lines.append(f"- `{p.name}`: {_where(r)}, torch {m['torch']}, commit `{(r.get('commit') or '?')[:7]}`"
                      f"{' (dirty tree)' if r.get('dirty') else ''}, {r['date']}; `{r['command']}`")
     cpu = {(s["labels"], s["batch_size"], s["precision"]): s["examples_per_s"]
-           for r in runs if "gpu" not in r["machine"] for s in r["speed"]}
+           for r in runs if "gpu" not in r["machine"] for s in r["speed"] if not s.get("inline")}
     lines += ["", "## Training rate (planted data, 100,000 features, d = 256; second epoch's examples/s)", "",
               "Rows marked *extra* change one setting from the defaults (batch 256, float32).", "",
               "| device | labels | batch | precision | examples/s | × the CPU's | peak device GiB "
@@ -274,7 +290,7 @@ def render(paths: list[Path]) -> str:
     for r in runs:
         dev = _where(r)
         for s in r["speed"]:
-            tag = "" if s["default"] else " (extra)"
+            tag = "" if s["default"] else " (extra, steps inline)" if s.get("inline") else " (extra)"
             base = cpu.get((s["labels"], s["batch_size"], s["precision"])) if "gpu" in r["machine"] else None
             ratio = f"{s['examples_per_s'] / base:.1f}" if base else "–"
             lines.append(f"| {dev}{tag} | {s['labels']:,} | {s['batch_size']} | {s['precision']} | "
@@ -325,7 +341,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=100_000, help="planted training rows per label count")
     ap.add_argument("--extra-batch", type=int, nargs="*", default=[2048],
                     help="extra rows at these batch sizes")
+    ap.add_argument("--extra-precision", nargs="*", default=["bf16"], help="extra rows in these precisions")
+    ap.add_argument("--inline-at", type=int, nargs="*", default=[],
+                    help="at these label counts, extra rows with each step's host part made inline")
     ap.add_argument("--data", help="a folder with wordnet_train.jsonl and wordnet_test.jsonl")
+    ap.add_argument("--wordnet-runs", nargs="*", default=["defaults=", "bf16=--precision bf16"],
+                    help="WordNet runs, each LABEL=FLAGS (flags given to `ovex train` beside the defaults)")
     ap.add_argument("--scratch", default="/tmp/ovex-gpu-bench")
     ap.add_argument("--no-profile", dest="profile", action="store_false",
                     help="no step anatomy (made at the label count nearest 10^6)")

@@ -15,13 +15,15 @@ def test_a_tiny_cpu_run_and_its_report(tmp_path: Path) -> None:
     out = tmp_path / "cpu.json"
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "gpu.py"), "--device", "cpu", "--labels", "20000",
-         "--rows", "1500", "--extra-batch", "512", "--out", str(out)],
+         "--rows", "1500", "--extra-batch", "512", "--inline-at", "20000", "--out", str(out)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     cpu = json.loads(out.read_text())
     assert cpu["errors"] == [] and cpu["commit"] and cpu["machine"]["cores"] >= 1
-    rows = {(s["batch_size"], s["precision"]): s for s in cpu["speed"]}
+    inline = [s for s in cpu["speed"] if s["inline"]]
+    assert sorted(s["batch_size"] for s in inline) == [256, 512] and not any(s["default"] for s in inline)
+    rows = {(s["batch_size"], s["precision"]): s for s in cpu["speed"] if not s["inline"]}
     assert set(rows) == {(256, "fp32"), (512, "fp32"), (256, "bf16")}
     assert rows[(256, "fp32")]["default"] and not rows[(512, "fp32")]["default"]
     assert all(s["examples_per_s"] > 0 and s["steps"] == 2 * -(-1500 // s["batch_size"])

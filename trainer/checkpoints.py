@@ -55,7 +55,7 @@ def _rng(state: torch.Tensor) -> torch.Tensor:
     return state.clone().to(torch.uint8)
 
 
-def _state_tensors(stepper: Stepper) -> dict[str, torch.Tensor]:
+def _state_tensors(stepper: Stepper, sampler_state: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for name, t in stepper.model.state_dict().items():
         tensors[f"model.{name}"] = t
@@ -69,7 +69,7 @@ def _state_tensors(stepper: Stepper) -> dict[str, torch.Tensor]:
     if stepper.hard is not None and stepper.hard.table is not None:  # mined at the epoch's start
         tensors["hard.table"] = stepper.hard.table
     tensors["rng.torch"] = _rng(torch.get_rng_state())
-    tensors["rng.sampler"] = _rng(stepper.sampler.get_state())
+    tensors["rng.sampler"] = _rng(stepper.sampler.get_state() if sampler_state is None else sampler_state)
     if torch.cuda.is_available():
         tensors["rng.cuda"] = _rng(torch.cuda.get_rng_state())
     return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
@@ -80,13 +80,15 @@ def _rank_file(rank: int) -> str:
 
 
 def save_checkpoint(
-    ckpt_dir: Path, stepper: Stepper, step: int, epoch: int, pos: int, extra: dict[str, Any]
+    ckpt_dir: Path, stepper: Stepper, step: int, epoch: int, pos: int, extra: dict[str, Any],
+    sampler_state: torch.Tensor | None = None,
 ) -> Path:
     """Collective: every rank of `stepper.group` calls it at the same step. A failed write (a full disk)
-    is an error saying so; the previous checkpoint stays the one to resume from."""
+    is an error saying so; the previous checkpoint stays the one to resume from. `sampler_state`: the
+    sampler's state after this step's draws, when later steps were drawn ahead (`trainer.ahead`)."""
     partial = ckpt_dir / f".step-{step:09d}.partial"
     try:
-        return _save_checkpoint(ckpt_dir, partial, stepper, step, epoch, pos, extra)
+        return _save_checkpoint(ckpt_dir, partial, stepper, step, epoch, pos, extra, sampler_state)
     except OSError as exc:
         if stepper.group.world == 1:  # the half-written one gives its space back (with ranks, the launcher
             shutil.rmtree(partial, ignore_errors=True)  # does once none of them still writes)
@@ -102,7 +104,7 @@ def remove_partials(ckpt_dir: Path) -> None:
 
 
 def _save_checkpoint(ckpt_dir: Path, partial: Path, stepper: Stepper, step: int, epoch: int, pos: int,
-                     extra: dict[str, Any]) -> Path:
+                     extra: dict[str, Any], sampler_state: torch.Tensor | None) -> Path:
     group, shard = stepper.group, stepper.shard
     name = f"step-{step:09d}"
     if group.is_main:
@@ -112,7 +114,7 @@ def _save_checkpoint(ckpt_dir: Path, partial: Path, stepper: Stepper, step: int,
         partial.mkdir()
     group.barrier()
     tensors = {
-        k: v for k, v in _state_tensors(stepper).items()
+        k: v for k, v in _state_tensors(stepper, sampler_state).items()
         if group.is_main or is_label_rows(k) or k.startswith("rng.")
     }
     target = partial / _rank_file(group.rank)

@@ -24,6 +24,7 @@ import scipy.sparse as sp
 import torch
 
 from trainer import metrics as xc_metrics
+from trainer.ahead import made_ahead
 from trainer.artifact import prepare_out_dir
 from trainer.capacity import check_fits
 from trainer.checkpoints import load_checkpoint, save_checkpoint
@@ -223,6 +224,12 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ParamsError("--device cuda requested but no CUDA device is available")
     return torch.device(name)
+
+
+def steps_made_ahead(device: torch.device, group: RankGroup) -> bool:
+    """Whether a run's steps have their host part made ahead on a thread (`trainer.ahead`): on a GPU,
+    where it overlaps the device part; not with ranks, whose collectives must stay in step order."""
+    return device.type == "cuda" and group.world == 1
 
 
 def lr_at(params: TrainParams, step: int, total: int) -> float:
@@ -837,6 +844,7 @@ def _fit(
         stepper.head_lr = WarmStart.label_lr(focus, params.new_label_lr, device)
 
     bs = params.batch_size
+    ahead = steps_made_ahead(device, group)
     n_epoch = n if warm is None else warm.epoch_size(params.replay)  # rows trained on per epoch
     lr_scale = 1.0 if warm is None else params.continual_lr
     steps_per_epoch = math.ceil(n_epoch / bs)
@@ -881,25 +889,34 @@ def _fit(
             first_mining = 0 if warm is not None else 1
             if stepper.hard is not None and pos0 == 0 and stepper.hard.due(epoch, first_mining):
                 stepper.hard.refresh(model.head, model_counts)
-            for pos in range(pos0, steps_per_epoch):
-                if hooks.should_stop():
-                    raise TrainingCancelled(f"training stopped at step {step}")
-                i, j = pos * bs, min(n_epoch, (pos + 1) * bs)
-                losses.add(step, stepper.step(ep, i, j, lr_at(params, step, total) * lr_scale), j - i)
-                step += 1
-                epoch_examples += j - i
-                if bar is not None:
-                    bar.update(1)
-                now = time.perf_counter()
-                if now - last_report > PROGRESS_EVERY_S:
-                    last_report = now
-                    loss_ema = losses.read()
-                    rate = epoch_examples / max(time.perf_counter() - t_epoch, 1e-9)
+            def rows(pos: int) -> tuple[int, int]:
+                return pos * bs, min(n_epoch, (pos + 1) * bs)
+
+            def inputs_at(pos: int, ep: EpochData = ep) -> StepInputs:
+                return stepper.inputs(ep, *rows(pos))
+
+            with made_ahead(inputs_at, range(pos0, steps_per_epoch), stepper.sampler.get_state,
+                            threaded=ahead) as made_steps:
+                for made in made_steps:
+                    if hooks.should_stop():
+                        raise TrainingCancelled(f"training stopped at step {step}")
+                    i, j = rows(made.pos)
+                    losses.add(step, stepper.learn(made.inputs, lr_at(params, step, total) * lr_scale), j - i)
+                    step += 1
+                    epoch_examples += j - i
                     if bar is not None:
-                        bar.set_postfix(loss=f"{loss_ema:.4f}", epoch=epoch + 1)
-                    hooks.on_progress(Progress(epoch + 1, params.epochs, step, total, rate, loss_ema))
-                if ckpt_path is not None and checkpoint_every > 0 and step % checkpoint_every == 0:
-                    save_checkpoint(ckpt_path, stepper, step, epoch, pos + 1, {"loss": losses.read()})
+                        bar.update(1)
+                    now = time.perf_counter()
+                    if now - last_report > PROGRESS_EVERY_S:
+                        last_report = now
+                        loss_ema = losses.read()
+                        rate = epoch_examples / max(time.perf_counter() - t_epoch, 1e-9)
+                        if bar is not None:
+                            bar.set_postfix(loss=f"{loss_ema:.4f}", epoch=epoch + 1)
+                        hooks.on_progress(Progress(epoch + 1, params.epochs, step, total, rate, loss_ema))
+                    if ckpt_path is not None and checkpoint_every > 0 and step % checkpoint_every == 0:
+                        save_checkpoint(ckpt_path, stepper, step, epoch, made.pos + 1,
+                                        {"loss": losses.read()}, sampler_state=made.sampler_state)
             losses.read()  # on a GPU: waits for the epoch's last step
             dt = time.perf_counter() - t_epoch
             train_time += dt
