@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import trainer.train as train_module
 from tests.test_train import Recorder
 from trainer.artifact import load_artifact
 from trainer.data import Dataset
@@ -143,3 +144,18 @@ def test_a_gpu_checkpoint_resumes_on_the_cpu(tmp_path: Path) -> None:
     assert test.X is not None
     ids, _ = a.model.topk(_as_csr32(test.X), 3)
     assert ids.shape == (test.n_rows, 3)
+
+
+@needs_gpu
+def test_a_gpu_run_made_ahead_ends_where_one_made_inline_does(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU's steps made ahead on a thread (`trainer.ahead`) are the steps made in turn: the same
+    draws in the same order, so the same weights to the GPU's float rounding."""
+    ds = _toy()
+    gpu = TrainParams(dim=16, epochs=2, batch_size=50, negatives=24, group_size=8, dropout=0.0, device="cuda")
+    train(gpu, ds, None, out_dir=tmp_path / "ahead", hooks=Recorder())
+    monkeypatch.setattr(train_module, "steps_made_ahead", lambda device, group: False)
+    train(gpu, ds, None, out_dir=tmp_path / "inline", hooks=Recorder())
+    a, b = load_artifact(tmp_path / "ahead"), load_artifact(tmp_path / "inline")
+    np.testing.assert_allclose(a.head_weight, b.head_weight, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(a.model.input_weight, b.model.input_weight, rtol=1e-4, atol=1e-5)
