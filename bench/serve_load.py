@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -39,6 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from stamp import RESULTS, stamp, stamped, under_title  # noqa: E402
+
+SPREAD = ("p50_ms", "p99_ms", "req_per_s", "server_cpu_ms_per_req")  # the figures a repeated cell spreads
 
 # ------------------------------------------------------------------------------------------------
 # the model
@@ -409,20 +412,25 @@ def serve_path(
             bodies = [body_for(f, False, norm) for f in feats]
             for conc in args.concurrency:
                 asyncio.run(run_cell("127.0.0.1", port, bodies[:16], conc, 16, 10))  # warm-up, discarded
-                cpu0 = cpu_seconds(proc.pid)
-                cell = asyncio.run(
-                    run_cell("127.0.0.1", port, bodies, conc, args.max_requests, args.cell_seconds)
-                )
-                cpu1 = cpu_seconds(proc.pid)
-                n_req = max(cell["requests"], 1)
+                runs = []
+                for _ in range(args.repeats):
+                    cpu0 = cpu_seconds(proc.pid)
+                    run = asyncio.run(
+                        run_cell("127.0.0.1", port, bodies, conc, args.max_requests, args.cell_seconds)
+                    )
+                    cpu1 = cpu_seconds(proc.pid)
+                    run["server_cpu_ms_per_req"] = round(1000 * (cpu1 - cpu0) / max(run["requests"], 1), 3)
+                    runs.append(run)
+                cell = runs[0]
                 got = cell.pop("_answers")
-                cell.update(
-                    {
-                        "normalization": norm,
-                        "server_cpu_ms_per_req": round(1000 * (cpu1 - cpu0) / n_req, 3),
-                        "loadavg_1m": round(os.getloadavg()[0], 2),
-                    }
-                )
+                cell.update({"normalization": norm, "loadavg_1m": round(os.getloadavg()[0], 2)})
+                if len(runs) > 1:  # the median of each figure, and its spread over the runs
+                    cell["repeats"] = len(runs)
+                    cell["spread"] = {}
+                    for key in SPREAD:
+                        vals = sorted(r[key] for r in runs)
+                        cell[key] = round(statistics.median(vals), 3)
+                        cell["spread"][key] = {"min": vals[0], "median": cell[key], "max": vals[-1]}
                 if norm == "none":
                     cell["recall_at_10"] = round(
                         float(np.mean([len(set(got[i]) & set(truth[i])) / 10 for i in got])), 4
@@ -510,6 +518,8 @@ def main() -> int:
     ap.add_argument("--max-requests", type=int, default=2000)
     ap.add_argument("--cell-seconds", type=float, default=10.0)
     ap.add_argument("--quick", action="store_true", help="fewer request bodies")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each cell; figures are medians, with min and max beside them")
     ap.add_argument("--alone", action="store_true", help="nothing else ran on the machine (reported)")
     ap.add_argument(
         "--ceiling-path", default="int8", help="the path whose server also measures the HTTP stack alone"
@@ -583,6 +593,12 @@ def local_truth(art: Path, feats: list[bytes]) -> list[list[int]]:
     return out
 
 
+def _spread(cell: dict[str, Any], key: str) -> str:
+    """A figure of a cell, with its min-max over the runs when the cell was run more than once."""
+    s = cell.get("spread", {}).get(key)
+    return f"{cell[key]} ({s['min']}-{s['max']})" if s else f"{cell[key]}"
+
+
 def render_md(r: dict[str, Any]) -> str:
     gib = 1024**3
     mach = r["machine"]
@@ -632,8 +648,9 @@ def render_md(r: dict[str, Any]) -> str:
             for c in sv["cells"]:
                 lines.append(
                     f"| {sv['path']} | {sv['ready_seconds']} ({idx}) | {sv['rss_peak_bytes'] / gib:.2f} "
-                    f"| {c['normalization']} | {c['concurrency']} | {c['req_per_s']} | {c['p50_ms']} "
-                    f"| {c['p99_ms']} | {c.get('recall_at_10', '')} | {c['exact_share']} "
+                    f"| {c['normalization']} | {c['concurrency']} | {_spread(c, 'req_per_s')} "
+                    f"| {_spread(c, 'p50_ms')} | {_spread(c, 'p99_ms')} | {c.get('recall_at_10', '')} "
+                    f"| {c['exact_share']} "
                     f"| {c['server_cpu_ms_per_req']} | {c.get('requests_per_worker', '')} "
                     f"| {c['loadavg_1m']} |"
                 )

@@ -21,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trainer.params import TrainParams  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 README = ROOT / "README.md"
 
@@ -32,6 +36,17 @@ def load(name: str, results: Path = RESULTS) -> Any:
 def link(name: str, row: str = "") -> str:
     text = f"[`{name}`](bench/results/{name})"
     return f"{text}, {'rows' if ' and ' in row else 'row'} {row}" if row else text
+
+
+def size(n: int) -> str:
+    """10^6 for a power of ten, else the number written out."""
+    text = str(n)
+    return f"10^{len(text) - 1}" if text.strip("0") == "1" else f"{n:,}"
+
+
+def width(dim: int) -> str:
+    """d=512, saying so when it is the default a user gets."""
+    return f"d={dim}" + (", the default" if dim == TrainParams().dim else "")
 
 
 def verdict(value: float, bound: float, at_most: bool, unit: str = "") -> str:
@@ -75,14 +90,13 @@ def step_cost(results: Path) -> tuple[str, str, str]:
     lo, hi = ks[0], ks[-1]
     fig = (f"ovex {rate[('ove', lo)]:,.0f} → {rate[('ove', hi)]:,.0f}; exact softmax "
            f"{rate[('softmax', lo)]:,.0f} → {rate[('softmax', hi)]:,.0f}")
-    return (f"training examples per CPU-second, 10^{len(str(lo)) - 1} → 10^{len(str(hi)) - 1} labels", fig,
+    return (f"training examples per CPU-second, {size(lo)} → {size(hi)} labels", fig,
             link("step_cost.md", f"`{lo:,}` and `{hi:,}` (K)"))
 
 
 def scale(results: Path) -> tuple[str, str, str]:
     r = load("scale.json", results)
-    what = f"{r['labels']:,} labels, {r['rows']:,} rows, {r['params']['epochs']} epochs".replace(
-        "1,000,000 labels", "10^6 labels")
+    what = f"{size(r['labels'])} labels, {r['rows']:,} rows, {r['params']['epochs']} epochs"
     return what, f"P@1 {r['metrics']['p@1']:.4f}, trained in {r['train_seconds']:.0f} s", link("scale.md")
 
 
@@ -118,17 +132,20 @@ def gpu(results: Path) -> tuple[str, str, str]:
 
 
 def serve_cell(name: str, path: str, norm: str, conc: int, results: Path) -> dict[str, Any]:
+    """One cell of a serving table, with its model's label count and width."""
     model = load(name, results)["models"][0]
     server = next(s for s in model["servers"] if s["path"] == path)
-    return next(c for c in server["cells"] if c["normalization"] == norm and c["concurrency"] == conc)
+    cell = next(c for c in server["cells"] if c["normalization"] == norm and c["concurrency"] == conc)
+    return {**cell, "labels": model["labels"], "dim": model["dim"]}
 
 
 def serve_1e6(results: Path) -> tuple[str, str, str]:
     c = serve_cell("serve_load_trained_1e6.json", "int8", "sparsemax", 1, results)
     fig = (f"p50 {c['p50_ms']} ms, p99 {c['p99_ms']} ms ({verdict(c['p99_ms'], 10, True, ' ms')}); "
            f"certified exact {c['certified_exact_share']}")
-    return ("serving a *trained* 10^6-label model (d=128), one client, sparsemax answers (the default), "
-            "int8 path", fig, link("serve_load_trained_1e6.md", "`int8 \\| sparsemax \\| 1` (c = 1)"))
+    what = (f"serving a *trained* {size(c['labels'])}-label model ({width(c['dim'])}), one client, sparsemax "
+            "answers (the default), int8 path")
+    return what, fig, link("serve_load_trained_1e6.md", "`int8 \\| sparsemax \\| 1` (c = 1)")
 
 
 def serve_1e6_workers(results: Path) -> tuple[str, str, str]:
@@ -142,8 +159,9 @@ def serve_1e5(results: Path) -> tuple[str, str, str]:
     c = serve_cell("serve_load_trained_1e5.json", "int8", "sparsemax", 1, results)
     fig = (f"p50 {c['p50_ms']} ms ({verdict(c['p50_ms'], 5, True, ' ms')}), p99 {c['p99_ms']} ms "
            f"({verdict(c['p99_ms'], 10, True, ' ms')}); every label's int8 code read per query")
-    return ("serving a trained 10^5-label model at the default d=512, one client, sparsemax answers", fig,
-            link("serve_load_trained_1e5.md", "`int8 \\| sparsemax \\| 1` (c = 1)"))
+    what = (f"serving a trained {size(c['labels'])}-label model ({width(c['dim'])}), one client, sparsemax "
+            "answers")
+    return what, fig, link("serve_load_trained_1e5.md", "`int8 \\| sparsemax \\| 1` (c = 1)")
 
 
 def results_table(results: Path = RESULTS) -> str:
