@@ -211,17 +211,58 @@ def continual(results: Path = RESULTS) -> str:
                          break_on_hyphens=False)
 
 
-BLOCKS: dict[str, Callable[[Path], str]] = {"results": results_table, "continual": continual}
+def data(results: Path = RESULTS) -> str:
+    r = load("data_read.json", results)
+    made = "; ".join(f"{size(g['labels'])} labels × {g['rows']:,} rows in {g['cpu_s']} CPU-seconds"
+                     for g in load("synth_scale.json", results)["rows"])
+    return wrap(f"Measured: an XC file of {r['rows']:,} rows × {r['nnz_per_row']:.2f} non-zeros "
+                f"({r['file_mb']} MB of text) is read in {r['read_cpu_seconds']} CPU-seconds with a "
+                f"{r['read_peak_rss_mb']} MB peak for {r['csr_mb']} MB of CSR "
+                "([`data_read.md`](bench/results/data_read.md), `bench/read_speed.py`); `ovex synth` "
+                "generates "
+                f"{made} ([`synth_scale.md`](bench/results/synth_scale.md), `bench/synth_scale.py`).")
+
+
+def workers(results: Path = RESULTS) -> str:
+    r = load("serve_workers.json", results)
+    ratio, model = r["ratios"], r["model"]
+    return wrap(f"On a trained {size(model['labels'])}-label model (d = {model['dim']}) two workers of "
+                f"`ovex serve --workers 2` hold {ratio['group_unique_two_over_one']}x the memory of one "
+                "(distinct resident pages of the whole group) and answer "
+                f"{ratio['req_per_s_c32_two_over_one']}x its req/s at concurrency 32 "
+                "(`bench/results/serve_workers.md`; 1.179x and 1.81x at 2·10^5 labels in an earlier run, "
+                "`bench/results/serve_workers_200k.md@70608af`).")
+
+
+def add_labels(results: Path = RESULTS) -> str:
+    r = load("add_labels.json", results)
+    before, after = r["certified_share_before"], r["certified_share_after"]
+    certified = (f"{before} of the answers were certified before and after" if before == after else
+                 f"{before} of the answers were certified before, {after} after")
+    return wrap(f"On a served model of {r['labels_before']:,} labels (d = {r['dim']}, int8 path), adding "
+                f"{r['labels_added']:,} labels by text took {r['post_to_answer_s']} s from the POST to the "
+                f"new version answering ({r['rebuild_from_scratch_s']} s would have gone on building its "
+                f"int8 index from scratch alone); {certified}, and P@5 on the old labels was "
+                f"{r['old_labels']['p_at_5_before']} before and {r['old_labels']['p_at_5_after']} after "
+                "(`bench/results/add_labels.md`).")
+
+
+def wrap(text: str) -> str:
+    return textwrap.fill(text, width=108, break_on_hyphens=False, break_long_words=False)
+
+
+BLOCKS: dict[str, Callable[[Path], str]] = {"results": results_table, "continual": continual, "data": data,
+                                            "workers": workers, "add_labels": add_labels}
 
 
 def render(text: str, results: Path = RESULTS) -> str:
     """`text` with every generated block written anew from the results files."""
     for name, make in BLOCKS.items():
-        pattern = re.compile(rf"(<!-- figures:{name} -->\n).*?(\n<!-- /figures:{name} -->)", re.S)
+        pattern = re.compile(rf"(<!-- figures:{name} -->\n).*?(\n?<!-- /figures:{name} -->)", re.S)
         if not pattern.search(text):
             raise SystemExit(f"README.md has no `<!-- figures:{name} -->` block")
         body = make(results)
-        text = pattern.sub(lambda m, body=body: m[1] + body + m[2], text)
+        text = pattern.sub(lambda m, body=body: m[1] + body + "\n" + m[2].lstrip("\n"), text)
     return text
 
 
@@ -232,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     old = README.read_text()
     new = render(old, args.results)
-    if args.write:
+    if args.write:  # the figures that moved, before and after
+        moved = [ln for ln in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0)
+                 if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+        print("\n".join(moved) if moved else "README.md: no figure moved")
         README.write_text(new)
         return 0
     if new != old:
