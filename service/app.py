@@ -22,14 +22,15 @@ from service.api.console import install_console
 from service.api.errors import document_errors, install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import MetricsMiddleware
+from service.db.engine import db_url
 from service.logs import configure_logging
 from service.metrics import Metrics
 from service.serving.active import ActiveVersions
 from service.serving.batching import MicroBatcher
+from service.serving.predict import PredictService
 from service.serving.registry import ModelRegistry
 from service.serving.retrieval import configure_threads
 from service.settings import Settings
-from service.training.config import JobsConfig
 from service.training.runtime import JobsRuntime
 
 log = logging.getLogger("ovex.app")
@@ -62,7 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; nothing heavy happens until the lifespan starts (in the serving process)."""
     settings = settings or Settings()
     metrics = Metrics()
-    store = ActiveVersions.for_url(JobsConfig(settings).db_url)  # connects lazily
+    store = ActiveVersions.for_url(db_url(settings))  # connects lazily
     registry = ModelRegistry(settings, store, metrics)
 
     def on_batch(rows: int, requests: int) -> None:
@@ -108,6 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.registry = registry
     app.state.batcher = batcher
+    app.state.predict = PredictService(registry, batcher, settings, metrics)
     install_error_handlers(app)
     document_errors(app)
     app.add_middleware(

@@ -103,6 +103,9 @@ class Forbidden(DomainError):
     kind = "forbidden"
 
 
+MAX_FIELD_ERRORS = 20  # an answer lists this many field errors, then says how many more there are
+
+
 class InputError(Invalid):
     """Several field errors at once (e.g. every out-of-range feature index of a predict batch)."""
 

@@ -69,8 +69,3 @@ async def require_predict_key(request: Request, key: Presented) -> None:
     """Predictions are open unless the server puts them behind the read key."""
     if _settings(request).predict_needs_read_key:
         await require_read_key(request, key)
-
-
-ApiKey = Annotated[None, Depends(require_api_key)]
-ReadKey = Annotated[None, Depends(require_read_key)]
-PredictKey = Annotated[None, Depends(require_predict_key)]

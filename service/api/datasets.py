@@ -4,21 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
-from service.api.auth import ApiKey, ReadKey
+from service.api.deps import DB_DOWN, KEYED, ApiKey, Cursor, Jobs, Limit, ReadKey
 from service.api.uploads import receive_file
 from service.db.tables import DatasetRow
-from service.errors import Unavailable
-from service.training.service import JobsService
 
-# every route of the jobs and datasets API reads the job database
-DB_DOWN: dict[int | str, dict[str, Any]] = {
-    503: {"description": "the job database is unavailable (or the job system is not running here); retry "
-                         "after Retry-After seconds"}
-}
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], responses=DB_DOWN)
 
 
@@ -72,25 +65,8 @@ def dataset_out(row: DatasetRow) -> DatasetOut:
     )
 
 
-async def jobs_service(request: Request) -> JobsService:
-    rt = getattr(request.app.state, "jobs", None)
-    if rt is None:
-        raise Unavailable("the job system is not running in this process")
-    service: JobsService = rt.service
-    return service
-
-
-Jobs = Annotated[JobsService, Depends(jobs_service)]
-Limit = Annotated[int, Query(ge=1, le=1000, description="most items on one page")]
-Cursor = Annotated[
-    str | None, Query(max_length=200, description="`next_cursor` of the previous page; omitted: the first")
-]
 DatasetId = Annotated[str, PathParam(description="dataset id (from POST /v1/datasets)", max_length=64)]
 
-KEYED: dict[int | str, dict[str, Any]] = {
-    401: {"description": "missing key"},
-    403: {"description": "the key does not allow this call (or none is configured on the server)"},
-}
 UNKNOWN: dict[int | str, dict[str, Any]] = {404: {"description": "unknown dataset"}}
 
 _UPLOAD_BODY = {

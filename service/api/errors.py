@@ -22,6 +22,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import (
+    MAX_FIELD_ERRORS,
     Conflict,
     DomainError,
     Forbidden,
@@ -122,7 +123,6 @@ def _shown(text: str, limit: int) -> str:
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
 
 
-MAX_FIELD_ERRORS = 20  # an answer lists this many field errors, then says how many more there are
 
 
 def _clean_validation_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:

@@ -12,9 +12,8 @@ from fastapi import Path as PathParam
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
-from service.api.auth import ApiKey, ReadKey
 from service.api.bodies import ClientBody
-from service.api.datasets import DB_DOWN, KEYED, Cursor, Jobs, Limit
+from service.api.deps import DB_DOWN, KEYED, ApiKey, Cursor, Jobs, Limit, ReadKey
 from service.db.tables import JobRow
 from service.errors import InputError
 from service.training.service import Event, JobRequest

@@ -10,9 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from service.api.auth import ApiKey
-from service.api.datasets import Limit
-from service.api.deps import RegistryDep, SettingsDep
+from service.api.deps import ApiKey, Cursor, Limit, RegistryDep, SettingsDep
 from service.api.schemas import (
     ActivateResponse,
     AddLabelsRequest,
@@ -41,9 +39,6 @@ router = APIRouter(tags=["models"])
 VERSION_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (401, 403, 404)}
 
 
-Cursor = Annotated[
-    str | None, Query(max_length=400, description="`next_cursor` of the previous page; omitted: the first")
-]
 Shown = Annotated[int, Query(ge=0, le=MAX_PAGE, description="how many of each model's newest versions to "
                              "show (0: only their count); GET /v1/models/{name}/versions pages the rest")]
 

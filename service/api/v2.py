@@ -1,7 +1,7 @@
 """KServe Open Inference Protocol (V2) beside /v1, so gateways and clients written for it work unchanged.
 
 Thin: the bodies and their conversion live in `v2_protocol`; a prediction goes through the same
-`predict_rows` as /v1 (limits, micro-batcher, the version pinned when the request arrived). Errors under
+`PredictService` as /v1 (limits, micro-batcher, the version pinned when the request arrived). Errors under
 /v2 have the protocol's shape `{"error": "..."}` (mapped in `errors.py` with every other error).
 """
 
@@ -13,8 +13,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import BatcherDep, MetricsDep, RegistryDep, SettingsDep
-from service.api.predict import predict_rows
+from service.api.deps import PredictDep, RegistryDep
 from service.api.schemas import ModelName, VersionName
 from service.api.v2_protocol import (
     OUTPUT_METADATA,
@@ -27,8 +26,8 @@ from service.api.v2_protocol import (
     to_predict_request,
 )
 from service.errors import InputError, Malformed, NotFound
-from service.serving.registry import ModelRegistry, ServedModel
-from service.serving.versions import some_versions
+from service.serving.predict import PredictService
+from service.serving.registry import ModelRegistry
 
 router = APIRouter(prefix="/v2", tags=["v2 (open inference protocol)"])
 
@@ -37,26 +36,6 @@ ERRORS: dict[int | str, dict[str, object]] = {
     404: {"model": V2Error, "description": "unknown model or version"},
     503: {"model": V2Error, "description": "not loaded yet, or the request timed out"},
 }
-
-
-def _served(registry: ModelRegistry, name: str, version: str | None) -> ServedModel:
-    """The version serving `name`; a named version must be that one (only the active version serves).
-    A request for what serves reads no directory: only a miss lists the disk to say what is wrong."""
-    served = registry.serving(name)
-    if served is not None and version in (None, served.version):
-        return served
-    versions = registry.scan().get(name)
-    if versions is None:
-        raise NotFound(f"unknown model {name!r}")
-    if version is not None and version not in versions:
-        raise NotFound(f"model {name!r} has no version {version!r} (versions: {some_versions(versions)})")
-    served = registry.get(name)
-    if version is not None and served.version != version:
-        raise Malformed(
-            f"version {version!r} of model {name!r} is not loaded: only the active version "
-            f"({served.version!r}) serves; activate it first, or leave the version out"
-        )
-    return served
 
 
 def _v2_field(field: Sequence[str | int], msg: str) -> str:
@@ -80,11 +59,11 @@ def ready(registry: RegistryDep) -> JSONResponse:
     return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
 
-def _metadata(registry: ModelRegistry, name: str, version: str | None) -> ModelMetadata:
-    served = _served(registry, name, version)
+def _metadata(predict: PredictService, name: str, version: str | None) -> ModelMetadata:
+    served = predict.serving(name, version)
     return ModelMetadata(
         name=name,
-        versions=[version] if version else registry.scan().get(name, []),
+        versions=[version] if version else predict.registry.scan().get(name, []),
         inputs=input_metadata(served.predictor.input_kind),
         outputs=OUTPUT_METADATA,
         parameters={
@@ -96,15 +75,15 @@ def _metadata(registry: ModelRegistry, name: str, version: str | None) -> ModelM
 
 
 @router.get("/models/{name}", response_model=ModelMetadata, responses=ERRORS)
-def model_metadata(name: ModelName, registry: RegistryDep) -> ModelMetadata:
+def model_metadata(name: ModelName, predict: PredictDep) -> ModelMetadata:
     """Inputs and outputs of the model's active version, and every version on disk."""
-    return _metadata(registry, name, None)
+    return _metadata(predict, name, None)
 
 
 @router.get("/models/{name}/versions/{version}", response_model=ModelMetadata, responses=ERRORS)
-def version_metadata(name: ModelName, version: VersionName, registry: RegistryDep) -> ModelMetadata:
+def version_metadata(name: ModelName, version: VersionName, predict: PredictDep) -> ModelMetadata:
     """As the model's metadata, for one stored version."""
-    return _metadata(registry, name, version)
+    return _metadata(predict, name, version)
 
 
 def _model_ready(registry: ModelRegistry, name: str, version: str | None) -> JSONResponse:
@@ -130,52 +109,32 @@ def version_ready(name: ModelName, version: VersionName, registry: RegistryDep) 
     return _model_ready(registry, name, version)
 
 
-async def _infer(
-    name: str,
-    version: str | None,
-    req: InferRequest,
-    registry: ModelRegistry,
-    batcher: BatcherDep,
-    settings: SettingsDep,
-    metrics: MetricsDep,
-) -> InferResponse:
-    served = _served(registry, name, version)
+async def _infer(name: str, version: str | None, req: InferRequest, predict: PredictService) -> InferResponse:
+    served = predict.serving(name, version)
     # per-element checks in Python: in a thread, so a body full of numbers never stalls the event loop
-    pr = await run_in_threadpool(to_predict_request, req, served.predictor.input_kind, settings.max_batch)
+    limit = predict.settings.max_batch
+    pr = await run_in_threadpool(to_predict_request, req, served.predictor.input_kind, limit)
     try:
-        preds, _ = await predict_rows(served, pr, batcher, settings, metrics)
+        answer = await predict.predict(served, pr)
     except InputError as exc:  # /v1 names fields as body.inputs.<row>...; V2 inputs are tensors
         raise Malformed("; ".join(_v2_field(f, msg) for f, msg in exc.errors)) from None
     return InferResponse(
         model_name=served.name,
         model_version=served.version,
         id=req.id,
-        outputs=to_outputs(preds, req, pr.normalization),
+        outputs=to_outputs(answer.rows, req, pr.normalization),
     )
 
 
 @router.post("/models/{name}/infer", response_model=InferResponse, responses=ERRORS)
-async def infer(
-    name: ModelName,
-    req: InferRequest,
-    registry: RegistryDep,
-    batcher: BatcherDep,
-    settings: SettingsDep,
-    metrics: MetricsDep,
-) -> InferResponse:
+async def infer(name: ModelName, req: InferRequest, predict: PredictDep) -> InferResponse:
     """Top labels of the active version: ids, names, probabilities, scores, counts and the exact flag."""
-    return await _infer(name, None, req, registry, batcher, settings, metrics)
+    return await _infer(name, None, req, predict)
 
 
 @router.post("/models/{name}/versions/{version}/infer", response_model=InferResponse, responses=ERRORS)
 async def infer_version(
-    name: ModelName,
-    version: VersionName,
-    req: InferRequest,
-    registry: RegistryDep,
-    batcher: BatcherDep,
-    settings: SettingsDep,
-    metrics: MetricsDep,
+    name: ModelName, version: VersionName, req: InferRequest, predict: PredictDep
 ) -> InferResponse:
     """As `/infer`, refusing (400) when `version` is not the one serving."""
-    return await _infer(name, version, req, registry, batcher, settings, metrics)
+    return await _infer(name, version, req, predict)

@@ -23,6 +23,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from service.errors import DomainError, InsufficientStorage, Unavailable
+from service.settings import Settings
 
 log = logging.getLogger("ovex.db")
 # an outage is logged once per this many seconds, not once per request or stream poll that meets it
@@ -35,6 +36,20 @@ _PG_DISK_FULL = "53100"  # SQLSTATE disk_full
 _BUSY_MS = 30_000  # how long a SQLite statement waits for another process's lock
 WAL_CHECKPOINT_PAGES = 256  # about 1 MiB of 4 KiB pages
 WAL_KEEP_BYTES = 1 << 20
+
+
+def normalize_db_url(url: str) -> str:
+    """Route plain `postgresql://` URLs to psycopg 3 (the driver we ship) instead of psycopg2."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def db_url(settings: Settings) -> str:
+    """The database every process of one deployment shares: `db_url`, else a SQLite file in `data_dir`."""
+    data_dir = Path(settings.data_dir).expanduser().resolve()
+    return normalize_db_url(settings.db_url or f"sqlite:///{data_dir / 'ovex.db'}")
 
 
 def _sqlite_path(url: str) -> Path | None:

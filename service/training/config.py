@@ -9,15 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from service.db.engine import db_url
 from service.settings import Settings
-
-
-def normalize_db_url(url: str) -> str:
-    """Route plain `postgresql://` URLs to psycopg 3 (the driver we ship) instead of psycopg2."""
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
 
 
 @dataclass(frozen=True)
@@ -36,7 +29,7 @@ class JobsConfig:
 
     @property
     def db_url(self) -> str:
-        return normalize_db_url(self.settings.db_url or f"sqlite:///{self.data_dir / 'ovex.db'}")
+        return db_url(self.settings)
 
     @property
     def datasets_dir(self) -> Path:
