@@ -20,10 +20,11 @@ install: $(STAMP)
 run: $(STAMP)
 	$(if $(PORT),OVEX_PORT=$(PORT) )$(VENV)/bin/ovex demo
 
-## test: lint, type-check and run the test suite
+## test: lint, type-check, check the import layers and run the test suite
 test: $(STAMP)
 	$(VENV)/bin/ruff check trainer service tests bench clients
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest -q
 
 clean:
