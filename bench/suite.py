@@ -344,7 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "stale":
         rows = stale()
         for row in rows:
-            print(f"{row['file']:40s} {row['commit'] or '-':10s} {row['why']}")
+            bench = BY_NAME[row["bench"]]
+            how = ("" if bench.full and bench.device == "cpu" else
+                   f"  [not in make bench: make bench ONLY={bench.name}]" if bench.device == "cpu" else
+                   f"  [needs {bench.device}: bench/{bench.name}.py on a device machine]")
+            print(f"{row['file']:40s} {row['commit'] or '-':10s} {row['why']}{how}")
         print(f"{len(rows)} stale; rerun: make bench STALE=1")
         return 0
     benches = selected(args.only, args.quick, args.stale)

@@ -71,6 +71,12 @@ def test_every_command_names_flags_its_script_has(bench: object) -> None:
             assert output.endswith((".json", ".md", ".jsonl")), output
 
 
+def test_every_measured_path_exists() -> None:
+    """A renamed module would silently stop making its benchmarks' results stale."""
+    missing = [(b.name, m) for b in suite.BENCHES for m in b.measures if not (ROOT / m).exists()]
+    assert missing == []
+
+
 def test_stamp_records_what_made_a_result() -> None:
     st = stamp.stamp(["bench/x.py", "--flag", "a b"])
     out = stamp.stamped(st, {"machine": "the script's own", "rows": [1]})
