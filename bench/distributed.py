@@ -41,7 +41,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from stamp import RESULTS, finish, markdown_line, stamp  # noqa: E402
+from stamp import RESULTS, STAMP_KEYS, finish, markdown_line, stamp  # noqa: E402
 
 from bench.serve_load import group  # noqa: E402  (a process and its descendants)
 from trainer.collectives import join_group, launch  # noqa: E402
@@ -330,10 +330,12 @@ def write(results: dict[str, Any]) -> None:
         results = {**results, "traffic": rows}
     if "proxy" in results:  # one configuration a run: appended
         results = {**results, "proxy": old.get("proxy", []) + results["proxy"]}
+    # parts an earlier run wrote without a stamp: their commit is unknown
+    earlier = {k: {"commit": None} for k in old if k not in (*STAMP_KEYS, "torch", "stamps")}
     old.update(results)
     old["torch"] = torch.__version__
     now = finish(RUN)
-    old["stamps"] = {**old.get("stamps", {}), **{key: now for key in results}}
+    old["stamps"] = {**earlier, **old.get("stamps", {}), **{key: now for key in results}}
     old.update(now)  # the top level: the latest run; the oldest part's commit is in "stamps"
     OUT.with_suffix(".json").write_text(json.dumps(old, indent=1))
     lines = ["# Distributed training: a label-sharded head across ranks", "", markdown_line(now),
