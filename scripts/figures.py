@@ -247,12 +247,24 @@ def add_labels(results: Path = RESULTS) -> str:
                 "(`bench/results/add_labels.md`).")
 
 
+def hostile(results: Path = RESULTS) -> str:
+    r = load("hostile.json", results)["report"]
+    kinds = (("server_errors", "answered 5xx"), ("dropped", "dropped"),
+             ("bad_bodies", "with a wrong error body"), ("unusable_after", "leaving the connection unusable"))
+    faults = [f"{len(r[k]) if isinstance(r[k], list) else r[k]} {what}" for k, what in kinds if r[k]]
+    outcome = "none was answered 5xx or dropped" if not faults else "; ".join(faults) + " (**failed**)"
+    return wrap(f"`bench/hostile.py` sends {r['cases']} wrong, hostile or odd requests to a live server, "
+                "each followed by a good one on the same connection, while `/healthz` is timed on another: "
+                f"{outcome}, and `/healthz` waited at most {r['healthz_max_ms_while_refusing']} ms while a "
+                "request was being refused (`bench/results/hostile.md`).")
+
+
 def wrap(text: str) -> str:
     return textwrap.fill(text, width=108, break_on_hyphens=False, break_long_words=False)
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {"results": results_table, "continual": continual, "data": data,
-                                            "workers": workers, "add_labels": add_labels}
+                                            "workers": workers, "add_labels": add_labels, "hostile": hostile}
 
 
 def render(text: str, results: Path = RESULTS) -> str:
