@@ -151,8 +151,8 @@ DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 CITATION = re.compile(r"bench/results/[\w.*-]+(?:/[\w.*-]+)*(?:@[0-9a-f]{7,40})?")
 UNIT = r"(?:\s?(?:ms|MB|GB|GiB|MiB|KiB|%)|\ss|[x×]|\s(?:requests|req|examples|rows)/s)(?![\w/])"
 # a number that is not a bound (≤ 10 ms), an exponent (10^6), a setting (d=128), a version or a name part
-BOUND = "".join(f"(?<!{w} )" for w in ("over", "under", "every", "last", "up to", "at most", "at least",
-                                                  "within"))
+BOUND_WORDS = ("over", "under", "every", "last", "up to", "at most", "at least", "within")
+BOUND = "".join(f"(?<!{w} )" for w in BOUND_WORDS)
 NUMBER = (rf"(?:(?<=[\s(])[-−+])?(?<![\w.=@^/])(?<![≤≥<>~]\s)(?<![≤≥<>~]){BOUND}"
           r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+|\d+)")
 COUNT = r"(?!-row|-label|\s(?:rows|labels|features|words|texts)\b)"  # a data set's size, not a measurement
