@@ -63,10 +63,11 @@ def mine_neighbours(weight: np.ndarray, queries: np.ndarray, k: int, seed: int =
     index.add(w)
     _, found = index.search(w[queries], kk)
     found = found.astype(np.int64)
-    not_self = found != queries[:, None]
-    for row, q in enumerate(queries):  # keep the first k of the others (itself is usually first)
-        others = found[row][not_self[row] & (found[row] >= 0)][:k]
-        table[q, : others.size] = others
+    other = (found != queries[:, None]) & (found >= 0)
+    order = np.argsort(~other, axis=1, kind="stable")[:, :k]  # the first k others, in found order
+    picked = np.take_along_axis(found, order, 1)
+    picked[~np.take_along_axis(other, order, 1)] = -1
+    table[queries, : picked.shape[1]] = picked
     return table
 
 
