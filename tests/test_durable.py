@@ -257,7 +257,7 @@ def test_a_checkpoint_is_on_disk_before_latest_names_it(
 def test_a_published_version_is_named_on_disk_before_the_store_records_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from service.training.runner import publish
+    from service.serving.catalog import publish
 
     staging = tmp_path / "staging"
     staging.mkdir()

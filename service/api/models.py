@@ -60,7 +60,7 @@ class Provenance:
         if job is not None and job.base and job.base.get("model") == self.name:
             return str(job.base.get("version"))
         try:  # labels added by their texts record their base in the version
-            added = json.loads((self.registry.models_dir / self.name / version / ADDED).read_text())
+            added = json.loads((self.registry.catalog.version_dir(self.name, version) / ADDED).read_text())
             return str(added["base_version"]) if isinstance(added, dict) and "base_version" in added else None
         except (OSError, ValueError):
             return None
@@ -116,7 +116,7 @@ def model_info(request: Request, registry: ModelRegistry, name: str, versions: l
 
 
 def _stored_kind(registry: ModelRegistry, name: str) -> InputKind | None:
-    found = model_kind(registry.models_dir / name)
+    found = model_kind(registry.catalog, name)
     return found[0] if found else None
 
 

@@ -11,14 +11,11 @@ widen: `service.serving.retrieval.extend_int8_cache`), so the new version loads 
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import os
 import shutil
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from service.errors import Conflict, InputError, Invalid, NotFound, Unavailable, writing
+from service.errors import Conflict, InputError, Invalid, NotFound, writing
+from service.serving.catalog import copy_tree, version_key
 from service.serving.registry import ModelRegistry, build_serving_index, retrieval_config
 from service.serving.retrieval import choose_kind, extend_int8_cache
-from service.serving.versions import next_version, version_key
-from trainer.durable import fsync_path, fsync_tree, write_safetensors
+from trainer.durable import fsync_tree, write_safetensors
 from trainer.errors import ArtifactError, OvexError
 
 log = logging.getLogger("ovex.labels")
@@ -136,8 +133,7 @@ def add_labels(
     check_labels(labels, max_labels)
     with _model_lock(name):
         base = _base_version(registry, name, base_version)
-        model_dir = registry.models_dir / name
-        written = _write_version(registry, name, base, model_dir, labels)
+        written = _write_version(registry, name, base, labels)
     version, n_labels, index = written
     log.info("labels added", extra={"model": name, "version": version, "base": base, "added": len(labels),
                                     "index": index, "seconds": round(time.perf_counter() - t0, 2)})
@@ -150,13 +146,13 @@ def add_labels(
 
 
 def _write_version(
-    registry: ModelRegistry, name: str, base: str, model_dir: Path, labels: Sequence[tuple[str, str]]
+    registry: ModelRegistry, name: str, base: str, labels: Sequence[tuple[str, str]]
 ) -> tuple[str, int, str]:
     """Stage the new version beside the others and rename it into place: (version, its labels, index)."""
     from trainer.artifact import load_artifact
     from trainer.label_texts import has_label_tower, label_rows
 
-    src = model_dir / base
+    src = registry.catalog.version_dir(name, base)
     if not has_label_tower(src):
         raise Conflict(f"version {base!r} of model {name!r} was trained without label texts, so a label "
                        "cannot be given a row from its text: train it with label texts (a job's "
@@ -189,12 +185,12 @@ def _write_version(
     stage: Path | None = None
     try:
         with writing("the new version"):
-            stage = model_dir / f"{STAGING}{uuid.uuid4().hex}"
+            stage = registry.catalog.staging_dir(name, STAGING)
             stage.mkdir()
             weight, bias = _stage(src, stage, loaded, labels, rows, biases, base)
             index = _index(registry, src, loaded, stage, weight, bias)
             fsync_tree(stage)  # on disk before the rename publishes it
-            version = _rename_to_next(stage, model_dir)
+            version = registry.catalog.commit_staged(stage, name)
             stage = None
         return version, int(weight.shape[0]), index
     finally:
@@ -215,7 +211,7 @@ def _stage(
         if entry.name in _REWRITTEN or entry.name.startswith("."):
             continue
         if entry.is_dir() and not entry.is_symlink():
-            _copy_tree(entry, stage / entry.name)
+            copy_tree(entry, stage / entry.name)
         elif entry.is_file():
             shutil.copy2(entry, stage / entry.name)
     k0, m, d = loaded.n_labels, len(labels), loaded.dim
@@ -269,16 +265,6 @@ def _extend_text(src: Path, dst: Path, more: str) -> None:
     dst.write_bytes(data + more.encode("utf-8"))
 
 
-def _copy_tree(src: Path, dst: Path) -> None:
-    """Copy a directory tree, stopping at the first file that fails with its own `OSError` (a full disk
-    stays a full disk, not a gathered list of strings)."""
-    for dirpath, _dirs, files in os.walk(src):
-        into = dst / Path(dirpath).relative_to(src)
-        into.mkdir(parents=True, exist_ok=into != dst)
-        for fname in files:
-            shutil.copy2(Path(dirpath) / fname, into / fname)
-
-
 def _index(
     registry: ModelRegistry, src: Path, loaded: Any, stage: Path, weight: np.ndarray, bias: np.ndarray
 ) -> str:
@@ -295,18 +281,3 @@ def _index(
         return "appended"
     build_serving_index(stage, registry.settings)
     return "built"
-
-
-def _rename_to_next(stage: Path, model_dir: Path) -> str:
-    """Rename the staged version to the next free version number; its name."""
-    for _ in range(1000):
-        target = model_dir / str(next_version(model_dir))
-        try:
-            os.rename(stage, target)
-        except OSError as e:
-            if e.errno in (errno.EEXIST, errno.ENOTEMPTY):  # taken meanwhile (a job published): the next
-                continue
-            raise
-        fsync_path(model_dir)
-        return target.name
-    raise Unavailable(f"no free version number under model {model_dir.name!r}; retry")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from service.errors import Conflict
-from service.serving.versions import version_key
+from service.serving.catalog import ModelCatalog, version_key
 
 InputKind = Literal["text", "sparse"]
 KIND_OF_FORMAT: dict[str, InputKind] = {"jsonl": "text", "xc": "sparse"}
@@ -27,10 +27,10 @@ def artifact_kind(version_dir: Path) -> InputKind | None:
     return None
 
 
-def model_kind(model_dir: Path) -> tuple[InputKind, str] | None:
+def model_kind(catalog: ModelCatalog, name: str) -> tuple[InputKind, str] | None:
     """(kind, version) of the oldest version whose kind can be read; None for a model with none."""
     try:
-        versions = [p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        versions = [p for p in catalog.model_dir(name).iterdir() if p.is_dir() and not p.name.startswith(".")]
     except OSError:
         return None
     for version in sorted(versions, key=lambda p: version_key(p.name)):
@@ -40,9 +40,9 @@ def model_kind(model_dir: Path) -> tuple[InputKind, str] | None:
     return None
 
 
-def check_input_kind(model_dir: Path, model: str, kind: str, what: str) -> None:
+def check_input_kind(catalog: ModelCatalog, model: str, kind: str, what: str) -> None:
     """Refuse a new version of `model` that would take another kind of input than its versions do."""
-    found = model_kind(model_dir)
+    found = model_kind(catalog, model)
     if found is None or found[0] == kind:
         return
     has, version = found

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from service.db.cursor import decode_cursor, encode_cursor
-from service.serving.versions import version_key
+from service.serving.catalog import version_key
 
 MAX_PAGE = 1000  # the most items one listing page holds, whatever the client asks
 

@@ -18,10 +18,10 @@ from starlette.concurrency import run_in_threadpool
 from service.errors import MAX_FIELD_ERRORS, Field, InputError, Malformed, NotFound, Unavailable
 from service.metrics import Metrics
 from service.serving.batching import MicroBatcher
+from service.serving.catalog import some_versions
 from service.serving.explain import explain
 from service.serving.predictor import InputRow, Normalization, Options, Query, RowPrediction
 from service.serving.registry import ModelRegistry, ServedModel
-from service.serving.versions import some_versions
 from service.settings import Settings
 
 

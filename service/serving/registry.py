@@ -1,4 +1,4 @@
-"""The model registry: which versions exist under `models_dir/<name>/<version>/`, which one serves.
+"""The model registry: which versions exist (`ModelCatalog`, the layout on disk), which one serves.
 
 A served version is an immutable `ServedModel` (loaded artifact + index + predictor). Activation builds
 and warms the new one completely, then swaps one dict entry; a request pins the object it read when it
@@ -17,13 +17,9 @@ second replica serves the same version instead of re-deciding from what is on di
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import re
-import shutil
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +27,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from service.errors import Conflict, DomainError, NotFound, Unavailable, writing
+from service.errors import Conflict, DomainError, NotFound, Unavailable
 from service.metrics import Metrics
 from service.serving.active import ActiveVersions, Flags
+from service.serving.catalog import ModelCatalog, remove_hidden, version_key
 from service.serving.peers import Siblings, this_worker
 from service.serving.predictor import Predictor
 from service.serving.quantized_scan import Check, no_check
@@ -44,17 +41,13 @@ from service.serving.retrieval import (
     build_retriever,
     configure_threads,
 )
-from service.serving.versions import next_version, retire, version_key
 from service.settings import Settings
 
 log = logging.getLogger("ovex.registry")
 
-# a version being deleted is first renamed to this prefix (hidden: the scan skips it), then removed
-DELETING = ".deleting-"
 # how long an activation waits for the other workers to follow it, beyond the time its own load took
 # (they load the same version)
 CONFIRM_S = 10.0
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # the model `ovex demo` trains: the default when none was set
 DEMO = "demo"
 
@@ -163,7 +156,7 @@ class ModelRegistry:
         peers: Siblings | None = None,
     ) -> None:
         self.settings = settings
-        self.models_dir = Path(settings.models_dir)
+        self.catalog = ModelCatalog(Path(settings.models_dir))
         self.store = store
         self.metrics = metrics
         # the other workers of this server, asked to follow an activation before it answers
@@ -188,21 +181,12 @@ class ModelRegistry:
 
     # -- discovery -------------------------------------------------------------------------------
     def scan(self) -> dict[str, list[str]]:
-        """Model name → versions (ascending) present on disk. Hidden and temp directories are skipped."""
-        out: dict[str, list[str]] = {}
-        if not self.models_dir.is_dir():
-            return out
-        for mdir in sorted(self.models_dir.iterdir()):
-            if not mdir.is_dir() or not _NAME.match(mdir.name):
-                continue
-            versions = [v.name for v in mdir.iterdir() if v.is_dir() and _NAME.match(v.name)]
-            if versions:
-                out[mdir.name] = sorted(versions, key=version_key)
-        return out
+        """Model name → versions (ascending) present on disk (`ModelCatalog.scan`)."""
+        return self.catalog.scan()
 
     # -- loading -----------------------------------------------------------------------------------
     def _load(self, name: str, version: str) -> ServedModel:
-        path = self.models_dir / name / version
+        path = self.catalog.version_dir(name, version)
         try:
             served = load_served(name, version, path, self.settings)
         except Exception as exc:
@@ -286,7 +270,7 @@ class ModelRegistry:
             while not self._stop.is_set():
                 try:
                     self.store.migrate()
-                    self.store.import_legacy_file(self.models_dir)
+                    self.store.import_legacy_file(self.catalog.root)
                     break
                 except Exception as exc:
                     log.warning("active-version store unreachable; retrying", extra={"error": str(exc)})
@@ -442,15 +426,10 @@ class ModelRegistry:
         return min(names, key=lambda n: (self.created_at(n, scanned[n][0]), n))
 
     def created_at(self, name: str, version: str) -> float:
-        """When a version was written (its config.json is written once, when it is published)."""
-        path = self.models_dir / name / version
-        for p in (path / "config.json", path):
-            with contextlib.suppress(OSError):
-                return p.stat().st_mtime
-        return float("inf")
+        return self.catalog.created_at(name, version)
 
     def _present(self, name: str, version: str) -> Callable[[], bool]:
-        return (self.models_dir / name / version).is_dir
+        return self.catalog.present(name, version)
 
     def _record(self, name: str, version: str) -> None:
         """Recorded under the version's lock, and only if it is still on disk then: a delete in another
@@ -490,13 +469,10 @@ class ModelRegistry:
                                    "activate another version first")
                 if self.before_delete is not None:
                     self.before_delete(s, name, version)
-                retire(self.models_dir / name, version)
-                gone = self.models_dir / name / f"{DELETING}{version}-{uuid.uuid4().hex[:8]}"
-                with writing(f"the directory of version {version}"):
-                    (self.models_dir / name / version).rename(gone)
+                gone = self.catalog.hide_version(name, version)
             self._refused.pop((name, version), None)
             try:
-                _remove(gone)
+                remove_hidden(gone)
             except OSError as exc:  # deleted as far as anyone can see; the files are left to remove by hand
                 log.warning("files of a deleted version remain", extra={"model": name, "version": version,
                                                                         "error": str(exc)})
@@ -504,9 +480,9 @@ class ModelRegistry:
     def _sweep_deleted(self) -> None:
         """Remove what a deletion cut short (by a crash) left: versions and models already renamed out of
         sight."""
-        for gone in [*self.models_dir.glob(f"*/{DELETING}*"), *self.models_dir.glob(f"{DELETING}*")]:
+        for gone in self.catalog.hidden():
             try:
-                _remove(gone)
+                remove_hidden(gone)
             except OSError as exc:
                 log.warning("files of a deleted version remain",
                             extra={"model": gone.parent.name, "error": str(exc)})
@@ -596,17 +572,14 @@ class ModelRegistry:
                 if self.before_model_delete is not None:
                     self.before_model_delete(s, name, force)
                 self.store.forget(s, name)
-                highest = next_version(self.models_dir / name) - 1
-                gone = self.models_dir / f"{DELETING}{name}-{uuid.uuid4().hex[:8]}"
-                with writing(f"the directory of model {name}"):
-                    (self.models_dir / name).rename(gone)
+                gone, highest = self.catalog.hide_model(name)
                 self._keep_numbers(name, highest)
             for v in versions:
                 self._refused.pop((name, v), None)
                 self._refused_at.pop((name, v), None)
             self._drop(name)
         try:
-            _remove(gone)
+            remove_hidden(gone)
         except OSError as exc:  # deleted as far as anyone can see; the files are left to remove by hand
             log.warning("files of a deleted model remain", extra={"model": name, "error": str(exc)})
         self._follow_now()
@@ -616,8 +589,7 @@ class ModelRegistry:
         """A model made again under a deleted one's name numbers its versions above the old ones, so a
         replica still serving the old `name/1` is never handed a different `name/1` under that name."""
         try:
-            (self.models_dir / name).mkdir()
-            retire(self.models_dir / name, str(highest))
+            self.catalog.keep_numbers(name, highest)
         except (OSError, DomainError) as exc:  # the delete stands; only the numbering may start over
             log.warning("the version numbers of a deleted model were not kept",
                         extra={"model": name, "error": str(exc)})
@@ -638,28 +610,6 @@ class ModelRegistry:
 
     def version_summary(self, name: str, version: str) -> dict[str, Any]:
         """config/metrics of a version from its JSON files, without loading its weights."""
-        path = self.models_dir / name / version
-        out: dict[str, Any] = {}
-        try:
-            cfg = json.loads((path / "config.json").read_text())
-            for key in ("n_labels", "n_features", "dim"):
-                if isinstance(cfg.get(key), int):
-                    out[key] = cfg[key]
-        except (OSError, ValueError, AttributeError):
-            pass
-        try:
-            m = json.loads((path / "metrics.json").read_text())
-            if isinstance(m, dict):
-                out["metrics"] = m
-        except (OSError, ValueError):
-            pass
-        return out
+        return self.catalog.summary(name, version)
 
 
-def _remove(gone: Path) -> None:
-    """Remove a version renamed out of sight. A version that was a link to a directory elsewhere loses
-    only its link: the target is never followed (its files are not the registry's to delete)."""
-    if gone.is_symlink() or not gone.is_dir():
-        gone.unlink()
-    else:
-        shutil.rmtree(gone)

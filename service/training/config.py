@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.db.engine import db_url
+from service.serving.catalog import ModelCatalog
 from service.settings import Settings
 
 
@@ -26,6 +27,11 @@ class JobsConfig:
     @property
     def models_dir(self) -> Path:
         return Path(self.settings.models_dir).expanduser().resolve()
+
+    @property
+    def catalog(self) -> ModelCatalog:
+        """The models directory's layout: where versions are published and found."""
+        return ModelCatalog(self.models_dir)
 
     @property
     def db_url(self) -> str:

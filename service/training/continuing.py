@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from service.errors import Conflict, Field, InputError, Invalid, NotFound
-from service.serving.versions import some_versions
+from service.serving.catalog import ModelCatalog, some_versions
 from trainer.artifact import labels_text, map_safetensors
 from trainer.continual import continual_params
 from trainer.errors import ArtifactError, OvexError, ParamsError
@@ -118,7 +118,8 @@ def resolve_base(
     try:
         if refused is not None:
             raise ArtifactError(ref.label, f"failed to load and was refused: {refused}")
-        base_params, labels, features, kind = _base_summary(registry.models_dir / name / version, ref.label)
+        stored = registry.catalog.version_dir(name, version)
+        base_params, labels, features, kind = _base_summary(stored, ref.label)
     except ArtifactError as exc:  # the request is fine, the stored version is broken: as for activating it
         raise Conflict(f"base: {exc}; continue another version", field=("base",)) from None
     wants = "jsonl" if kind == "text" else "xc"
@@ -134,7 +135,7 @@ def resolve_base(
         raise InputError([(("params",), str(exc))]) from None
     xc_labels = None
     if train.format == "xc":  # XC data names labels by id: a base named so shares the ids it has
-        shared = _named_by_ids(registry.models_dir / name / version, labels)
+        shared = _named_by_ids(registry.catalog.version_dir(name, version), labels)
         xc_labels = max(labels, train.labels) if shared else labels + train.labels
     replay = _replay_dataset(store, base.get("replay_dataset"), ref, train, features, xc_labels)
     return Resolved(BaseRef(name, version, replay), merged, labels, features, xc_labels)
@@ -188,13 +189,13 @@ def _replay_dataset(store: Any, given: str | None, ref: BaseRef, train: Any, fea
     return str(job.train_dataset)
 
 
-def trainer_inputs(models_dir: Path, base: dict[str, Any], read_replay: Any) -> dict[str, Any]:
+def trainer_inputs(catalog: ModelCatalog, base: dict[str, Any], read_replay: Any) -> dict[str, Any]:
     """The keyword arguments `trainer.train.train` takes to continue `base` (a job's stored base).
 
     `read_replay(dataset_id)` reads the replay dataset (the runner knows where datasets live).
     """
     ref = BaseRef(str(base["model"]), str(base["version"]), base.get("replay_dataset"))
-    path = models_dir / ref.model / ref.version
+    path = catalog.version_dir(ref.model, ref.version)
     if not path.is_dir():
         raise OvexError(f"the base {ref.label} no longer exists")
     replay = read_replay(ref.replay_dataset) if ref.replay_dataset else None

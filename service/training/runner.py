@@ -9,109 +9,33 @@ the trainer every step — is a cheap read of in-memory flags rather than a data
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
-import os
 import shutil
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from service.db.tables import CANCELLED, FAILED, LABEL_TEXTS, SUCCEEDED, DatasetRow, JobRow
-from service.errors import disk_error, writing
+from service.errors import disk_error
 from service.serving.input_kind import artifact_kind, check_input_kind
-from service.serving.versions import next_version, version_key
 from service.training.config import JobsConfig
 from service.training.continuing import trainer_inputs
 from service.training.store import JobStore
-from trainer.durable import commit_file, fsync_path, fsync_tree
 from trainer.errors import DataFormatError, OvexError, TrainingCancelled
 
 log = logging.getLogger("ovex.jobs")
 
 _PROGRESS_EVERY_S = 0.5
 # in a published version: the job that made it, so a re-run of the job never publishes a second version
-PUBLISHED_BY = "published_by.json"
 
 
 def dataset_path(cfg: JobsConfig, ds: DatasetRow) -> Path:
     """Where a stored dataset lives: named by its content checksum, never by a user-given path."""
     ext = ".jsonl" if ds.format in ("jsonl", LABEL_TEXTS) else ".txt"
     return cfg.datasets_dir / f"{ds.checksum}{ext}"
-
-
-def publish(staging: Path, model_dir: Path, job_id: str) -> str:
-    """Move a finished artifact to models_dir/<model>/<next version>; the rename is the commit point.
-
-    Renaming a directory onto an existing non-empty one fails, so two jobs finishing at once for the same
-    model take different versions instead of overwriting each other. The artifact names the job that made
-    it (`PUBLISHED_BY`), so a later attempt of the job finds its version instead of publishing another.
-    A full or read-only disk is its error kind (`writing`) and leaves no half-copied version behind.
-    """
-    with writing("the model"):
-        model_dir.mkdir(parents=True, exist_ok=True)
-        tmp = staging / f"{PUBLISHED_BY}.tmp"
-        tmp.write_text(json.dumps({"job_id": job_id}) + "\n")
-        commit_file(tmp, staging / PUBLISHED_BY)
-        fsync_path(staging)
-        try:
-            return _rename_to_next(staging, model_dir, job_id)
-        except BaseException:
-            for partial in model_dir.glob(f"{_INCOMING}{job_id}-*"):  # a copy the disk cut short
-                shutil.rmtree(partial, ignore_errors=True)
-            raise
-
-
-_INCOMING = ".incoming-"  # a hidden name: no scan lists the copy before its rename
-
-
-def _rename_to_next(source: Path, model_dir: Path, job_id: str) -> str:
-    """Rename `source` to the next free version of `model_dir`; its name."""
-    for _ in range(1000):
-        target = model_dir / str(next_version(model_dir))
-        try:
-            os.rename(source, target)
-            fsync_path(model_dir)  # the version's name is on disk before the store records it
-            return target.name
-        except OSError as e:
-            if e.errno == errno.EXDEV:  # data and models on different filesystems: copy next to it first
-                tmp = model_dir / f"{_INCOMING}{job_id}-{uuid.uuid4().hex}"
-                _copy_tree(source, tmp)
-                fsync_tree(tmp)
-                shutil.rmtree(source, ignore_errors=True)
-                source = tmp
-                continue
-            if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                continue
-            raise
-    raise OvexError(f"could not find a free version under {model_dir}")
-
-
-def _copy_tree(src: Path, dst: Path) -> None:
-    """Copy a directory tree, stopping at the first file that fails with its own `OSError` (shutil's
-    copytree goes on and gathers the failures as strings, losing what they were: a full disk, say)."""
-    for dirpath, _dirs, files in os.walk(src):
-        into = dst / Path(dirpath).relative_to(src)
-        into.mkdir(parents=True, exist_ok=into != dst)
-        for name in files:
-            shutil.copy2(Path(dirpath) / name, into / name)
-
-
-def published_version(model_dir: Path, job_id: str) -> str | None:
-    """The version of the model that job `job_id` published, if one is on disk: an attempt of the job
-    published it, then lost the database (or its worker, or its lease) before the job record said so."""
-    if not model_dir.is_dir():
-        return None
-    for version in sorted((p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith(".")),
-                          key=lambda p: version_key(p.name), reverse=True):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            if json.loads((version / PUBLISHED_BY).read_text()).get("job_id") == job_id:
-                return version.name
-    return None
 
 
 def _stored_metrics(version_dir: Path) -> dict[str, float]:
@@ -256,10 +180,11 @@ class JobRunner:
         lease.start()
         try:
             self.store.log(job_id, f"attempt {job.attempts} on worker {self.worker}")
-            model_dir = self.cfg.models_dir / job.model
-            earlier = published_version(model_dir, job_id) if job.attempts > 1 else None
+            catalog = self.cfg.catalog
+            earlier = catalog.published_version(job.model, job_id) if job.attempts > 1 else None
             if earlier is not None:
-                self._published(job, job_dir, earlier, _stored_metrics(model_dir / earlier), None)
+                stored = _stored_metrics(catalog.version_dir(job.model, earlier))
+                self._published(job, job_dir, earlier, stored, None)
                 return
             result = self._train(job, staging, checkpoints, hooks)
             resumed = _opt_int(getattr(result, "resumed_from_step", None))
@@ -268,15 +193,16 @@ class JobRunner:
                 raise TrainingCancelled("stop requested at the end of training")
             metrics = getattr(result, "metrics", None)
             figures = {str(k): float(v) for k, v in dict(metrics).items()} if metrics else {}
-            earlier = published_version(model_dir, job_id)  # by an attempt that lost its lease meanwhile
+            # published by an attempt that lost its lease meanwhile
+            earlier = catalog.published_version(job.model, job_id)
             if earlier is not None:
                 shutil.rmtree(staging, ignore_errors=True)
                 self._published(job, job_dir, earlier, figures, resumed)
                 return
             kind = artifact_kind(staging)  # a job queued before the model's first version was published
             if kind is not None:
-                check_input_kind(model_dir, job.model, kind, "this job's training data")
-            version = publish(staging, model_dir, job_id)
+                check_input_kind(catalog, job.model, kind, "this job's training data")
+            version = catalog.publish(staging, job.model, job_id)
             self.store.log(job_id, f"artifact published as {job.model} version {version}")
             if not self._succeed(job, job_dir, version, figures, resumed):
                 # lost the lease at the last moment: the attempt that holds the job now finishes with it
@@ -333,7 +259,7 @@ class JobRunner:
         with _named(train_row):
             train_ds = read_dataset(dataset_path(self.cfg, train_row))
         train_ds.path = _public(train_row)  # later errors (e.g. against a base) name the upload
-        base_kw = trainer_inputs(self.cfg.models_dir, job.base, self._read_replay) if job.base else {}
+        base_kw = trainer_inputs(self.cfg.catalog, job.base, self._read_replay) if job.base else {}
         test_ds = None
         if job.test_dataset:
             test_row = self.store.get_dataset(job.test_dataset)

@@ -115,7 +115,7 @@ class JobsService:
         if req.label_texts is not None:
             self._check_label_texts(req.label_texts, train)
         if req.base is None:  # a base is checked against its own kind (`resolve_base`)
-            check_input_kind(self.cfg.models_dir / req.model, req.model, KIND_OF_FORMAT[train.format],
+            check_input_kind(self.cfg.catalog, req.model, KIND_OF_FORMAT[train.format],
                              f"dataset {train.id}")
         params, base, labels, features = req.params, None, train.labels, train.features
         # what a test set may hold: the training set's labels and features, or with a base the model's
@@ -176,7 +176,7 @@ class JobsService:
         """Checked again under the version's lock: it may have been deleted since it was resolved."""
         model, version = str(base["model"]), str(base["version"])
         assert self.registry is not None  # a job with a base was resolved against it
-        if not (self.registry.models_dir / model / version).is_dir():
+        if not self.registry.catalog.version_dir(model, version).is_dir():
             raise NotFound(f"base: version {version!r} of model {model!r} was deleted while the job was "
                            "submitted; continue another version")
 

@@ -15,7 +15,7 @@ import pytest
 
 from service.db.tables import DatasetRow
 from service.errors import Conflict, NotFound
-from service.serving import registry as registry_module
+from service.serving import catalog as catalog_module
 from service.serving.active import ActiveVersions
 from service.serving.registry import ModelRegistry
 from service.settings import Settings
@@ -40,7 +40,7 @@ def _setup(tmp_path: Path, backend: Backend, trained: Path) -> tuple[JobsRuntime
     settings = Settings(data_dir=tmp_path / "data", models_dir=models, db_url=db_url)
     runtime = JobsRuntime(settings, None)
     registry = ModelRegistry(settings, ActiveVersions(runtime.engine))
-    runtime.service.serving.registry, registry.before_delete = registry, runtime.service.keep_bases
+    runtime.service.registry, registry.before_delete = registry, runtime.service.keep_bases
     runtime.store.add_dataset(DatasetRow(id="ds_train", name="t", checksum="c" * 64, format="xc",
                                          filename="t", size_bytes=1, rows=10, features=300, labels=40,
                                          created_at=time.time()))
@@ -71,14 +71,14 @@ class _Gate(threading.Event):
 
 def _paused_delete(monkeypatch: pytest.MonkeyPatch) -> _Gate:
     """Deletes pause just before the version is renamed, after every check, until the gate is set."""
-    gate, real_retire = _Gate(), registry_module.retire
+    gate, real_retire = _Gate(), catalog_module.retire
 
     def paused_retire(model_dir: Path, version: str) -> None:
         gate.reached.set()
         assert gate.wait(60)
         real_retire(model_dir, version)
 
-    monkeypatch.setattr(registry_module, "retire", paused_retire)
+    monkeypatch.setattr(catalog_module, "retire", paused_retire)
     return gate
 
 
@@ -87,7 +87,7 @@ def test_a_job_is_never_queued_on_a_version_being_deleted(
 ) -> None:
     runtime, registry = _setup(tmp_path, backend, trained)
     try:
-        real_retire = registry_module.retire
+        real_retire = catalog_module.retire
         go = _paused_delete(monkeypatch)  # at the point the delete has checked for jobs
         deleter, deleted = _in_thread(lambda: registry.delete_version("m", "2"))
         assert go.reached.wait(60)
@@ -110,7 +110,7 @@ def test_a_job_is_never_queued_on_a_version_being_deleted(
         req = JobRequest("m", "ds_train", None, TrainParams(epochs=1), False,
                          {"model": "m", "version": "1", "replay_dataset": None})
         job = runtime.service.submit(req)
-        monkeypatch.setattr(registry_module, "retire", real_retire)
+        monkeypatch.setattr(catalog_module, "retire", real_retire)
         with pytest.raises(Conflict, match=job.id):
             registry.delete_version("m", "1")
         assert (tmp_path / "models" / "m" / "1" / "weights.safetensors").is_file()
@@ -180,7 +180,7 @@ def test_the_active_version_is_never_deleted_by_a_racing_activation(
     other = _replica(registry)
     try:
         other.activate("m", "1")
-        real_retire = registry_module.retire
+        real_retire = catalog_module.retire
         go = _paused_delete(monkeypatch)  # at the point the delete has checked "not active"
         deleter, deleted = _in_thread(lambda: registry.delete_version("m", "2"))
         assert go.reached.wait(60)
@@ -198,7 +198,7 @@ def test_the_active_version_is_never_deleted_by_a_racing_activation(
 
         # the other order: the activation holds the lock first, the delete waits and then refuses
         shutil.copytree(trained, tmp_path / "models" / "m" / "3")
-        monkeypatch.setattr(registry_module, "retire", real_retire)
+        monkeypatch.setattr(catalog_module, "retire", real_retire)
         reached, go = threading.Event(), threading.Event()
         real_present = other._present
 

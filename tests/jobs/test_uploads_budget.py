@@ -15,9 +15,8 @@ from hypothesis import strategies as st
 from service.api.errors import status_for
 from service.api.uploads import receive_file
 from service.errors import DomainError
-from service.serving.versions import next_version, retire
+from service.serving.catalog import next_version, publish, published_version, retire
 from service.training import budget
-from service.training.runner import publish, published_version
 from trainer.params import MAX_BATCH, MAX_NEGATIVES, TrainParams
 
 BOUNDARY = "XyZ123"

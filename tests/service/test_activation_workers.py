@@ -15,8 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from service.serving.catalog import DELETING
 from service.serving.peers import Peers
-from service.serving.registry import CONFIRM_S, DELETING
+from service.serving.registry import CONFIRM_S
 from tests.service.conftest import API_KEY, Server, copy_version, start_server, stop_server
 from tests.service.test_hot_swap import recorded
 from tests.service.test_workers import BODY, all_workers_serve, versions_by_worker

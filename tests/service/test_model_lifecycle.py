@@ -120,7 +120,7 @@ def test_delete_model(srv: Server, model_store: Path) -> None:
         # under this name starts above them
         assert sorted(p.name for p in srv.models_dir.iterdir()) == ["big", "zeta"]
         assert [p.name for p in (srv.models_dir / "big").iterdir()] == [".highest-version"]
-        from service.serving.versions import next_version
+        from service.serving.catalog import next_version
 
         assert next_version(srv.models_dir / "big") == 3
         assert c.post("/v1/models/big/predict", json=BODY).status_code == 404
