@@ -153,7 +153,7 @@ UNIT = r"(?:\s?(?:ms|MB|GB|GiB|MiB|KiB|%)|\ss|[x×]|\s(?:requests|req|examples|r
 # a number that is not a bound (≤ 10 ms), an exponent (10^6), a setting (d=128), a version or a name part
 BOUND_WORDS = ("over", "under", "every", "last", "up to", "at most", "at least", "within")
 BOUND = "".join(f"(?<!{w} )" for w in BOUND_WORDS)
-NUMBER = (rf"(?:(?<=[\s(])[-−+])?(?<![\w.=@^/])(?<![≤≥<>~]\s)(?<![≤≥<>~]){BOUND}"
+NUMBER = (rf"(?:(?<=[\s(])[-−+])?(?<![\w.,=@^/])(?<![≤≥<>~]\s)(?<![≤≥<>~]){BOUND}"
           r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+|\d+)")
 COUNT = r"(?!-row|-label|\s(?:rows|labels|features|words|texts)\b)"  # a data set's size, not a measurement
 FIGURE = re.compile(rf"({NUMBER}){COUNT}(?:(?={UNIT})|(?![\w]|\.\d|,\d))")
