@@ -1,31 +1,24 @@
-"""Label texts: what a label says about itself, and the rows a label gets from its text alone.
+"""Label texts: what a label says about itself, read and checked.
 
 A label-texts file is JSONL, one `{"name": ..., "text": ...}` per line (blank lines skipped). A model
-trained with one (`ovex train --label-texts FILE`) stores its label tower beside the usual files
-(`label_tower.safetensors`, `label_tower.json`) and the texts (`label_texts.jsonl`, one line per label id),
-so a label that has never had a training row can be given a head row from its text (`label_rows`), exactly
-as training materialized the rows of such labels.
+trained with one (`ovex train --label-texts FILE`) stores its label tower and the texts beside the usual
+files (`trainer.label_tower`), so a label that has never had a training row can be given a head row from
+its text (`trainer.label_tower.label_rows`), exactly as training materialized the rows of such labels.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from trainer.data import label_name_problem, undecodable_line
-from trainer.errors import ArtifactError, DataFormatError
+from trainer.errors import DataFormatError
 
 MAX_LABEL_NAME_CHARS = 1000  # as a label name anywhere else (trainer.data.MAX_LABEL_NAME)
 MAX_LABEL_TEXT_CHARS = 10_000  # a description, not a document: longer texts are refused, not cut
 _KEYS = {"name", "text"}
 
-TOWER_CONFIG = "label_tower.json"
-TOWER_WEIGHTS = "label_tower.safetensors"
-TEXTS_FILE = "label_texts.jsonl"
 
 
 def _surrogate_at(text: str) -> int | None:
@@ -118,23 +111,3 @@ def read_label_texts(path: Path | str) -> list[tuple[str, str]]:
     if not out:
         raise DataFormatError(spath, max(lineno, 1), "empty file: no label texts")
     return out
-
-
-def has_label_tower(artifact_dir: Path | str) -> bool:
-    """Whether the model at `artifact_dir` was trained with label texts (and so can give a label a row
-    from its text)."""
-    d = Path(artifact_dir)
-    return (d / TOWER_CONFIG).is_file() and (d / TOWER_WEIGHTS).is_file()
-
-
-def label_rows(artifact_dir: Path | str, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Head rows (float32 [n, dim]) and biases (float32 [n]) of labels with these texts and no training
-    rows, as training materializes them; ArtifactError for a model without a label tower."""
-    from trainer.label_tower import load_tower
-
-    d = Path(artifact_dir)
-    if not has_label_tower(d):
-        raise ArtifactError(str(d), "this model was trained without label texts, so it cannot compute a "
-                            "label's row from its text; train it with --label-texts (or a job's label_texts)")
-    tower = load_tower(d)
-    return tower.zero_rows(list(texts))

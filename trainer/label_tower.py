@@ -42,6 +42,11 @@ from trainer.errors import ArtifactError, ParamsError
 from trainer.model import XCModel, project_rows
 from trainer.negatives import NegativeSampler, SampledNegatives
 
+# a model trained with label texts holds these beside its artifact
+TOWER_CONFIG = "label_tower.json"
+TOWER_WEIGHTS = "label_tower.safetensors"
+TEXTS_FILE = "label_texts.jsonl"
+
 TOWER_VERSION = 1
 RARE_MAX = 2  # the rarest labels with rows: at most this many rows (or the fewest any label has)
 
@@ -239,8 +244,6 @@ def save_tower(directory: Path, *, tower: LabelTower, scale: tuple[float, float]
                           "free + gain * share * encoder(featurizer(text)) @ proj")
                          + "; a label without rows: zero_row_norm * unit(encoder(featurizer(text)) @ proj), "
                            "bias zero_row_bias"}
-    from trainer.label_texts import TEXTS_FILE, TOWER_CONFIG, TOWER_WEIGHTS
-
     (directory / TOWER_CONFIG).write_text(json.dumps(config, indent=2))
     from safetensors.torch import save_file
 
@@ -279,8 +282,6 @@ class StoredTower:
 
 
 def _tower_config(directory: Path) -> tuple[float, float, float]:
-    from trainer.label_texts import TOWER_CONFIG
-
     try:
         config = json.loads((directory / TOWER_CONFIG).read_text())
         return float(config["gain"]), float(config["zero_row_norm"]), float(config["zero_row_bias"])
@@ -308,8 +309,6 @@ def load_tower_tensors(directory: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from trainer.label_texts import TOWER_WEIGHTS
-
     try:
         return load_file(str(directory / TOWER_WEIGHTS))
     except (OSError, SafetensorError) as exc:
@@ -318,8 +317,6 @@ def load_tower_tensors(directory: Path) -> dict[str, torch.Tensor]:
 
 def read_stored_texts(directory: Path) -> dict[str, str]:
     """The label texts a model was trained with (name -> text; labels without a text are left out)."""
-    from trainer.label_texts import TEXTS_FILE
-
     out: dict[str, str] = {}
     path = directory / TEXTS_FILE
     if not path.is_file():
@@ -343,3 +340,21 @@ def check_usable(is_text: bool, exhaustive: bool, ranks: int) -> None:
                           "label's text at every step")
     if ranks > 1:
         raise ParamsError("label texts train in one process; set nproc_per_node 1")
+
+
+def has_label_tower(artifact_dir: Path | str) -> bool:
+    """Whether the model at `artifact_dir` was trained with label texts (and so can give a label a row
+    from its text)."""
+    d = Path(artifact_dir)
+    return (d / TOWER_CONFIG).is_file() and (d / TOWER_WEIGHTS).is_file()
+
+
+def label_rows(artifact_dir: Path | str, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Head rows (float32 [n, dim]) and biases (float32 [n]) of labels with these texts and no training
+    rows, as training materializes them; ArtifactError for a model without a label tower."""
+    d = Path(artifact_dir)
+    if not has_label_tower(d):
+        raise ArtifactError(str(d), "this model was trained without label texts, so it cannot compute a "
+                            "label's row from its text; train it with --label-texts (or a job's label_texts)")
+    tower = load_tower(d)
+    return tower.zero_rows(list(texts))

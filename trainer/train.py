@@ -47,13 +47,13 @@ from trainer.label_shards import (
     shard_softmax_loss,
     shard_topk,
 )
-from trainer.label_texts import has_label_tower
 from trainer.label_tower import (
     LabelTower,
     SubsetSampler,
     TextRows,
     check_usable,
     fade_weights,
+    has_label_tower,
     load_tower_gain,
     load_tower_tensors,
     materialized,

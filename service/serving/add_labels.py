@@ -150,7 +150,7 @@ def _write_version(
 ) -> tuple[str, int, str]:
     """Stage the new version beside the others and rename it into place: (version, its labels, index)."""
     from trainer.artifact import load_artifact
-    from trainer.label_texts import has_label_tower, label_rows
+    from trainer.label_tower import has_label_tower, label_rows
 
     src = registry.catalog.version_dir(name, base)
     if not has_label_tower(src):
@@ -205,7 +205,7 @@ def _stage(
     """Write the new version's files into `stage`; the new head's weight and bias (views of nothing the
     base owns)."""
     from trainer.artifact import COUNTS, labels_text, map_safetensors
-    from trainer.label_texts import TEXTS_FILE
+    from trainer.label_tower import TEXTS_FILE
 
     for entry in sorted(src.iterdir()):
         if entry.name in _REWRITTEN or entry.name.startswith("."):
@@ -248,7 +248,7 @@ def _extend_tower(src: Path, stage: Path, m: int) -> None:
     """The tower's weights with the new labels flagged as text-only (they have no training rows yet);
     its other tensors, which do not depend on the labels, as they are."""
     from trainer.artifact import map_safetensors
-    from trainer.label_texts import TOWER_WEIGHTS
+    from trainer.label_tower import TOWER_WEIGHTS
 
     tensors = dict(map_safetensors(src / TOWER_WEIGHTS))
     flags = tensors.get(TEXT_ONLY)
