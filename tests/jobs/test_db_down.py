@@ -116,8 +116,8 @@ def test_a_job_that_published_before_the_database_went_down_never_publishes_twic
 
     from service.db.tables import DatasetRow
     from service.errors import Unavailable
+    from service.serving import catalog as catalog_module
     from service.settings import Settings
-    from service.training import runner as runner_module
     from service.training.runner import JobRunner
     from service.training.runtime import JobsRuntime
     from trainer.params import TrainParams
@@ -132,14 +132,14 @@ def test_a_job_that_published_before_the_database_went_down_never_publishes_twic
                                      size_bytes=1, rows=600, features=300, labels=40, created_at=time.time()))
         job = store.create_job(model="m", train_dataset="ds_t", test_dataset=None, activate=False,
                                params=TrainParams(**TINY).to_json_dict())
-        real_publish = runner_module.publish
+        real_publish = catalog_module.publish
 
         def publish_then_outage(*args: Any) -> str:
             version = real_publish(*args)
             own_postgres.stop()  # the version is on disk; nothing after it reaches the database
             return version
 
-        monkeypatch.setattr(runner_module, "publish", publish_then_outage)
+        monkeypatch.setattr(catalog_module, "publish", publish_then_outage)
         first = store.claim_next("w1")
         assert first is not None and first.id == job.id
         with pytest.raises(Unavailable):  # the worker logs it; the job stays 'running' in the database
@@ -147,7 +147,7 @@ def test_a_job_that_published_before_the_database_went_down_never_publishes_twic
         assert sorted(p.name for p in (tmp_path / "models" / "m").iterdir()) == ["1"]
 
         assert own_postgres.start() is None
-        monkeypatch.setattr(runner_module, "publish", real_publish)
+        monkeypatch.setattr(catalog_module, "publish", real_publish)
         assert [r.job_id for r in store.reap_stale(lease_s=0, max_attempts=3)] == [job.id]  # re-queued
         again = store.claim_next("w2")
         assert again is not None and again.id == job.id and again.attempts == 2
