@@ -45,8 +45,9 @@ from stamp import RESULTS, stamp, stamped, under_title  # noqa: E402
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.artifact import load_artifact  # noqa: E402
 from trainer.data import Dataset, read_xc  # noqa: E402
+from trainer.hooks import QuietHooks  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
-from trainer.train import QuietHooks, train  # noqa: E402
+from trainer.train import train  # noqa: E402
 
 SETS = ("bibtex", "corel5k")
 OVEX = ("ovex-ove", "ovex-ove-pairs", "ovex-ove-subset", "ovex-softmax")

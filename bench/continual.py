@@ -64,9 +64,10 @@ from stamp import RESULTS, finish, stamp, under_title  # noqa: E402
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.artifact import load_artifact  # noqa: E402
 from trainer.data import Dataset, read_xc  # noqa: E402
+from trainer.hooks import QuietHooks  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
 from trainer.synth import synth_dataset  # noqa: E402
-from trainer.train import QuietHooks, train  # noqa: E402
+from trainer.train import train  # noqa: E402
 
 HOLD_OUT = 0.2
 K = 5

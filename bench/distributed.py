@@ -50,7 +50,8 @@ from trainer.losses import get_loss  # noqa: E402
 from trainer.model import ModelShape, XCModel  # noqa: E402
 from trainer.negatives import NegativeSampler  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
-from trainer.train import EpochData, Stepper, tune_malloc  # noqa: E402
+from trainer.step import EpochData, Stepper  # noqa: E402
+from trainer.train import tune_malloc  # noqa: E402
 
 OUT = RESULTS / "distributed"
 RUN: dict[str, Any] = {}  # this run's stamp (set in main); each part written keeps its own under "stamps"

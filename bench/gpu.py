@@ -37,9 +37,10 @@ from real import _git, machine  # noqa: E402
 
 import trainer.train as train_module  # noqa: E402
 from trainer.capacity import run_bytes  # noqa: E402
+from trainer.hooks import QuietHooks  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
 from trainer.synth import synth_dataset  # noqa: E402
-from trainer.train import QuietHooks, train  # noqa: E402
+from trainer.train import train  # noqa: E402
 
 FEATURES = 100_000
 DIM = 256
@@ -123,7 +124,7 @@ def step_anatomy(device: torch.device, data: dict[int, Any], labels: int, steps:
     from trainer.losses import get_loss
     from trainer.model import ModelShape, XCModel
     from trainer.negatives import NegativeSampler
-    from trainer.train import EpochData, Stepper, _as_csr32
+    from trainer.step import EpochData, Stepper, _as_csr32
 
     ds = data[labels]
     params = TrainParams(dim=DIM, device="cuda" if device.type == "cuda" else "cpu")

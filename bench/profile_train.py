@@ -64,10 +64,11 @@ from real import _git, _version, machine  # noqa: E402
 import trainer.featurize  # noqa: E402
 import trainer.optim  # noqa: E402
 import trainer.row_kernels  # noqa: E402
+import trainer.step  # noqa: E402
 import trainer.train  # noqa: E402
 from trainer.data import Dataset, read_dataset  # noqa: E402
+from trainer.hooks import QuietHooks  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
-from trainer.train import QuietHooks  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "wordnet_train.jsonl"
 RESULTS = ROOT / "bench" / "results"
@@ -151,7 +152,7 @@ def instrumented(rec: Recorder) -> Iterator[None]:
     restored on exit), so the run is the unmodified training code."""
     tt = trainer.train
     fit0, transform0, save0 = tt.fit_featurizer, trainer.featurize.Featurizer.transform, tt._save_model
-    epoch_init0, step0, cand0 = tt.EpochData.__init__, tt.Stepper.step, tt.shard_candidates
+    epoch_init0, step0, cand0 = tt.EpochData.__init__, tt.Stepper.step, trainer.step.shard_candidates
     adam0, adagrad0 = trainer.optim.RowAdam.step, trainer.optim.RowAdagrad.step
     adam_rows0, adagrad_rows0 = trainer.row_kernels.adam_rows, trainer.row_kernels.adagrad_rows
 
@@ -230,7 +231,7 @@ def instrumented(rec: Recorder) -> Iterator[None]:
         mock.patch.object(tt, "_save_model", marked("save", save0)),
         mock.patch.object(tt.EpochData, "__init__", epoch_init),
         mock.patch.object(tt.Stepper, "step", step),
-        mock.patch.object(tt, "shard_candidates", shard_candidates),
+        mock.patch.object(trainer.step, "shard_candidates", shard_candidates),
         mock.patch.object(trainer.optim.RowAdam, "step", optimizer_step(adam0)),
         mock.patch.object(trainer.optim.RowAdagrad, "step", optimizer_step(adagrad0)),
         mock.patch.object(trainer.row_kernels, "adam_rows", kernel(adam_rows0, "adam_rows")),

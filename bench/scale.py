@@ -26,10 +26,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from stamp import RESULTS, markdown_line, stamp, stamped  # noqa: E402
 
 from trainer.artifact import load_artifact  # noqa: E402
+from trainer.hooks import Progress  # noqa: E402
 from trainer.metrics import evaluate_topk  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
 from trainer.synth import synth_dataset  # noqa: E402
-from trainer.train import Progress, train  # noqa: E402
+from trainer.train import train  # noqa: E402
 
 
 class PrintHooks:

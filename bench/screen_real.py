@@ -148,8 +148,9 @@ def run_row(name: str, data_dir: Path) -> dict[str, Any]:
     import torch
 
     from trainer.data import read_dataset
+    from trainer.hooks import QuietHooks
     from trainer.params import TrainParams
-    from trainer.train import QuietHooks, train
+    from trainer.train import train
 
     fields = dict(ROWS[name])
     if name in PATCHED:

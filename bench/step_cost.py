@@ -35,8 +35,9 @@ from trainer.losses import get_loss  # noqa: E402
 from trainer.model import ModelShape, XCModel  # noqa: E402
 from trainer.negatives import NegativeSampler  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
+from trainer.step import EpochData, Stepper  # noqa: E402
 from trainer.synth import synth  # noqa: E402
-from trainer.train import EpochData, Stepper, tune_malloc  # noqa: E402
+from trainer.train import tune_malloc  # noqa: E402
 
 
 def l2_rows(x: sp.csr_matrix) -> sp.csr_matrix:

@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trainer.data import Dataset, read_xc  # noqa: E402
+from trainer.hooks import QuietHooks  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
-from trainer.train import QuietHooks, train  # noqa: E402
+from trainer.train import train  # noqa: E402
 
 SETS = ("bibtex", "corel5k")
 DEFAULT_LOG = ROOT / "bench" / "results" / "accuracy_sweep.jsonl"

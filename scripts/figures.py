@@ -126,7 +126,8 @@ def gpu(results: Path) -> tuple[str, str, str]:
     what = f"training on one GPU ({gpu_name}), planted data, d={one['dim']}, the default batch of 256"
     fig = (f"{one['examples_per_s']:,.0f} examples/s at 10^6 labels "
            f"({one['examples_per_s'] / base['examples_per_s']:.1f}× this CPU; the step is bound by the host "
-           f"and kernel launches; target ≥ 500,000: missed), {big['examples_per_s']:,.0f} with batches of 8192; "
+           f"and kernel launches; target ≥ 500,000: missed), {big['examples_per_s']:,.0f} with batches of "
+           f"8192; "
            f"a 10^7-label model in {huge['peak_device_bytes'] / 2**30:.1f} GiB; WordNet P@1 {wn['p@1']:.4f} "
            f"against {wn_cpu['p@1']:.4f} on the CPU, {wn['wall_s']:.1f} s against {wn_cpu['wall_s']:.1f} s "
            f"({wn_big['p@1']:.4f} in {wn_big['wall_s']:.1f} s with batches of 8192 and 56 epochs)")

@@ -15,9 +15,11 @@ from trainer import metrics as xc_metrics
 from trainer.artifact import load_artifact
 from trainer.data import Dataset
 from trainer.errors import ParamsError
+from trainer.hooks import QuietHooks, TrainHooks
 from trainer.params import TrainParams
+from trainer.step import BestEpoch
 from trainer.synth import synth_dataset
-from trainer.train import BestEpoch, QuietHooks, TrainHooks, split_validation, train
+from trainer.train import split_validation, train
 
 K, D = 40, 300
 

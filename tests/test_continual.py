@@ -22,9 +22,10 @@ from trainer.continual import WarmStart, continual_params, row_fingerprints, spl
 from trainer.data import Dataset, read_jsonl, write_xc
 from trainer.errors import DataFormatError, ParamsError
 from trainer.featurize import Featurizer
+from trainer.hooks import QuietHooks
 from trainer.params import TrainParams
 from trainer.synth import synth_dataset
-from trainer.train import QuietHooks, train
+from trainer.train import train
 
 FAST = {"dim": 32, "batch_size": 64, "negatives": 16, "group_size": 4}
 
@@ -169,7 +170,7 @@ def test_replayed_rows_stand_for_the_seen_rows_left_out() -> None:
 def test_new_label_lr_is_the_step_at_that_learning_rate() -> None:
     """Scaling a row's move (`_row_lr`) equals a row-wise Adam step at the scaled lr, catch-up included."""
     from trainer.optim import RowAdam
-    from trainer.train import _row_lr
+    from trainer.step import _row_lr
 
     gen = torch.Generator().manual_seed(0)
     start = torch.randn(6, 4, generator=gen)

@@ -16,9 +16,10 @@ from trainer.artifact import load_artifact
 from trainer.continual import continual_params, row_fingerprints
 from trainer.data import Dataset, write_xc
 from trainer.errors import ArtifactError
+from trainer.hooks import QuietHooks
 from trainer.params import TrainParams
 from trainer.synth import synth_dataset
-from trainer.train import QuietHooks, train
+from trainer.train import train
 
 FAST = ["--dim", "16", "--batch-size", "64", "--negatives", "8", "--group-size", "4", "--epochs", "1",
         "--quiet"]

@@ -24,10 +24,11 @@ from tests.test_continual import _cli, _old_part, _params
 from trainer.artifact import load_artifact
 from trainer.continual import warm_start
 from trainer.data import Dataset, write_xc
+from trainer.hooks import QuietHooks
 from trainer.label_shards import shard_bounds
 from trainer.model import XCModel
 from trainer.synth import synth_dataset
-from trainer.train import QuietHooks, _shard_focus_share, train
+from trainer.train import _shard_focus_share, train
 
 
 @pytest.fixture(scope="module")

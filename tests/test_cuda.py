@@ -24,8 +24,9 @@ from trainer.losses import CandidateBatch, get_loss, masked_negative_pairs, ove_
 from trainer.model import ModelShape, XCModel
 from trainer.negatives import NegativeSampler
 from trainer.params import TrainParams
+from trainer.step import EpochData, Stepper, _as_csr32
 from trainer.synth import synth_dataset
-from trainer.train import EpochData, Stepper, _as_csr32, train
+from trainer.train import train
 from trainer.transfer import pack, to_device, unpack
 
 NO_GPU = "no CUDA device (torch.cuda.is_available() is False): the GPU path cannot run here"

@@ -27,7 +27,7 @@ from trainer.model import ModelShape, XCModel
 from trainer.negatives import NegativeSampler, SampledNegatives
 from trainer.optim import RowAdagrad
 from trainer.params import TrainParams
-from trainer.train import EpochData, Stepper
+from trainer.step import EpochData, Stepper
 
 
 class FixedDraw(NegativeSampler):

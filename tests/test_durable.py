@@ -22,9 +22,10 @@ from trainer.artifact import map_safetensors, save_artifact
 from trainer.data import Dataset
 from trainer.errors import TrainingCancelled
 from trainer.featurize import Featurizer
+from trainer.hooks import QuietHooks
 from trainer.model import ModelShape, XCModel
 from trainer.params import TrainParams
-from trainer.train import QuietHooks, train
+from trainer.train import train
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
           torch.uint8, torch.bool]

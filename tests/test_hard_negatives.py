@@ -25,11 +25,12 @@ from trainer.artifact import load_artifact
 from trainer.data import Dataset, write_xc
 from trainer.errors import TrainingCancelled
 from trainer.hard_negatives import HardNegatives, hard_columns, mine_neighbours
+from trainer.hooks import QuietHooks
 from trainer.losses import CandidateBatch, Candidates, masked_negative_pairs, ove_loss, sampled_candidates
 from trainer.negatives import SampledNegatives
 from trainer.params import TrainParams
 from trainer.synth import synth_dataset
-from trainer.train import QuietHooks, train
+from trainer.train import train
 
 # ------------------------------------------------------------------------------------ mining
 

@@ -17,10 +17,12 @@ from tests.test_train import Recorder
 from trainer.artifact import load_artifact
 from trainer.data import Dataset
 from trainer.errors import ArtifactError, DataFormatError, ParamsError, TrainingCancelled
+from trainer.hooks import QuietHooks
 from trainer.label_texts import MAX_LABEL_TEXT_CHARS, check_label_text, read_label_texts
 from trainer.label_tower import fade_weights, has_label_tower, label_rows, load_tower_tensors, tower_of
 from trainer.params import TrainParams
-from trainer.train import QuietHooks, Stepper, train
+from trainer.step import Stepper
+from trainer.train import train
 
 # ------------------------------------------------------------------------------------ the reader
 

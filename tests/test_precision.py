@@ -18,9 +18,11 @@ from service.cli import main
 from tests.jobs.conftest import Server, sqlite_server
 from trainer.continual import continual_params
 from trainer.data import Dataset, write_xc
+from trainer.hooks import QuietHooks
 from trainer.params import TrainParams
+from trainer.step import _product
 from trainer.synth import synth_dataset
-from trainer.train import QuietHooks, _product, train
+from trainer.train import train
 
 K, D = 60, 400
 

@@ -12,9 +12,10 @@ import pytest
 from trainer.artifact import load_artifact
 from trainer.data import Dataset
 from trainer.errors import TrainingCancelled
+from trainer.hooks import Progress
 from trainer.params import TrainParams
 from trainer.synth import synth_dataset
-from trainer.train import Progress, lr_at, train
+from trainer.train import lr_at, train
 
 K, D = 60, 400
 
@@ -123,7 +124,7 @@ def test_step_losses_fold_in_order_and_refuse_a_non_finite_loss_by_its_step(eage
     import torch
 
     from trainer.errors import ParamsError
-    from trainer.train import StepLosses
+    from trainer.step import StepLosses
 
     losses = StepLosses(eager=eager)
     for step, value in enumerate([2.0, 1.0, 4.0]):

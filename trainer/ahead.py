@@ -27,12 +27,12 @@ _POLL_S = 0.1
 
 
 class Made(Generic[T]):
-    """One step's inputs, its position in the epoch and the sampler's state once they were made (None
-    when made inline: the sampler's own state is then the current one)."""
+    """A step's position in the epoch, its inputs and the sampler's state once they were made; both None
+    when nothing is made ahead (the step makes its own, and the sampler's state is the current one)."""
 
     __slots__ = ("inputs", "pos", "sampler_state")
 
-    def __init__(self, pos: int, inputs: T, sampler_state: torch.Tensor | None) -> None:
+    def __init__(self, pos: int, inputs: T | None, sampler_state: torch.Tensor | None) -> None:
         self.pos, self.inputs, self.sampler_state = pos, inputs, sampler_state
 
 
@@ -47,10 +47,10 @@ _DONE = object()
 @contextmanager
 def made_ahead(make: Callable[[int], T], positions: range, sampler_state: Callable[[], torch.Tensor],
                threaded: bool) -> Iterator[Iterator[Made[T]]]:
-    """The inputs `make(pos)` of each position in order; with `threaded`, made up to DEPTH steps ahead on
-    a thread (stopped and joined when the block ends, early or not); else each when it is asked for."""
+    """Each position in order with its inputs `make(pos)` made up to DEPTH steps ahead on a thread
+    (stopped and joined when the block ends, early or not); without `threaded`, the positions alone."""
     if not threaded:
-        yield (Made(pos, make(pos), None) for pos in positions)
+        yield (Made(pos, None, None) for pos in positions)
         return
     ready: queue.Queue[object] = queue.Queue(maxsize=DEPTH)
     stop = threading.Event()

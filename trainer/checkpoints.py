@@ -33,7 +33,7 @@ from trainer.durable import commit_file, fsync_path, write_safetensors
 from trainer.errors import ParamsError, write_error
 
 if TYPE_CHECKING:
-    from trainer.train import Stepper
+    from trainer.step import Stepper
 
 LATEST = "latest.json"
 MANIFEST = "manifest.json"

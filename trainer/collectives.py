@@ -224,3 +224,10 @@ def launch(nproc: int, entry: Callable[..., Any], args: tuple[Any, ...], run_id:
         raise RankFailed(f"rank {rank} of {nproc} failed ({why})") from None
     return results[0]
 
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ParamsError("--device cuda requested but no CUDA device is available")
+    return torch.device(name)

@@ -228,7 +228,7 @@ def _grow_checked(base: Any, train_ds: Dataset, space: _LabelSpace, params: Trai
     an XC header claims, that the grown model fits: its size is the header's L against a base named by
     ids (the ids below the larger of the two), at most the base's labels plus L against one with names;
     labels already named in memory (JSONL, --label-names) are added first and counted exactly."""
-    from trainer.train import resolve_device
+    from trainer.collectives import resolve_device
 
     named = train_ds.label_names is not None
     if named:

@@ -14,14 +14,16 @@ import multiprocessing as mp
 import os
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from trainer.checkpoints import remove_partials
-from trainer.collectives import launch
+from trainer.collectives import launch, resolve_device
 from trainer.data import Dataset
 from trainer.errors import OvexError, ParamsError, RankFailed, TrainingCancelled
+from trainer.hooks import Progress
 from trainer.label_shards import check_shardable
 from trainer.params import TrainParams
 
@@ -47,6 +49,7 @@ class _RankHooks:
 
 
 def _rank_main(
+    entry: Callable[..., Any],
     params: TrainParams,
     train_ds: Dataset,
     test_ds: Dataset | None,
@@ -54,10 +57,8 @@ def _rank_main(
     events: Any,
     stop: Any,
 ) -> Any:
-    from trainer.train import train
-
     try:
-        return train(params, train_ds, test_ds, hooks=_RankHooks(events, stop), **options)
+        return entry(params, train_ds, test_ds, hooks=_RankHooks(events, stop), **options)
     except OvexError as exc:  # the caller reports this message rather than the launcher's summary
         events.put(("error", (int(os.environ.get("RANK", "0")), str(exc))))
         raise
@@ -66,8 +67,6 @@ def _rank_main(
 def _check_gpus(params: TrainParams) -> None:
     """A CUDA run needs a GPU a rank (NCCL): say so before any rank starts."""
     import torch
-
-    from trainer.train import resolve_device
 
     gpus = torch.cuda.device_count()
     if resolve_device(params.device).type == "cuda" and params.nproc_per_node > gpus:
@@ -90,6 +89,7 @@ def _run_params(params: TrainParams, base: str | Path | None, base_name: str | N
 
 
 def train_on_ranks(
+    entry: Callable[..., Any],
     params: TrainParams,
     train_ds: Dataset,
     test_ds: Dataset | None,
@@ -102,11 +102,9 @@ def train_on_ranks(
     base_name: str | None = None,
     replay_ds: Dataset | None = None,
 ) -> Any:
-    """Run `train` on `params.nproc_per_node` ranks of this machine; returns rank 0's `TrainResult`.
-    With `base`, every rank continues that model (`trainer.continual`) and holds its shard of the grown
-    label space."""
-    from trainer.train import Progress
-
+    """Run `entry` (a module-level function, called as `train` is) on `params.nproc_per_node` ranks of this
+    machine; returns rank 0's result. With `base`, every rank continues that model (`trainer.continual`)
+    and holds its shard of the grown label space."""
     merged = _run_params(params, base, base_name)
     check_shardable(merged.loss, params.nproc_per_node)
     _check_gpus(merged)
@@ -119,7 +117,7 @@ def train_on_ranks(
     def run() -> None:
         try:
             outcome["result"] = launch(
-                params.nproc_per_node, _rank_main, (params, train_ds, test_ds, options, events, stop),
+                params.nproc_per_node, _rank_main, (entry, params, train_ds, test_ds, options, events, stop),
                 run_id="ovex-train",
             )
         except BaseException as exc:

@@ -364,9 +364,10 @@ def test_a_cancel_while_the_serving_index_builds_stops_the_job(tmp_path: Path) -
     from service.training.config import JobsConfig
     from service.training.runner import JobRunner
     from trainer.errors import TrainingCancelled
+    from trainer.hooks import QuietHooks
     from trainer.params import TrainParams
     from trainer.synth import synth_dataset
-    from trainer.train import QuietHooks, train
+    from trainer.train import train
 
     staging = tmp_path / "artifact"
     train(TrainParams(dim=8, epochs=1, batch_size=64), synth_dataset(50, 200, 300, seed=5), None,
