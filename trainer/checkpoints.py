@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 LATEST = "latest.json"
 MANIFEST = "manifest.json"
-LEGACY_STATE = "state.safetensors"  # one-process checkpoints of the earlier format (with meta.json)
 PARTIAL = ".step-*.partial"  # a checkpoint being written; renamed to step-NNN once every rank has written
 
 
@@ -151,12 +150,11 @@ def _save_checkpoint(ckpt_dir: Path, partial: Path, stepper: Stepper, step: int,
 
 
 def _manifest(path: Path) -> dict[str, Any]:
-    if (path / MANIFEST).is_file():
-        manifest: dict[str, Any] = json.loads((path / MANIFEST).read_text())
-        return manifest
-    meta: dict[str, Any] = json.loads((path / "meta.json").read_text())  # earlier one-process format
-    k = int(meta["shape"]["n_labels"])
-    return {**meta, "world": 1, "shards": [{"rank": 0, "lo": 0, "hi": k, "file": LEGACY_STATE}]}
+    if not (path / MANIFEST).is_file():
+        raise ParamsError(f"checkpoint {path.name} has no {MANIFEST}: it was not written by this version; "
+                          "remove the checkpoint directory to start the run over")
+    manifest: dict[str, Any] = json.loads((path / MANIFEST).read_text())
+    return manifest
 
 
 def load_checkpoint(ckpt_dir: Path, stepper: Stepper) -> dict[str, Any] | None:

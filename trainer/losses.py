@@ -228,10 +228,6 @@ def sampled_candidates(
 # ------------------------------------------------------------------------------------------- losses
 
 
-def _mean_over_pairs(total: torch.Tensor, n_pairs: int) -> torch.Tensor:
-    return total / max(n_pairs, 1)
-
-
 def row_pair_weights(cand: Candidates, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Weights [P] that give every row with positives the same total weight, shared by its positives.
 

@@ -448,13 +448,6 @@ def sparsemax_torch(z: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return moved.movedim(-1, dim)
 
 
-def sparsemax_tau_torch(z: torch.Tensor) -> torch.Tensor:
-    """τ of each row (last axis), no gradient; used by the sparsemax loss."""
-    with torch.no_grad():
-        tau_s, m = _torch_tau_shifted(z)
-        return (tau_s + m).squeeze(-1)
-
-
 def evsoftmax_torch(v: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
     """ev-softmax over the last axis; with ``eps`` > 0 the training-time form of Chen et al. 2021,
     p_k ∝ (1{v_k ≥ mean(v)} + ε)·exp(v_k), which gives every entry mass so NLL stays finite.
