@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from service.logs import configure_logging, uvicorn_log_config
-from service.settings import SETTINGS_ENV, Settings
+from service.settings import RETRIEVAL_KINDS, SETTINGS_ENV, Settings
 from trainer.errors import OvexError, ParamsError
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, help="key for mutating endpoints (or OVEX_API_KEY)")
     p.add_argument("--threads", type=int, default=None, help="torch/faiss threads, split between workers")
     p.add_argument("--workers", type=int, default=None, help="serving processes on one port (default 1)")
-    p.add_argument("--retrieval", choices=["auto", "exact", "int8", "flat", "ivf", "hnsw"], default=None)
+    p.add_argument("--retrieval", choices=RETRIEVAL_KINDS, default=None)
     p.add_argument("--log-level", default=None)
 
 

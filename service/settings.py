@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-RetrievalKind = Literal["auto", "exact", "int8", "flat", "ivf", "hnsw"]
+# the top-k backends, and the knob that picks one of them (`auto`: by the head's size)
+IndexKind = Literal["exact", "int8", "flat", "ivf", "hnsw"]
+RetrievalKind = Literal["auto", IndexKind]
+RETRIEVAL_KINDS: tuple[str, ...] = get_args(RetrievalKind)
 
 
 def _default_threads() -> int:
@@ -185,6 +188,12 @@ class Settings(BaseSettings):
         """The parent's object when it handed one over (`SETTINGS_ENV`), else the `OVEX_*` environment."""
         given = os.environ.get(SETTINGS_ENV)
         return cls.model_validate_json(given) if given else cls()
+
+
+def default_of(name: str) -> Any:
+    """A field's default as a `Settings()` without environment would have it, for objects that take a
+    part of these settings and must not repeat their defaults."""
+    return Settings.model_fields[name].get_default(call_default_factory=True)
 
 
 # where `ovex serve --workers N` puts its `Settings` (as JSON) for the processes it spawns

@@ -26,8 +26,8 @@ import torch
 
 from service.errors import Conflict, InputError, Invalid, NotFound, writing
 from service.serving.catalog import copy_tree, version_key
-from service.serving.registry import ModelRegistry, build_serving_index, retrieval_config
-from service.serving.retrieval import choose_kind, extend_int8_cache
+from service.serving.registry import ModelRegistry, build_serving_index
+from service.serving.retrieval import RetrievalConfig, choose_kind, extend_int8_cache
 from trainer.durable import fsync_tree, write_safetensors
 from trainer.errors import ArtifactError, OvexError
 
@@ -270,7 +270,7 @@ def _index(
 ) -> str:
     """The new version's serving index: the base's int8 cells extended when it has them, else built
     (the service would build it at load otherwise, while serving); "exact" needs none."""
-    cfg = retrieval_config(registry.settings)
+    cfg = RetrievalConfig.from_settings(registry.settings)
     if loaded.model.extra.get("dropmax") is not None:
         return "exact"  # DropMax heads are scored exactly: no index
     kind = choose_kind(int(weight.shape[0]), int(weight.shape[1]), cfg)

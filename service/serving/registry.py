@@ -78,20 +78,6 @@ class ServedModel:
         return int(self.predictor.model.dim)
 
 
-def retrieval_config(s: Settings) -> RetrievalConfig:
-    return RetrievalConfig(
-        kind=s.retrieval,
-        exact_max_weights=s.exact_max_weights,
-        ivf_nlist=s.ivf_nlist,
-        ivf_nprobe=s.ivf_nprobe,
-        recall_target=s.index_recall_target,
-        hnsw_m=s.hnsw_m,
-        hnsw_ef_search=s.hnsw_ef_search,
-        exact_block_rows=s.exact_block_rows,
-        lone_scan_threads=s.lone_scan_threads,
-    )
-
-
 def load_served(name: str, version: str, path: Path, settings: Settings) -> ServedModel:
     """Load an artifact, build or load its index, warm it up. Raises on any problem (caller refuses)."""
     from trainer.artifact import load_artifact
@@ -130,7 +116,7 @@ def _retrievers(
         exact = ExactScorer(weight, bias, settings.exact_block_rows, g[:, :d], g[:, d])
         return exact, exact
     exact = ExactScorer(weight, bias, settings.exact_block_rows)
-    return exact, build_retriever(weight, bias, retrieval_config(settings), path, exact, check)
+    return exact, build_retriever(weight, bias, RetrievalConfig.from_settings(settings), path, exact, check)
 
 
 def build_serving_index(path: Path, settings: Settings, check: Check = no_check) -> str:

@@ -38,9 +38,9 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import faiss
 import numpy as np
@@ -61,6 +61,7 @@ from service.serving.quantized_scan import (
     rounding_gamma,
     scan_cells,
 )
+from service.settings import IndexKind, RetrievalKind, Settings, default_of
 from trainer.durable import fsync_tree
 
 log = logging.getLogger("ovex.retrieval")
@@ -70,7 +71,6 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 INDEX_FORMAT = 5  # 3: radii over [w, b] only; 5: one folder per backend, int8 codes in cells
-IndexKind = Literal["exact", "int8", "flat", "ivf", "hnsw"]
 
 
 def configure_threads(n: int) -> None:
@@ -97,19 +97,34 @@ class TopK:
 
 @dataclass(frozen=True)
 class RetrievalConfig:
-    """What picks and tunes the index; the service fills it from its settings."""
+    """What picks and tunes the index: the retrieval part of the service's `Settings` (`from_settings`),
+    whose defaults it takes from there rather than repeating them, plus two constants of the build."""
 
-    kind: Literal["auto", "exact", "int8", "flat", "ivf", "hnsw"] = "auto"
-    exact_max_weights: int = 4_000_000
-    ivf_nlist: int | None = None
-    ivf_nprobe: int | None = None
-    recall_target: float = 0.99
-    hnsw_m: int = 32
-    hnsw_ef_search: int = 128
-    exact_block_rows: int = 65536
-    lone_scan_threads: int = 1
+    kind: RetrievalKind = field(default_factory=functools.partial(default_of, "retrieval"))
+    exact_max_weights: int = field(default_factory=functools.partial(default_of, "exact_max_weights"))
+    ivf_nlist: int | None = field(default_factory=functools.partial(default_of, "ivf_nlist"))
+    ivf_nprobe: int | None = field(default_factory=functools.partial(default_of, "ivf_nprobe"))
+    recall_target: float = field(default_factory=functools.partial(default_of, "index_recall_target"))
+    hnsw_m: int = field(default_factory=functools.partial(default_of, "hnsw_m"))
+    hnsw_ef_search: int = field(default_factory=functools.partial(default_of, "hnsw_ef_search"))
+    exact_block_rows: int = field(default_factory=functools.partial(default_of, "exact_block_rows"))
+    lone_scan_threads: int = field(default_factory=functools.partial(default_of, "lone_scan_threads"))
     tune_queries: int = 128
     seed: int = 0
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> RetrievalConfig:
+        return cls(
+            kind=s.retrieval,
+            exact_max_weights=s.exact_max_weights,
+            ivf_nlist=s.ivf_nlist,
+            ivf_nprobe=s.ivf_nprobe,
+            recall_target=s.index_recall_target,
+            hnsw_m=s.hnsw_m,
+            hnsw_ef_search=s.hnsw_ef_search,
+            exact_block_rows=s.exact_block_rows,
+            lone_scan_threads=s.lone_scan_threads,
+        )
 
 
 class Retriever(Protocol):

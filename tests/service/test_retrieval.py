@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 import service.serving.quantized_scan as quantized_scan
 import service.serving.retrieval as retrieval
+from service.cli import build_parser
 from service.serving.quantized_scan import (
     build_cells,
     quantize_head,
@@ -31,6 +33,7 @@ from service.serving.retrieval import (
     choose_kind,
     fingerprint,
 )
+from service.settings import RETRIEVAL_KINDS, IndexKind, Settings
 from trainer.sparse_maps import sparsemax, sparsemax_topk
 
 
@@ -426,6 +429,24 @@ def test_auto_chooses_by_the_bytes_a_query_reads() -> None:
     assert choose_kind(100_000, 512, cfg) == "int8"
     assert choose_kind(1_000_000, 128, cfg) == "int8"
     assert choose_kind(10, 2, RetrievalConfig(kind="hnsw")) == "hnsw"
+
+
+def test_the_config_takes_its_defaults_and_kinds_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retrieval part of the settings has one home: a bare config is the config of bare settings
+    (the lone scan's threads included), and the flag, the setting and the config accept the same kinds."""
+    for name in [k for k in os.environ if k.startswith("OVEX_")]:
+        monkeypatch.delenv(name)
+    assert RetrievalConfig() == RetrievalConfig.from_settings(Settings())
+    assert RetrievalConfig().lone_scan_threads == Settings().lone_scan_threads
+    given = Settings(retrieval="ivf", ivf_nlist=7, index_recall_target=0.5, lone_scan_threads=3)
+    assert RetrievalConfig.from_settings(given) == RetrievalConfig(
+        kind="ivf", ivf_nlist=7, recall_target=0.5, lone_scan_threads=3
+    )
+    assert ("auto", *get_args(IndexKind)) == RETRIEVAL_KINDS
+    for kind in RETRIEVAL_KINDS:
+        assert build_parser().parse_args(["serve", "--retrieval", kind]).retrieval == kind
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--retrieval", "annoy"])
 
 
 def test_a_lone_query_shares_its_scan_and_a_batch_scans_one_query_per_thread() -> None:
