@@ -30,6 +30,26 @@ class BodyStalled(DomainError):
     kind = "timeout"
 
 
+# a refused body's unread rest is read and dropped for at most this long (and this much) before the 413:
+# a client still sending when the connection closes gets a reset, and may lose the answer with it
+DRAIN_S = 2.0
+DRAIN_BYTES = 64 << 20
+
+
+async def _drain(receive: Receive) -> None:
+    """Read and drop the rest of a request body, within DRAIN_S and DRAIN_BYTES."""
+    loop = asyncio.get_running_loop()
+    end, drained = loop.time() + DRAIN_S, 0
+    while drained < DRAIN_BYTES and (left := end - loop.time()) > 0:
+        try:
+            message = await asyncio.wait_for(receive(), left)
+        except TimeoutError:
+            return
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+        drained += len(message.get("body", b""))
+
+
 def _declared_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
@@ -77,6 +97,7 @@ class BodyLimitMiddleware:
         limit = self.limit_for(scope.get("path", ""))
         declared = _declared_length(scope)
         if declared is not None and declared > limit:
+            await _drain(receive)
             await self._reject(scope, receive, send, 413, f"request body over the limit of {limit} bytes")
             return
         allowed_s = self.deadline_for(limit if declared is None else declared)
@@ -120,6 +141,7 @@ class BodyLimitMiddleware:
         if started:
             return
         if exceeded:
+            await _drain(receive)
             await self._reject(scope, receive, send, 413, f"request body over the limit of {limit} bytes")
         elif stalled:
             why = f"nothing arrived for {self.body_timeout_s:g} s; send it without pauses"
