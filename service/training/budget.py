@@ -1,8 +1,10 @@
 """Memory a training job will need, estimated before it is queued, so an impossible job fails at once.
 
-Two kinds of terms. Tables that live for the whole run: the label head (labels × (dim + 1)), the input
-projection (features × dim) and the hidden layers, each weight with its optimizer state (Adam keeps two
-floats per weight, row-wise Adagrad one). And what one step allocates: the batch's scores against its
+Two kinds of terms. Tables that live for the whole run: the label head (labels × (dim + 1), and the heads
+a loss owns), the input projection (features × dim) and the hidden layers, each with its optimizer state,
+counted by the trainer's own formula (`trainer.capacity.run_bytes`: Adam keeps two floats per weight and
+a step count per row, row-wise Adagrad one float per row), so a job is refused here exactly when its
+tables would be refused by the trainer. And what one step allocates: the batch's scores against its
 candidate labels (batch × (negatives + batch positives), with their gradient and the loss's working copies),
 the gathered candidate rows of the head and the encoder's activations, each with its gradient. The gathered
 input rows are bounded by the whole projection, which is how they are counted.
@@ -12,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainer.capacity import run_bytes
+from trainer.losses import get_loss
 from trainer.params import TrainParams
 
 BYTES_PER_FLOAT = 4
-# the weight itself + the optimizer's state per weight
-OPTIMIZER_MULTIPLIER = {"adam": 3, "adagrad": 2}
 # B × C float tensors alive at once in a step: scores, their gradient, the loss's exp/softmax and weights
 SCORE_COPIES = 4
 # a tensor and its gradient
@@ -29,11 +31,13 @@ class MemoryEstimate:
     features: int
     dim: int
     optimizer: str
-    multiplier: int
-    head: int  # floats, each term below
+    head: int  # weights (floats) of each table
     projection: int
     hidden: int
-    scores: int
+    head_bytes: int  # each table with its optimizer state, as the trainer counts it
+    projection_bytes: int
+    hidden_bytes: int
+    scores: int  # floats, each term below
     candidate_rows: int
     activations: int
     input_rows: int
@@ -43,28 +47,31 @@ class MemoryEstimate:
 
     @property
     def tables(self) -> int:
-        return (self.head + self.projection + self.hidden) * self.multiplier
+        """Bytes of the tables and their optimizer state."""
+        return self.head_bytes + self.projection_bytes + self.hidden_bytes
 
     @property
     def step(self) -> int:
+        """Floats one step allocates."""
         return self.scores + self.candidate_rows + self.activations + self.input_rows
 
     @property
     def bytes(self) -> int:
-        return (self.tables + self.step) * BYTES_PER_FLOAT
+        return self.tables + self.step * BYTES_PER_FLOAT
 
     def culprit(self) -> str:
         """The parameter to lower first: the one behind the largest term."""
         terms: dict[str, int] = {}
         # without hidden layers the activations are batch × dim: lowering `hidden` (already 0) frees nothing
         layers = self.hidden > 0
-        for name, floats in (
-            ("dim", self.head * self.multiplier + self.candidate_rows),
-            (self.input_param or "dim", self.projection * self.multiplier + self.input_rows),
-            ("hidden", self.hidden * self.multiplier + (self.activations if layers else 0)),
-            ("batch_size", self.scores + (0 if layers else self.activations)),
+        f = BYTES_PER_FLOAT
+        for name, nbytes in (
+            ("dim", self.head_bytes + self.candidate_rows * f),
+            (self.input_param or "dim", self.projection_bytes + self.input_rows * f),
+            ("hidden", self.hidden_bytes + (self.activations * f if layers else 0)),
+            ("batch_size", (self.scores + (0 if layers else self.activations)) * f),
         ):
-            terms[name] = terms.get(name, 0) + floats
+            terms[name] = terms.get(name, 0) + nbytes
         return max(terms, key=lambda k: terms[k])
 
     def explain(self) -> str:
@@ -78,7 +85,7 @@ class MemoryEstimate:
             f"{self.dim} dims for the label head "
             f"({human_bytes(self.head * b)}), {self.features} features × {self.dim} dims for the input "
             f"projection ({human_bytes(self.projection * b)}), hidden layers "
-            f"({human_bytes(self.hidden * b)}), all × {self.multiplier} for weights and {self.optimizer} "
+            f"({human_bytes(self.hidden * b)}), {human_bytes(self.tables)} with their {self.optimizer} "
             f"state; per step {human_bytes(self.scores * b)} of batch × candidate scores, "
             f"{human_bytes(self.candidate_rows * b)} of candidate head rows, "
             f"{human_bytes(self.activations * b)} of activations and {human_bytes(self.input_rows * b)} "
@@ -104,16 +111,20 @@ def estimate(params: TrainParams, labels: int, features: int | None) -> MemoryEs
     negatives = shard if params.negatives >= labels else -(-params.negatives * shard // labels)
     # candidate columns: the sampled negatives plus at least one positive per row, never more than K_r
     candidates = min(shard, negatives + batch)
-    mult = OPTIMIZER_MULTIPLIER[params.optimizer]
+    heads = 1 + len(get_loss(params.loss).extra_heads)
     return MemoryEstimate(
         labels=labels,
         features=n_in,
         dim=d,
         optimizer=params.optimizer,
-        multiplier=mult,
-        head=shard * (d + 1),
+        head=shard * (d + 1) * heads,
         projection=n_in * d,
         hidden=hidden,
+        # the trainer's formula, one table at a time (it is a sum over tables); a hidden layer is
+        # `width` rows of d weights and a bias, on every rank
+        head_bytes=run_bytes(labels, 0, params, extra_heads=heads - 1, ranks=ranks).tables,
+        projection_bytes=run_bytes(0, n_in, params).tables,
+        hidden_bytes=run_bytes(params.hidden * width, 0, params).tables,
         scores=batch * candidates * SCORE_COPIES,
         candidate_rows=candidates * (d + 1) * WITH_GRAD,
         activations=batch * (d + width * params.hidden) * WITH_GRAD,

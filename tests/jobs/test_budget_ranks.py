@@ -29,7 +29,7 @@ def test_per_rank_estimate_by_hand() -> None:
     candidates = 512 + 512  # the shard's ⌈1024 · K_r / K⌉ negatives + the batch's positives
     step = 512 * candidates * 4 + candidates * 33 * 2 + 512 * 32 * 2 + 10**5 * 32 * 2
     assert (est.head, est.ranks, est.labels_per_rank) == (shard * 33, 2, shard)
-    assert est.bytes == ((shard * 33 + 10**5 * 32) * 3 + step) * 4
+    assert est.bytes == ((shard * 33 + 10**5 * 32) * 3 + step) * 4 + (shard + 10**5) * 8  # Adam's step a row
     whole = budget.estimate(p.model_copy(update={"nproc_per_node": 1}), 10**7, 10**5)
     assert whole.head == 2 * est.head and whole.bytes > 1.9 * est.bytes
     assert "per rank (2 ranks, the largest holding 5000000 of the 10000000 labels)" in est.explain()

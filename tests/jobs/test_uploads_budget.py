@@ -17,6 +17,7 @@ from service.api.uploads import receive_file
 from service.errors import DomainError
 from service.serving.catalog import next_version, publish, published_version, retire
 from service.training import budget
+from trainer.capacity import run_bytes
 from trainer.params import MAX_BATCH, MAX_NEGATIVES, TrainParams
 
 BOUNDARY = "XyZ123"
@@ -101,31 +102,33 @@ def test_publish_takes_the_next_free_version(tmp_path: Path) -> None:
 
 
 def test_memory_estimate_by_hand_linear_adam() -> None:
-    """K=1000 labels, D=500 features, d=64, batch 256, 1024 negatives, Adam (weight + 2 states)."""
+    """K=1000 labels, D=500 features, d=64, batch 256, 1024 negatives, Adam (weight + 2 states a weight,
+    a float64 step count a row)."""
     est = budget.estimate(TrainParams(dim=64, batch_size=256, negatives=1024), 1000, 500)
     head = 1000 * 65  # labels × (d + 1)
     projection = 500 * 64
     candidates = 1000  # min(K, negatives + batch) = min(1000, 1280)
     step = 256 * candidates * 4 + candidates * 65 * 2 + 256 * 64 * 2 + 500 * 64 * 2
     assert (est.head, est.projection, est.hidden) == (head, projection, 0)
-    assert est.bytes == ((head + projection) * 3 + step) * 4 == 6_167_072
+    assert est.bytes == ((head + projection) * 3 + step) * 4 + (1000 + 500) * 8 == 6_179_072
 
 
 def test_memory_estimate_by_hand_mlp_and_maxout_each_optimizer() -> None:
-    """Hidden layers: mlp width d, maxout width d·pieces; Adam keeps 2 states per weight, Adagrad 1."""
+    """Hidden layers: mlp width d, maxout width d·pieces (`width` rows of d + 1 weights a layer); Adam
+    keeps 2 states per weight and a float64 step a row, row-wise Adagrad a float32 sum a row."""
     k, f, d, b, m = 50_000, 20_000, 128, 512, 4096
     for encoder, pieces, width in (("mlp", 2, 128), ("maxout", 3, 384)):
-        for optimizer, mult in (("adam", 3), ("adagrad", 2)):
+        for optimizer, mult, row in (("adam", 3, 8), ("adagrad", 1, 4)):
             p = TrainParams(
                 dim=d, batch_size=b, negatives=m, encoder=encoder, hidden=2, pieces=pieces
             ).model_copy(update={"optimizer": optimizer})
             est = budget.estimate(p, k, f)
             hidden = 2 * (d * width + width)
-            tables = (k * (d + 1) + f * d + hidden) * mult
+            tables = (k * (d + 1) + f * d + hidden) * mult * 4 + (k + f + 2 * width) * row
             cand = b + m  # < K
             step = b * cand * 4 + cand * (d + 1) * 2 + b * (d + width * 2) * 2 + f * d * 2
             assert est.hidden == hidden, (encoder, optimizer)
-            assert est.bytes == (tables + step) * 4, (encoder, optimizer)
+            assert est.bytes == tables + step * 4, (encoder, optimizer)
 
 
 def test_batch_times_negatives_is_counted_and_named() -> None:
@@ -152,8 +155,8 @@ def test_memory_estimate_grows_with_every_term(
         params = TrainParams(dim=dim, batch_size=batch, negatives=negatives, group_size=1)
         params = params.model_copy(update={"optimizer": optimizer})
         est = budget.estimate(params, labels, features)
-        assert est.bytes == (est.tables + est.step) * 4
-        assert est.tables == (labels * (dim + 1) + features * dim) * est.multiplier
+        assert est.bytes == est.tables + est.step * 4
+        assert est.tables == run_bytes(labels, features, params).tables
         for bigger in (
             budget.estimate(params, labels + 1, features),
             budget.estimate(params, labels, features + 1),
