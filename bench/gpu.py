@@ -309,7 +309,8 @@ def render(paths: list[Path]) -> str:
             dev = _where(r)
             for w in r["wordnet"]:
                 tag = " (extra)" if w.get("extra") else ""
-                lines.append(f"| {dev}{tag} | {w['label']} | {w['p@1']:.4f} | {w['p@3']:.4f} | "
+                run_label = w["label"] + (f" (at `{w['commit'][:7]}`)" if w.get("commit") else "")
+                lines.append(f"| {dev}{tag} | {run_label} | {w['p@1']:.4f} | {w['p@3']:.4f} | "
                              f"{w['p@5']:.4f} | {w['wall_s']:.1f} |")
     for r in runs:
         a = r.get("anatomy")
