@@ -1,4 +1,4 @@
-"""GET /healthz (the process is up) and GET /readyz (a model is loaded and warmed)."""
+"""GET /healthz (the process is up) and GET /readyz (the models are loaded and warmed)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
-async def readyz(registry: RegistryDep) -> JSONResponse:
-    """200 when at least one model version is loaded and warmed, else 503."""
+def readyz(registry: RegistryDep) -> JSONResponse:
+    """200 when the models are ready for inference (`ModelRegistry.ready`, as /v2/health/ready: a model
+    serves and none that is to serve is still loading), else 503; lists the versions serving."""
+    ready = registry.ready()
     models = {n: s.version for n, s in registry.active().items()}
-    ready = bool(models)
     return JSONResponse(Readiness(ready=ready, models=models).model_dump(), status_code=200 if ready else 503)

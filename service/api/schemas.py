@@ -350,7 +350,9 @@ class Health(BaseModel):
 class Readiness(BaseModel):
     """Whether predictions can be answered."""
 
-    ready: bool = Field(description="at least one model version is loaded and warmed")
+    ready: bool = Field(
+        description="a model version is loaded and warmed, and no model that is to serve is still loading"
+    )
     models: dict[str, str] = Field(default_factory=dict, description="model → active version")
 
 

@@ -51,11 +51,10 @@ async def live() -> dict[str, bool]:
     return {"live": True}
 
 
-@router.get("/health/ready", responses={503: {"description": "no model loaded yet"}})
+@router.get("/health/ready", responses={503: {"description": "no model serves yet, or one is still loading"}})
 def ready(registry: RegistryDep) -> JSONResponse:
-    """200 when every model on disk has a version serving, else 503."""
-    active = registry.active()
-    ok = registry.started.is_set() and bool(active) and all(n in active for n in registry.scan())
+    """200 when the models are ready for inference (`ModelRegistry.ready`, as /readyz), else 503."""
+    ok = registry.ready()
     return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
 

@@ -495,6 +495,23 @@ class ModelRegistry:
             raise Unavailable(f"model {name!r} has no version that loads (see the server log)")
         raise NotFound(f"unknown model {name!r}")
 
+    def loading(self) -> list[str]:
+        """Models that are to serve here and do not yet: on disk, not deactivated, nothing serving, and a
+        version not yet tried (the next refresh loads it)."""
+        flags, refused = self._flags, self._refused
+        return [
+            name for name, versions in self.scan().items()
+            if name not in self._active and name not in flags.deactivated
+            and any((name, v) not in refused for v in versions)
+        ]
+
+    def ready(self) -> bool:
+        """Ready for inference, the one rule of /readyz and /v2/health/ready (the KServe V2 "server ready":
+        its models are ready): the start-up scan is over, a model serves, and none that is to serve is still
+        loading. A deactivated model is not to serve; a model none of whose versions loads is refused, says
+        so on its own readiness, and does not keep the models that serve out of rotation."""
+        return self.started.is_set() and bool(self._active) and not self.loading()
+
     def default_name(self) -> str | None:
         """The model behind /v1/predict: OVEX_DEFAULT_MODEL, else the one set through the API, else the
         demo model, else the oldest (`_pick_default`, as of the last refresh)."""

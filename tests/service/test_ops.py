@@ -6,7 +6,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.service.conftest import Server, start_server, stop_server
+from tests.service.conftest import API_KEY, Server, copy_version, start_server, stop_server
 
 
 def test_healthz_up_with_no_model_and_not_ready(tmp_path: Path) -> None:
@@ -16,6 +16,7 @@ def test_healthz_up_with_no_model_and_not_ready(tmp_path: Path) -> None:
             assert c.get("/healthz").json() == {"status": "ok"}
             ready = c.get("/readyz")
             assert ready.status_code == 503 and ready.json()["ready"] is False
+            assert _ready(c) == (503, 503)
             r = c.post("/v1/predict", json={"inputs": [{"text": "x"}]})
             assert r.status_code == 503 and "no model" in r.json()["detail"]
             assert c.get("/v1/models").json() == {
@@ -28,6 +29,49 @@ def test_healthz_up_with_no_model_and_not_ready(tmp_path: Path) -> None:
 def test_readyz_lists_active_versions(server: Server) -> None:
     r = httpx.get(server.base + "/readyz")
     assert r.status_code == 200 and r.json() == {"ready": True, "models": {"small": "1"}}
+
+
+def _ready(c: httpx.Client) -> tuple[int, int]:
+    """The statuses of /readyz and /v2/health/ready, checked to say what they answer."""
+    v1, v2 = c.get("/readyz"), c.get("/v2/health/ready")
+    assert v1.json()["ready"] is (v1.status_code == 200) and v2.json() == {"ready": v2.status_code == 200}
+    return v1.status_code, v2.status_code
+
+
+def test_readiness_is_one_rule_for_readyz_and_v2(model_store: Path, tmp_path: Path) -> None:
+    """Both answer the KServe V2 "server ready" (the models are ready for inference): 200 while a model
+    serves and none that is to serve is still loading. A deactivated model is not to serve, and a model
+    none of whose versions loads is refused on its own (its readiness 503) without taking the server out
+    of rotation."""
+    models = tmp_path / "models"
+    copy_version(model_store, models, "small", "1")
+    copy_version(model_store, models, "small", "1", as_name="other")
+    broken = copy_version(model_store, models, "small", "1", as_name="broken")
+    for f in broken.iterdir():
+        if f.is_file() and f.suffix != ".json":
+            f.write_bytes(b"not the weights")
+    # one refresh a minute: a model copied in later stays unloaded until something asks for it
+    srv = start_server(models, tmp_path, {"OVEX_ACTIVE_POLL_S": "60"})
+    admin = {"X-API-Key": API_KEY}
+    try:
+        with srv.client() as c:
+            assert _ready(c) == (200, 200)
+            assert c.get("/v2/models/broken/ready").status_code == 503
+            assert c.post("/v1/models/other/deactivate", headers=admin).status_code == 200
+            assert _ready(c) == (200, 200)
+            assert c.get("/readyz").json()["models"] == {"small": "1"}
+
+            copy_version(model_store, models, "small", "2", as_name="late", as_version="1")
+            assert _ready(c) == (503, 503)  # on disk, to serve, not loaded yet
+            r = c.post("/v1/models/late/versions/1/activate", headers=admin)
+            assert r.status_code == 200, r.text
+            assert _ready(c) == (200, 200)
+
+            for name in ("small", "late"):
+                assert c.post(f"/v1/models/{name}/deactivate", headers=admin).status_code == 200
+            assert _ready(c) == (503, 503)  # nothing serves: deactivated or refused
+    finally:
+        stop_server(srv)
 
 
 def _scrape(c: httpx.Client) -> dict[str, float]:
