@@ -1,4 +1,6 @@
-"""The live-server helper shared with the client's tests, loaded by path (that folder is not a package)."""
+"""The one home of what the tests' servers share: the client's live-server helper (loaded by path: that
+folder is not a package, and it must run where only the client is installed) and its free-port picker,
+which every launcher under tests/ imports from here."""
 
 from __future__ import annotations
 
@@ -21,3 +23,8 @@ def load_live_server() -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a server or database a test starts."""
+    return int(load_live_server().free_port())

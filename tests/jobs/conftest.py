@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,15 +27,10 @@ import httpx
 import pytest
 
 from service.training.runtime import terminate
+from tests.live import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-jobs"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _child_env(extra: dict[str, str]) -> dict[str, str]:

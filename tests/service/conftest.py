@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.live import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "service-test-key"
@@ -46,12 +47,6 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     train_small(root / "small" / "1", seed=1)
     train_small(root / "small" / "2", seed=2)
     return root
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 
 from service.api.errors import install_error_handlers
 from service.http_protocol import with_header_timeout
-from tests.service.conftest import free_port
+from tests.live import free_port
 
 
 def _app() -> FastAPI:
