@@ -163,6 +163,8 @@ def test_hard_negatives_change_nothing_when_every_label_is_sampled() -> None:
     cand = sampled_candidates(ptr, ind, _Fixed(5, [0, 1, 2, 3, 4], [0.0] * 5), 5, 5)  # type: ignore[arg-type]
     hard.extend(cand, ind)
     assert cand.hard_cols is None and cand.label_ids.numel() == 5
+    assert not HardNegatives(5, 2, 1, negatives=5).due(1, 1)  # and nothing is mined for it
+    assert HardNegatives(5, 2, 1, negatives=4).due(1, 1)
 
 
 # ------------------------------------------------------------------------------------ the bound

@@ -74,13 +74,14 @@ def mine_neighbours(weight: np.ndarray, queries: np.ndarray, k: int, seed: int =
 class HardNegatives:
     """The mined table and how a step's candidates take it (`extend`); refreshed by the training loop."""
 
-    def __init__(self, n_labels: int, k: int, every: int, seed: int = 0) -> None:
+    def __init__(self, n_labels: int, k: int, every: int, seed: int = 0, negatives: int = 0) -> None:
         self.n_labels, self.k, self.every, self.seed = n_labels, k, every, seed
+        self.idle = negatives >= n_labels  # every label is sampled every step: nothing to mine for
         self.table: torch.Tensor | None = None  # int64 [K, k], −1 = none
 
     def due(self, epoch: int, first: int) -> bool:
         """Whether to mine at the start of 0-based `epoch`: from `first` on, every `every` epochs."""
-        return epoch >= first and (epoch - first) % self.every == 0
+        return not self.idle and epoch >= first and (epoch - first) % self.every == 0
 
     def refresh(self, head: torch.Tensor, counts: np.ndarray) -> None:
         """Mine from the head's current rows (bias column dropped), for the labels that have rows."""

@@ -455,7 +455,8 @@ def _fit(
     if params.hard_negatives > 0:
         if tower is not None:
             raise ParamsError("hard_negatives does not train with label texts yet; set hard_negatives 0")
-        stepper.hard = HardNegatives(k, params.hard_negatives, params.hard_every, params.seed)
+        stepper.hard = HardNegatives(k, params.hard_negatives, params.hard_every, params.seed,
+                                     negatives=params.negatives)
     if focus is not None:
         stepper.head_lr = WarmStart.label_lr(focus, params.new_label_lr, device)
 
