@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from service.training.runtime import terminate
-from tests.live import free_port
+from tests.live import free_port, wait_answering
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-jobs"
@@ -313,16 +313,8 @@ class Server:
 
     def wait_ready(self) -> None:
         assert self.proc is not None
-        deadline = time.monotonic() + 240  # a loaded CI box imports torch and faiss slowly
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"ovex serve exited {self.proc.returncode}:\n{self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.base + "/healthz", timeout=2).status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"ovex serve did not answer /healthz:\n{self.log_tail()}")
-            time.sleep(0.2)
+        # a loaded CI box imports torch and faiss slowly
+        wait_answering(self.proc, self.base + "/healthz", 240, self.log_tail)
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         log = open(self.root / f"worker{len(self.workers)}.log", "ab")  # noqa: SIM115

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.live import free_port
+from tests.live import free_port, stop_process, wait_answering
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "service-test-key"
@@ -94,29 +93,17 @@ def start_server(
     )
     fh.close()
     srv = Server(f"http://127.0.0.1:{port}", proc, models_dir, log_path)
-    deadline = time.monotonic() + timeout
-    path = "/readyz" if wait_ready else "/healthz"
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{srv.log()[-3000:]}")
-        try:
-            if httpx.get(srv.base + path, timeout=2).status_code == 200:
-                return srv
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    stop_server(srv)
-    raise RuntimeError(f"server not {'ready' if wait_ready else 'up'} in {timeout}s:\n{srv.log()[-3000:]}")
+    try:
+        wait_answering(proc, srv.base + ("/readyz" if wait_ready else "/healthz"), timeout,
+                       lambda: srv.log()[-3000:])
+    except RuntimeError:
+        stop_server(srv)
+        raise
+    return srv
 
 
 def stop_server(srv: Server) -> None:
-    if srv.proc.poll() is None:
-        srv.proc.terminate()
-        try:
-            srv.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            srv.proc.kill()
-            srv.proc.wait(5)
+    stop_process(srv.proc)
 
 
 def copy_version(

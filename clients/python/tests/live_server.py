@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +54,34 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_answering(
+    proc: subprocess.Popen[bytes], url: str, timeout: float, log_tail: Callable[[], str]
+) -> None:
+    """Poll `url` until it answers 200; raise with the server's log when the process exits first or
+    `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ovex serve exited with {proc.returncode}:\n{log_tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"ovex serve: {url} did not answer 200 in {timeout:g} s:\n{log_tail()}")
+        time.sleep(0.1)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """SIGTERM, and SIGKILL when it has not exited `timeout` seconds later."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
 
 
 def run_ovex(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -183,23 +211,7 @@ def live_server(
         )
     server = LiveServer(f"http://127.0.0.1:{port}", api_key, root, models_dir, data_dir, proc, log_path)
     try:
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"ovex serve exited with {proc.returncode}:\n{server.log_tail()}")
-            try:
-                if httpx.get(f"{server.url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"ovex serve not ready after {ready_timeout:g} s:\n{server.log_tail()}")
-            time.sleep(0.1)
+        wait_answering(proc, f"{server.url}/readyz", ready_timeout, server.log_tail)
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_process(proc)
