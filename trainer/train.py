@@ -506,6 +506,7 @@ def _fit(
             first_mining = 0 if warm is not None else 1
             if stepper.hard is not None and pos0 == 0 and stepper.hard.due(epoch, first_mining):
                 stepper.hard.refresh(model.head, model_counts)
+
             def rows(pos: int) -> tuple[int, int]:
                 return pos * bs, min(n_epoch, (pos + 1) * bs)
 
