@@ -1,7 +1,6 @@
 """How a caller watches and stops a training run (`TrainHooks`, `Progress`) and what it gets back
 (`TrainResult`): the run's outside, apart from the loop that drives it (`trainer.train`)."""
 
-
 from __future__ import annotations
 
 import logging

@@ -3,7 +3,6 @@
 them (its device part), the losses it folds (`StepLosses`) and the best epoch kept for model selection.
 Checkpoints save and restore a `Stepper`; the loop (`trainer.train`) drives one."""
 
-
 from __future__ import annotations
 
 import contextlib

@@ -77,18 +77,6 @@ EVAL_K = 5
 PROGRESS_EVERY_S = 0.5
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 # ------------------------------------------------------------------------------------ model selection
 
 
@@ -108,8 +96,6 @@ def split_validation(n_rows: int, fraction: float, seed: int) -> tuple[np.ndarra
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
-
-
 def tune_malloc() -> None:
     """Keep freed buffers in the heap (glibc): each step allocates the same few MB-sized tensors, and
     returning them to the OS every time makes the next step pay page faults (measured 5-10x slower ops)."""
@@ -122,8 +108,6 @@ def tune_malloc() -> None:
         libc.mallopt(-2, 64 * 1024 * 1024)  # M_TOP_PAD
     except (OSError, AttributeError):
         pass
-
-
 
 
 def steps_made_ahead(device: torch.device, group: RankGroup) -> bool:
@@ -162,27 +146,6 @@ def fit_featurizer(params: TrainParams, ds: Dataset) -> Any:
         ngrams=params.ngrams,
     )
 
-
-
-
-# ------------------------------------------------------------------------------------ the step
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ------------------------------------------------------------------------------------ checkpoints
 
 # ------------------------------------------------------------------------------------ evaluation
 
