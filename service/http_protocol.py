@@ -20,12 +20,12 @@ import logging
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from service.api.limits import DRAIN_S
+
 log = logging.getLogger("ovex.http")
 
 # what a header line adds to its name and value: ": " and CRLF
 _LINE_OVERHEAD = 4
-# how long a refused connection is still read (and its bytes dropped) after the answer, before it closes
-LINGER_S = 2.0
 
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
@@ -161,7 +161,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         # write side is shut (the client reads the answer, then the end), and whatever else it sends is
         # read and dropped for a moment before the connection is closed.
         self.transport.write_eof()
-        self.loop.call_later(LINGER_S, self.transport.close)
+        self.loop.call_later(DRAIN_S, self.transport.close)
 
 
 def with_header_timeout(

@@ -30,8 +30,9 @@ class BodyStalled(DomainError):
     kind = "timeout"
 
 
-# a refused body's unread rest is read and dropped for at most this long (and this much) before the 413:
-# a client still sending when the connection closes gets a reset, and may lose the answer with it
+# a refused request's unread rest is read and dropped for at most this long (and, before a 413, this
+# much): a client still sending when the connection closes gets a reset, and may lose the answer with it.
+# The protocol's lingering close after a 431 or 408 (`service.http_protocol`) waits as long
 DRAIN_S = 2.0
 DRAIN_BYTES = 64 << 20
 
