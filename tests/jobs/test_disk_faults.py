@@ -240,11 +240,17 @@ def test_a_job_database_on_the_full_disk_fails_the_job_in_words_and_frees_its_fi
     tmp_path: Path, synth_files: dict[str, Path]
 ) -> None:
     """The default layout: the SQLite database shares the data disk with the job's checkpoints. The job
-    gives its files' space back before it records its failure, so the record can be written."""
+    gives its files' space back before it records its failure, so the record can be written. The disk
+    fills once a checkpoint is on it: a job with no files yet has no space to give back, and its record
+    waits for the disk to have room (the reaper then re-queues it)."""
     with tmpfs(tmp_path / "data", "8m"), sqlite_server(tmp_path) as srv:
         train = _dataset(srv, synth_files["train"])
         job_id = srv.submit({"model": "long", "train_dataset": train, "params": LONG})
-        srv.wait(job_id, lambda j: ((j["progress"] or {}).get("step") or 0) > 0, 120, "training to start")
+        checkpoints = srv.data_dir / "jobs" / job_id / "checkpoints"
+        deadline = time.monotonic() + 120
+        while not (checkpoints.is_dir() and any(checkpoints.iterdir())):
+            assert time.monotonic() < deadline, f"no checkpoint after 120 s\n{srv.log_tail()}"
+            time.sleep(0.1)
         with full(srv.data_dir):
             error = _failed(srv, job_id)
             assert "no space left" in error or "disk is full" in error, error
