@@ -19,8 +19,8 @@ from service.errors import (
     writing,
 )
 from service.training.config import JobsConfig
+from service.training.dataset_store import DatasetStore
 from service.training.runner import dataset_path
-from service.training.store import JobStore
 from trainer.durable import commit_file
 from trainer.errors import DataFormatError
 
@@ -100,7 +100,7 @@ def _read_upload(received: ReceivedFile) -> tuple[str, int, int | None, int]:
         ds.n_labels)
 
 
-def ingest(cfg: JobsConfig, store: JobStore, received: ReceivedFile) -> tuple[DatasetRow, bool]:
+def ingest(cfg: JobsConfig, store: DatasetStore, received: ReceivedFile) -> tuple[DatasetRow, bool]:
     """Validate a received file with the trainer's reader and store it; (row, created).
 
     The same bytes stored before are that record (not stored twice; `upload_name` tells the caller the

@@ -1,11 +1,11 @@
-"""All reads and writes of job and dataset records, as short transactions. The jobs table is the queue.
+"""All reads and writes of job records, as short transactions. The jobs table is the queue.
 
 Every state change is a conditional UPDATE (`... WHERE state = 'queued'`, `... WHERE worker = me`), so two
 workers, a reaper and the API can race on one job and exactly one of them wins; the loser sees rowcount 0.
 Workers take the oldest queued job with `claim_next`: on PostgreSQL the candidate row is locked with
 `FOR UPDATE SKIP LOCKED` so concurrent workers pick different rows; SQLite serialises writers, and the
 conditional UPDATE decides a tie. Each change also appends to `job_events`, which feeds the SSE stream and
-the log endpoint across processes.
+the log endpoint across processes. Dataset records are `service.training.dataset_store`'s.
 """
 
 from __future__ import annotations
@@ -15,13 +15,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import CursorResult, Engine, Select, delete, func, or_, select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import CursorResult, delete, func, or_, select, update
+from sqlalchemy.orm import Session
 
-from service.db.cursor import decode_cursor, encode_cursor
-from service.db.engine import reachable
 from service.db.locks import lock_version, lock_writes
 from service.db.tables import (
     ACTIVE_STATES,
@@ -36,10 +34,10 @@ from service.db.tables import (
     JobRow,
 )
 from service.errors import Conflict, Field, NotFound
+from service.training.dataset_store import DatasetStore
 
 # the largest event id either database stores (BIGINT); a Last-Event-ID above it names nothing
 MAX_EVENT_ID = (1 << 63) - 1
-Row = TypeVar("Row", JobRow, DatasetRow)
 
 
 @dataclass(frozen=True)
@@ -54,18 +52,10 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
 
 
-class JobStore:
-    """Typed access to the job database; safe to share between threads (one session per call)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self._sessions = sessionmaker(engine, expire_on_commit=False)
-
-    @contextlib.contextmanager
-    def session(self) -> Iterator[Session]:
-        """One transaction; a lost database is `Unavailable` (a 503 to clients, a retry to workers)."""
-        with reachable(), self._sessions() as s, s.begin():
-            yield s
+class JobStore(DatasetStore):
+    """The job records (and, through `DatasetStore`, the dataset records) of the job database; safe to
+    share between threads (one session per call). A process opens this one store for both tables: a job
+    is recorded only on datasets that exist, and a dataset is deleted only when no active job names it."""
 
     @contextlib.contextmanager
     def version_lock(self, model: str, version: str) -> Iterator[Session]:
@@ -75,89 +65,6 @@ class JobStore:
         with self.session() as s:
             lock_version(s, model, version)
             yield s
-
-    # -- datasets -------------------------------------------------------------------------------
-    def add_dataset(self, row: DatasetRow) -> DatasetRow:
-        with self.session() as s:
-            s.add(row)
-        return row
-
-    def get_dataset(self, dataset_id: str) -> DatasetRow | None:
-        with self.session() as s:
-            return s.get(DatasetRow, dataset_id)
-
-    def dataset_by_checksum(self, checksum: str) -> DatasetRow | None:
-        with self.session() as s:
-            return s.scalars(select(DatasetRow).where(DatasetRow.checksum == checksum)).first()
-
-    def list_datasets(self, *, limit: int, cursor: str | None = None) -> tuple[list[DatasetRow], str | None]:
-        """Newest first, one page; the second value is the cursor of the next page (None: the last).
-        Datasets deleted while ended jobs named them are not listed."""
-        listed = select(DatasetRow).where(DatasetRow.deleted_at.is_(None))
-        return self._page(listed, DatasetRow, limit, cursor)
-
-    def deleted_among(self, ids: list[str]) -> set[str]:
-        """Which of these dataset ids were deleted (their records kept for the jobs that name them)."""
-        with self.session() as s:
-            q = select(DatasetRow.id).where(DatasetRow.id.in_(ids), DatasetRow.deleted_at.is_not(None))
-            return set(s.scalars(q))
-
-    def revive_dataset(self, dataset_id: str, name: str, filename: str) -> DatasetRow:
-        """The same bytes uploaded again after their dataset was deleted: listed again, under the new name
-        (the caller has stored the file again)."""
-        with self.session() as s:
-            row = s.get(DatasetRow, dataset_id, with_for_update=True)
-            if row is None:
-                raise NotFound(f"dataset {dataset_id!r} not found")
-            row.deleted_at, row.name, row.filename, row.created_at = None, name, filename, time.time()
-            return row
-
-    def delete_dataset(self, dataset_id: str) -> DatasetRow:
-        """Remove the record; refused while a queued or running job names the dataset (as its training,
-        test, label-texts or replay set). Named only by ended jobs, the record stays, marked deleted, so
-        their history still says what they trained on (the caller removes the file either way)."""
-        with self.session() as s:
-            lock_writes(s)  # on PostgreSQL the row's lock waits instead, for a job being recorded on it
-            row = s.get(DatasetRow, dataset_id, with_for_update=True)
-            if row is None or row.deleted_at is not None:
-                raise NotFound(f"dataset {dataset_id!r} not found", field=("dataset_id",))
-            users = list(
-                s.scalars(
-                    select(JobRow)
-                    .where(or_(JobRow.train_dataset == dataset_id, JobRow.test_dataset == dataset_id,
-                               JobRow.label_texts == dataset_id,
-                               JobRow.base["replay_dataset"].as_string() == dataset_id))
-                    .order_by(JobRow.created_at)
-                    .limit(20)
-                )
-            )
-            active = [j.id for j in users if j.state in ACTIVE_STATES]
-            if active:
-                raise Conflict(
-                    f"dataset {dataset_id!r} is used by {len(active)} queued or running job(s) "
-                    f"({', '.join(active)}); cancel them or wait until they end",
-                    field=("dataset_id",),
-                )
-            if users:
-                row.deleted_at = time.time()
-                return row
-            s.delete(row)
-            return row
-
-    def _page(
-        self, q: Select[Any], table: type[Row], limit: int, cursor: str | None
-    ) -> tuple[list[Row], str | None]:
-        """Keyset paging on (created_at, id), newest first: stable while rows are added or removed."""
-        if cursor is not None:
-            at, last_id = decode_cursor(cursor, [table.__tablename__], [float, str])
-            q = q.where(or_(table.created_at < at, (table.created_at == at) & (table.id < last_id)))
-        q = q.order_by(table.created_at.desc(), table.id.desc()).limit(limit + 1)
-        with self.session() as s:
-            rows = list(s.scalars(q))
-        if len(rows) <= limit:
-            return rows, None
-        rows = rows[:limit]
-        return rows, encode_cursor([table.__tablename__], [rows[-1].created_at, rows[-1].id])
 
     # -- jobs -----------------------------------------------------------------------------------
     def create_job(
