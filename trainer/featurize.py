@@ -25,6 +25,7 @@ from safetensors.numpy import load_file, save_file
 
 from trainer.data import Dataset
 from trainer.errors import ArtifactError, DataFormatError, ParamsError
+from trainer.params import TrainParams
 
 __all__ = ["FEATURIZER_VERSION", "Featurizer", "FeaturizerConfig", "options_to_config", "tokenize"]
 
@@ -36,26 +37,33 @@ _HASH_CACHE_MAX = 1 << 20
 _SMALL_BATCH = 8  # fewer texts than this take the dict route (lower latency for one request)
 
 
+def _training_default(name: str) -> Any:
+    """The default of a `TrainParams` featurizer field: the library's default of the same option is
+    that one, so each default is written once."""
+    return TrainParams.model_fields[name].default
+
+
 @dataclass(frozen=True)
 class FeaturizerConfig:
     """Featurizer options; JSON round trip via `to_dict` / `from_dict` (unknown keys rejected).
 
-    Text options apply to JSONL data sets, `sparse_*` options to XC feature files.
+    Text options apply to JSONL data sets, `sparse_*` options to XC feature files. A training run sets
+    every option from its `TrainParams` (`from_params`, the one map from its names to these); the
+    defaults here are for a featurizer built directly. Those that `TrainParams` also has are taken from
+    it, except `ngrams`: the library keeps to single words, training adds word pairs (see its field).
     """
 
     text_mode: Literal["vocab", "hash"] = "vocab"
     ngrams: int = 1
-    min_df: int = 2
-    max_features: int = 200_000
-    hash_features: int = 1 << 18
+    min_df: int = _training_default("min_df")
+    max_features: int = _training_default("max_vocab")
+    hash_features: int = 1 << 18  # buckets when text_mode is "hash" (TrainParams.hash_size > 0 sets both)
     signed_hash: bool = True
     sublinear_tf: bool = True
-    text_idf: bool = True
-    text_l2: bool = True
-    # idf + L2 is the best weighting on both Bibtex and Corel5k for a linear model
-    # (bench/results/featurize_defaults.json); raw counts or idf alone lose 3-18 points of P@1.
-    sparse_idf: bool = True
-    sparse_l2: bool = True
+    text_idf: bool = _training_default("tfidf")
+    text_l2: bool = _training_default("l2")
+    sparse_idf: bool = _training_default("tfidf")
+    sparse_l2: bool = _training_default("l2")
 
     def __post_init__(self) -> None:
         problems = []
@@ -74,6 +82,12 @@ class FeaturizerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_params(cls, params: TrainParams) -> FeaturizerConfig:
+        """The featurizer a training run with these params fits: every option TrainParams has, set."""
+        return options_to_config(tfidf=params.tfidf, l2=params.l2, hash_size=params.hash_size,
+                                 max_vocab=params.max_vocab, min_df=params.min_df, ngrams=params.ngrams)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FeaturizerConfig:

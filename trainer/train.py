@@ -134,17 +134,9 @@ def lr_at(params: TrainParams, step: int, total: int) -> float:
 
 def fit_featurizer(params: TrainParams, ds: Dataset) -> Any:
     """Fit the featurizer the params ask for on the training set (saved with the model)."""
-    from trainer.featurize import Featurizer
+    from trainer.featurize import Featurizer, FeaturizerConfig
 
-    return Featurizer.fit(
-        ds,
-        tfidf=params.tfidf,
-        l2=params.l2,
-        hash_size=params.hash_size or None,
-        max_vocab=params.max_vocab,
-        min_df=params.min_df,
-        ngrams=params.ngrams,
-    )
+    return Featurizer(FeaturizerConfig.from_params(params)).fit(ds)
 
 
 # ------------------------------------------------------------------------------------ evaluation

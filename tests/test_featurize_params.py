@@ -1,0 +1,62 @@
+"""The featurizer a training run fits has the options its `TrainParams` name, under one default each."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import scipy.sparse as sp
+
+from trainer.data import Dataset
+from trainer.featurize import FeaturizerConfig
+from trainer.params import TrainParams
+from trainer.train import fit_featurizer
+
+# TrainParams' name of each featurizer option, and the FeaturizerConfig options it sets
+OPTIONS = {
+    "tfidf": ("text_idf", "sparse_idf"),
+    "l2": ("text_l2", "sparse_l2"),
+    "max_vocab": ("max_features",),
+    "min_df": ("min_df",),
+    "ngrams": ("ngrams",),
+}
+
+TEXTS = ["red apple pie", "red apple tart", "green apple pie", "blue sky"]
+
+
+def _texts(texts: list[str]) -> Dataset:
+    return Dataset(Y=sp.csr_matrix((len(texts), 1), dtype=np.float32), n_features=0, n_labels=1, texts=texts)
+
+
+def test_default_params_fit_the_featurizer_they_say() -> None:
+    params = TrainParams()
+    featurizer = fit_featurizer(params, _texts(TEXTS))
+    cfg = featurizer.config
+    for name, options in OPTIONS.items():
+        for option in options:
+            assert getattr(cfg, option) == getattr(params, name), (name, option)
+    assert params.hash_size == 0 and cfg.text_mode == "vocab"
+    # what those options do: word pairs are in (ngrams 2), terms of one text are out (min_df 2)
+    assert featurizer.vocab is not None
+    assert set(featurizer.vocab) == {"red", "apple", "pie", "red apple", "apple pie"}
+
+
+def test_every_featurizer_param_reaches_the_featurizer() -> None:
+    """A value other than the default, for each option, is the featurizer's: none is dropped on the way."""
+    changed = {"tfidf": False, "l2": False, "max_vocab": 7, "min_df": 1, "ngrams": 1}
+    for name, value in changed.items():
+        assert value != TrainParams.model_fields[name].default, name
+        cfg = FeaturizerConfig.from_params(TrainParams(**{name: value}))
+        assert all(getattr(cfg, option) == value for option in OPTIONS[name]), name
+    hashed = FeaturizerConfig.from_params(TrainParams(hash_size=64))
+    assert (hashed.text_mode, hashed.hash_features) == ("hash", 64)
+
+
+def test_library_defaults_differ_from_training_only_in_ngrams() -> None:
+    """FeaturizerConfig's defaults are TrainParams' but for ngrams (the library keeps to single words):
+    a default changed in one place and not the other fails here."""
+    library, training = FeaturizerConfig(), FeaturizerConfig.from_params(TrainParams())
+    differ = {f.name for f in dataclasses.fields(FeaturizerConfig)
+              if getattr(library, f.name) != getattr(training, f.name)}
+    assert differ == {"ngrams"}, differ
+    assert (library.ngrams, training.ngrams) == (1, 2)
