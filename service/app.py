@@ -39,8 +39,8 @@ API_VERSION = "1"
 MODELS_LOADED = "ovex_models_loaded"  # lifespan state: set once the registry's start-up load is done
 
 
-class WorkerHeader:
-    """`X-Ovex-Worker: <pid>` on every response: which of `--workers N` processes answered."""
+class ServingProcessHeader:
+    """`X-Ovex-Worker: <pid>` on every response: which of the `--workers N` serving processes answered."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -121,7 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         body_min_rate=settings.body_min_rate,
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    app.add_middleware(WorkerHeader)
+    app.add_middleware(ServingProcessHeader)
     routers = (
         predict.router,
         v2.router,
@@ -138,8 +138,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def app_from_env() -> FastAPI:
-    """The factory each `ovex serve --workers N` process calls, with the settings its parent handed over
-    (flags included)."""
+    """The factory each serving process of `ovex serve --workers N` calls, with the settings its parent
+    handed over (flags included)."""
     settings = Settings.for_child()
     configure_logging(settings.log_level, settings.log_json)
     if not settings.access_log:  # configure_logging re-attached what uvicorn's config had switched off

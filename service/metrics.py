@@ -1,10 +1,10 @@
 """Prometheus metrics (prefix `ovex_`): requests by route and status, latency, batch sizes, models.
 
 Each app owns its own `CollectorRegistry`, so several apps in one process (tests) never collide. Under
-`--workers N` every worker also writes its values to the supervisor's directory (prometheus_client's
-multiprocess mode, which the supervisor switches on before the library is imported), and `/metrics`
-answers with the sum over the workers, whichever of them serves the scrape. The instruments live here,
-below every layer that writes them; `service.api.metrics` serves them.
+`--workers N` every serving process also writes its values to the supervisor's directory (prometheus_client's
+multiprocess mode, which the supervisor switches on before the library is imported), and `/metrics` answers
+with the sum over the serving processes, whichever of them serves the scrape. The instruments live here, below
+every layer that writes them; `service.api.metrics` serves them.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Metrics:
             "1 for each model version that serves requests",
             ["model", "version"],
             registry=self.registry,
-            multiprocess_mode="livemax",  # across workers: served by any worker alive
+            multiprocess_mode="livemax",  # across serving processes: served by any serving process alive
         )
         self.load_failures = Counter(
             "ovex_model_load_failures_total",
@@ -115,7 +115,8 @@ class Metrics:
             self.models_loaded.labels(model, version).set(0)
 
     def exposition(self) -> bytes:
-        """This process's metrics, or every worker's summed (latency buckets and counters added up)."""
+        """This process's metrics, or every serving process's summed (latency buckets and counters added
+        up)."""
         if not self.shared:
             return generate_latest(self.registry)
         merged = CollectorRegistry()

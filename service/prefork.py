@@ -1,13 +1,14 @@
-"""`ovex serve --workers N`: a supervisor that imports the serving code once, then forks N workers.
+"""`ovex serve --workers N`: a supervisor imports the serving code once, then forks N serving processes.
 
-Forked workers share the supervisor's imported code and data (torch, faiss, numpy, numba, the app's
-modules) copy-on-write, and the weights are memory-mapped, so N workers cost about one copy of both plus
-what each builds for itself. Before a fork the supervisor only imports: it starts no thread, runs no
-torch/OpenMP parallel region, builds no app and loads no model. Each worker sets its own thread counts,
-builds its app, loads its models and indexes, follows the active versions, and serves the socket the
-supervisor bound. The supervisor replaces a worker that dies or whose event loop stops beating, hands
-SIGTERM/SIGINT on to every worker, and runs the one job worker for the group. It also keeps, in shared
-memory, which worker serves in which slot (`service.serving.peers`): an activation waits for the live ones.
+Forked serving processes share the supervisor's imported code and data (torch, faiss, numpy, numba, the app's
+modules) copy-on-write, and the weights are memory-mapped, so N serving processes cost about one copy of both
+plus what each builds for itself. Before a fork the supervisor only imports: it starts no thread, runs no
+torch/OpenMP parallel region, builds no app and loads no model. Each serving process sets its own thread
+counts, builds its app, loads its models and indexes, follows the active versions, and serves the socket the
+supervisor bound. The supervisor replaces a serving process that dies or whose event loop stops beating, hands
+SIGTERM/SIGINT on to every serving process, and runs the one job worker for the group. It also keeps, in
+shared memory, which serving process serves in which slot (`service.serving.peers`): an activation waits for
+the live ones.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ovex.serve")
 
-# what a worker imports on its way to serving, imported once here so every fork shares it; each is
+# what a serving process imports on its way to serving, imported once here so every fork shares it; each is
 # import-only: no thread pool, no model, no connection
 PRELOAD = (
     "service.app",
@@ -56,8 +57,8 @@ PRELOAD = (
     "uvicorn.protocols.websockets.auto",
 )
 
-GRACE_S = 15.0  # a worker told to stop gets this long (uvicorn's own graceful shutdown is shorter)
-FAST_EXIT_S = 10.0  # a worker that dies sooner than this after its start is restarted with a back-off
+GRACE_S = 15.0  # a serving process told to stop gets this long (uvicorn's own graceful shutdown is shorter)
+FAST_EXIT_S = 10.0  # a serving process that dies this soon after its start is restarted with a back-off
 MAX_BACKOFF_S = 30.0
 TICK_S = 0.1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -66,8 +67,9 @@ START_GRACE_S = 60.0  # to import the app and start its lifespan, before the fir
 
 
 def preload() -> None:
-    """Import what every worker needs (modules that are not installed are left to the worker), and
-    compile the int8 scan kernel, whose machine code the workers then share instead of each loading it."""
+    """Import what every serving process needs (modules that are not installed are left to the process),
+    and compile the int8 scan kernel, whose machine code the processes then share instead of each loading
+    it."""
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
@@ -75,7 +77,7 @@ def preload() -> None:
 
 
 def _compile_scan_kernel() -> None:
-    """One tiny scan per kind of arrays a worker passes (all writable when it built the index; codes
+    """One tiny scan per kind of arrays a serving process passes (all writable when it built the index; codes
     copied, the small arrays and the cell offsets read-only when it read the cache): one thread, no model."""
     import numpy as np
 
@@ -94,7 +96,7 @@ def _compile_scan_kernel() -> None:
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to send this worker SIGTERM when the supervisor dies, even by SIGKILL."""
+    """Ask Linux to send this serving process SIGTERM when the supervisor dies, even by SIGKILL."""
     with contextlib.suppress(OSError, AttributeError):
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
@@ -102,11 +104,11 @@ def _die_with_parent() -> None:
 
 @dataclass
 class Slot:
-    """One of the N worker places: the process in it now and how its last restarts went."""
+    """One of the N places of a serving process: the process in it now and how its last restarts went."""
 
     index: int
     pid: int | None = None
-    beats: int | None = None  # read end of the worker's heartbeat pipe
+    beats: int | None = None  # read end of the serving process's heartbeat pipe
     last_beat: float = 0.0
     beating: bool = False  # its event loop has run (before that it is starting: more time allowed)
     started: float = 0.0
@@ -115,14 +117,14 @@ class Slot:
     restarts: int = 0
 
 
-NOT_LISTENING = 2**62  # the open-connection count of a worker slot that takes no connections
-DEFER_S = 0.002  # a worker holding more connections than another leaves a new one to it this long...
-MAX_DEFERS = 10  # ...this many times in a row at most (a busy or hung worker never strands a client)
+NOT_LISTENING = 2**62  # the open-connection count of a serving process slot that takes no connections
+DEFER_S = 0.002  # a serving process holding more connections than another leaves a new one to it this long...
+MAX_DEFERS = 10  # ...this many times in a row at most (a busy or hung serving process never strands a client)
 
 
 class Loads:
-    """Open connections per worker, in an anonymous shared mapping made before the first fork, so each
-    worker sees the others' counts. A slot whose worker takes no connections (not started, loading,
+    """Open connections per serving process, in an anonymous shared mapping made before the first fork, so
+    each process sees the others' counts. A slot whose process takes no connections (not started, loading,
     stopped, dead) reads NOT_LISTENING."""
 
     def __init__(self, n: int) -> None:
@@ -136,13 +138,13 @@ class Loads:
 
 
 class FairAcceptor:
-    """Takes connections from the listening socket the workers share, one per wake-up of this worker's
-    event loop, and only while no other worker holds fewer (`Loads`); hands each to the protocol as
+    """Takes connections from the listening socket the serving processes share, one per wake-up of this
+    process's event loop, and only while no other process holds fewer (`Loads`); hands each to the protocol as
     asyncio's own server would.
 
     Why not `loop.create_server`: it accepts every pending connection at each wake-up, so when a client
-    opens its pool of connections at once, the first worker to wake takes all of them and keeps them for
-    their whole life, while the other workers idle. Here a worker with more connections than another
+    opens its pool of connections at once, the first process to wake takes all of them and keeps them for
+    their whole life, while the other processes idle. Here a process with more connections than another
     leaves a new one to it, for at most DEFER_S × MAX_DEFERS."""
 
     def __init__(
@@ -164,7 +166,7 @@ class FairAcceptor:
         loop.add_reader(sock.fileno(), self._accept)
 
     def publish(self) -> int:
-        """Write this worker's open connections (set up or being set up) where the others read them."""
+        """Write this process's open connections (set up or being set up) where the others read them."""
         mine = self.open_connections() + len(self._handshakes)
         self.loads.counts[self.index] = NOT_LISTENING if self.closed else mine
         return mine
@@ -178,7 +180,7 @@ class FairAcceptor:
         try:
             conn, _ = self.sock.accept()
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-            return  # another worker took it, or the client gave up
+            return  # another serving process took it, or the client gave up
         except OSError as exc:  # out of file descriptors, say: pause rather than spin on a readable socket
             log.warning("accept failed; pausing new connections for 0.1 s", extra={"error": str(exc)})
             self._pause(0.1)
@@ -217,10 +219,11 @@ class FairAcceptor:
 
 class HeartbeatServer(uvicorn.Server):
     """uvicorn's server, telling the supervisor once a second that its event loop still runs, and taking
-    connections from the shared socket so that the workers hold about as many each (`FairAcceptor`).
+    connections from the shared socket so that the serving processes hold about as many each (`FairAcceptor`).
 
-    A replacement worker takes connections only once its models are loaded: until then the workers
-    already serving answer everything on the shared socket, where a connection it took would get 503s."""
+    A replacement serving process takes connections only once its models are loaded: until then the
+    processes already serving answer everything on the shared socket, where a connection it took would get
+    503s."""
 
     def __init__(
         self, config: uvicorn.Config, beat_fd: int, listen_when_loaded: bool, loads: Loads, index: int
@@ -243,7 +246,7 @@ class HeartbeatServer(uvicorn.Server):
         return await super().on_tick(counter)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        from service.app import MODELS_LOADED  # imported by the worker: after the metrics mode is set
+        from service.app import MODELS_LOADED  # imported by the serving process: after metrics mode is set
 
         await super().startup(sockets=[])  # the lifespan only (models load in its thread), no listener yet
         if self.listen_when_loaded:
@@ -270,13 +273,14 @@ class HeartbeatServer(uvicorn.Server):
 
 
 class Supervisor:
-    """Forks and watches the workers; single-threaded, so every fork happens with no other thread."""
+    """Forks and watches the serving processes; single-threaded, so every fork happens with no other
+    thread."""
 
     def __init__(
         self,
         config: uvicorn.Config,
         sock: socket.socket,
-        workers: int,
+        processes: int,
         jobs: EmbeddedWorker | None,
         metrics_dir: Path,
         hang_s: float,
@@ -285,13 +289,13 @@ class Supervisor:
         self.hang_s = hang_s
         self.metrics_dir = metrics_dir
         self.sock = sock
-        self.slots = [Slot(i) for i in range(workers)]
-        self.loads = Loads(workers)
-        self.peers = Peers(workers)
+        self.slots = [Slot(i) for i in range(processes)]
+        self.loads = Loads(processes)
+        self.peers = Peers(processes)
         self.jobs = jobs
         self.stop_signal: int | None = None
 
-    # -- the worker side --------------------------------------------------------------------------
+    # -- the serving process side --------------------------------------------------------------------------
     def _serve_in_child(self, index: int, beat_fd: int, listen_when_loaded: bool) -> NoReturn:
         code = 1
         try:
@@ -301,7 +305,7 @@ class Supervisor:
             _die_with_parent()
             if os.getppid() == 1:  # the supervisor died before the death signal was asked for
                 os._exit(0)
-            for slot in self.slots:  # the other workers' heartbeats are the supervisor's to read
+            for slot in self.slots:  # the other serving processes' heartbeats are the supervisor's to read
                 if slot.beats is not None:
                     os.close(slot.beats)
             join(self.peers, index)  # before the app is built: its registry follows from this slot
@@ -309,7 +313,7 @@ class Supervisor:
             server.run(sockets=[self.sock])
             code = 0
         except BaseException:
-            log.exception("worker failed")
+            log.exception("serving process failed")
         finally:
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
@@ -323,8 +327,8 @@ class Supervisor:
         read_end, write_end = os.pipe()
         os.set_blocking(read_end, False)
         os.set_blocking(write_end, False)
-        self.loads.counts[slot.index] = NOT_LISTENING  # until the new worker listens
-        self.peers.starting(slot.index)  # the new worker has followed nothing yet
+        self.loads.counts[slot.index] = NOT_LISTENING  # until the new serving process listens
+        self.peers.starting(slot.index)  # the new serving process has followed nothing yet
         pid = os.fork()
         if pid == 0:
             self._serve_in_child(slot.index, write_end, listen_when_loaded=slot.restarts > 0)
@@ -334,13 +338,13 @@ class Supervisor:
         slot.pid, slot.beats = pid, read_end
         slot.started = slot.last_beat = time.monotonic()
         slot.beating = False
-        log.info("worker started", extra={"worker": slot.index, "worker_pid": pid})
+        log.info("serving process started", extra={"slot": slot.index, "pid": pid})
 
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
         self.stop_signal = sig
 
     def _reap(self) -> None:
-        # imported here, after run_workers switched the library to its multiprocess mode
+        # imported here, after run_serving_processes switched the library to its multiprocess mode
         from prometheus_client.multiprocess import mark_process_dead
 
         now = time.monotonic()
@@ -360,14 +364,15 @@ class Supervisor:
             # its gauges leave the sum (its counters stay: what it served was served)
             mark_process_dead(pid, str(self.metrics_dir))
             slot.restarts += 1
-            # a worker that keeps dying at start (a model that crashes it) is not restarted in a hot loop
+            # a serving process that keeps dying at start (a model that crashes it) is not restarted in a
+            # hot loop
             slot.backoff_s = min(MAX_BACKOFF_S, max(1.0, 2 * slot.backoff_s)) if lived < FAST_EXIT_S else 0.0
             slot.restart_at = now + slot.backoff_s
             log.warning(
-                "worker exited; restarting",
+                "serving process exited; restarting",
                 extra={
-                    "worker": slot.index,
-                    "worker_pid": pid,
+                    "slot": slot.index,
+                    "pid": pid,
                     "status": _describe(status),
                     "restart_in_s": slot.backoff_s,
                     "restarts": slot.restarts,
@@ -375,7 +380,7 @@ class Supervisor:
             )
 
     def _check_beats(self) -> None:
-        """SIGKILL a worker whose event loop has not beaten for `hang_s` (it is then replaced)."""
+        """SIGKILL a serving process whose event loop has not beaten for `hang_s` (it is then replaced)."""
         now = time.monotonic()
         for slot in self.slots:
             if slot.pid is None or slot.beats is None:
@@ -388,8 +393,8 @@ class Supervisor:
             silent = now - slot.last_beat
             if silent > (self.hang_s if slot.beating else max(self.hang_s, START_GRACE_S)):
                 log.warning(
-                    "worker unresponsive; killing it",
-                    extra={"worker": slot.index, "worker_pid": slot.pid, "silent_s": round(silent, 1)},
+                    "serving process unresponsive; killing it",
+                    extra={"slot": slot.index, "pid": slot.pid, "silent_s": round(silent, 1)},
                 )
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(slot.pid, signal.SIGKILL)
@@ -398,7 +403,7 @@ class Supervisor:
     def run(self) -> int:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
-        # libuv (uvloop) accepts one connection per wakeup and yields: every idle worker wakes on the
+        # libuv (uvloop) accepts one connection per wakeup and yields: every idle serving process wakes on the
         # shared socket, so a burst of connections is dealt out instead of taken by the first awake
         os.environ.setdefault("UV_TCP_SINGLE_ACCEPT", "1")
         gc.collect()
@@ -423,9 +428,10 @@ class Supervisor:
         return 0
 
     def _shutdown(self) -> None:
-        """SIGTERM to every worker (and the job worker), then SIGKILL to whatever outlives the grace."""
+        """SIGTERM to every serving process (and the job worker), then SIGKILL to whatever outlives the
+        grace."""
         live = [s.pid for s in self.slots if s.pid is not None]
-        log.info("stopping workers", extra={"signal": self.stop_signal, "workers": len(live)})
+        log.info("stopping serving processes", extra={"signal": self.stop_signal, "processes": len(live)})
         for pid in live:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -436,7 +442,7 @@ class Supervisor:
             live = [pid for pid in live if os.waitpid(pid, os.WNOHANG)[0] == 0]
             if live and time.monotonic() > deadline:
                 for pid in live:
-                    log.warning("worker did not stop in time; killing it", extra={"worker_pid": pid})
+                    log.warning("serving process did not stop in time; killing it", extra={"pid": pid})
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                     os.waitpid(pid, 0)

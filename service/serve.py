@@ -1,10 +1,10 @@
 """`ovex serve` and `ovex demo`: run the HTTP service (demo: after training a small model once).
 
-Thin: parse flags into `Settings` (flags override `OVEX_*` variables), set up logs, hand the app to
-uvicorn. One worker: the app runs in this process. `--workers N`: a supervisor imports the serving code
-once and forks N workers that share the listening socket and those imports; each builds its app from the
-settings handed over here and loads the models itself (weights memory-mapped, so N workers hold one copy;
-indexes never built before a fork).
+Thin: parse flags into `Settings` (flags override `OVEX_*` variables), set up logs, hand the app to uvicorn.
+One serving process: the app runs in this process. `--workers N`: a supervisor imports the serving code once
+and forks N serving processes that share the listening socket and those imports; each builds its app from the
+settings handed over here and loads the models itself (weights memory-mapped, so N serving processes hold one
+copy; indexes never built before a fork).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="TCP port (default 8000)")
     p.add_argument("--api-key", default=None, help="key for mutating endpoints (or OVEX_API_KEY)")
-    p.add_argument("--threads", type=int, default=None, help="torch/faiss threads, split between workers")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch/faiss threads, split between serving processes")
     p.add_argument("--workers", type=int, default=None, help="serving processes on one port (default 1)")
     p.add_argument("--retrieval", choices=RETRIEVAL_KINDS, default=None)
     p.add_argument("--log-level", default=None)
@@ -73,9 +74,9 @@ def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
-def worker_settings(settings: Settings) -> Settings:
-    """What each of N workers runs with: its share of the threads (N workers never oversubscribe the
-    cores `threads` allows), and no job worker of its own (the parent runs one for all)."""
+def serving_process_settings(settings: Settings) -> Settings:
+    """What each of N serving processes runs with: its share of the threads (N processes never
+    oversubscribe the cores `threads` allows), and no job worker of its own (the parent runs one for all)."""
     share = max(1, settings.threads // settings.workers)
     lone = max(1, settings.lone_scan_threads // settings.workers)
     return settings.model_copy(update={"threads": share, "lone_scan_threads": lone, "embedded_worker": False})
@@ -101,24 +102,25 @@ def run_server(settings: Settings) -> int:
 
     configure_logging(settings.log_level, settings.log_json)
     if settings.workers > 1:
-        return run_workers(settings)
+        return run_serving_processes(settings)
     from service.app import create_app  # torch, faiss: only in processes that serve
 
     uvicorn.run(create_app(settings), **_uvicorn_options(settings))
     return 0
 
 
-def run_workers(settings: Settings) -> int:
-    """N forked workers on one port (see `service.prefork`) and one job worker for them all."""
+def run_serving_processes(settings: Settings) -> int:
+    """N forked serving processes on one port (see `service.prefork`) and one job worker for them all."""
     import uvicorn
 
     from service.prefork import Supervisor, preload
 
     metrics_dir = Path(tempfile.mkdtemp(prefix="ovex-metrics-"))
-    # prometheus_client reads this when first imported (below): every worker then writes its values there
+    # prometheus_client reads this when first imported (below): every serving process then writes its
+    # values there
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
-    child = worker_settings(settings)
-    # each worker pins its own torch/faiss/BLAS threads; the variables reach the job worker too
+    child = serving_process_settings(settings)
+    # each serving process pins its own torch/faiss/BLAS threads; the variables reach the job worker too
     os.environ[SETTINGS_ENV] = child.to_child_json()
     os.environ.update({name: str(child.threads) for name in _THREAD_ENV})
     preload()
@@ -127,7 +129,8 @@ def run_workers(settings: Settings) -> int:
     config = uvicorn.Config("service.app:app_from_env", factory=True, **_uvicorn_options(child))
     sock = config.bind_socket()
     jobs = EmbeddedWorker(settings) if settings.embedded_worker else None
-    log.info("starting workers", extra={"workers": settings.workers, "threads_each": child.threads})
+    log.info("starting serving processes",
+             extra={"processes": settings.workers, "threads_each": child.threads})
     try:
         # an event loop silent for twice the longest a request may wait is hung, not busy
         hang_s = max(5.0, 2 * settings.request_timeout_s)
@@ -151,7 +154,7 @@ _VOWELS = "aeiou"
 
 def pseudo_words(n: int, seed: int) -> list[str]:
     """n distinct pronounceable words (consonant-vowel syllables), deterministic in the seed."""
-    import numpy as np  # here, not at the top: the supervisor of N workers stays small
+    import numpy as np  # here, not at the top: the supervisor of N serving processes stays small
 
     rng = np.random.default_rng(seed)
     seen: set[str] = set()

@@ -1,9 +1,9 @@
 """The active version of every model, as rows of the shared database: the one truth every serving
 process and replica follows.
 
-A row is written when a version is activated (`explicit`) and also the first time any process picks a
-version for a model nobody activated (the highest that loads): from then on a restart, a second worker or
-a second replica serves that same version instead of re-deciding from what happens to be on disk.
+A row is written when a version is activated (`explicit`) and also the first time any process picks a version
+for a model nobody activated (the highest that loads): from then on a restart, a second serving process or a
+second replica serves that same version instead of re-deciding from what happens to be on disk.
 """
 
 from __future__ import annotations

@@ -6,12 +6,13 @@ arrived, so during a swap every request is answered entirely by the old or entir
 A version that fails to load is refused with a log line and never replaces the one serving.
 
 Which version is active is not this process's decision: it is a row of the shared database
-(`service.serving.active`). Activation loads and warms the version here, then records it; every other
-process and replica polls the rows (`active_poll_s`) and follows. The other workers of the same
+(`service.serving.active`). Activation loads and warms the version here, then records it; every other process
+and replica polls the rows (`active_poll_s`) and follows. The other serving processes of the same
 `ovex serve --workers N` are asked to follow at once, and the activation answers once they have
-(`service.serving.peers`). A model nobody activated gets the
-highest version that loads, and that first choice is recorded too, so a restart, a second worker or a
-second replica serves the same version instead of re-deciding from what is on disk.
+(`service.serving.peers`).
+A model nobody activated gets the highest version that loads, and that first choice is recorded too, so a
+restart, a second serving process or a second replica serves the same version instead of re-deciding from what
+is on disk.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from service.errors import Conflict, DomainError, NotFound, Unavailable
 from service.metrics import Metrics
 from service.serving.active import ActiveVersions, Flags
 from service.serving.catalog import ModelCatalog, remove_hidden, version_key
-from service.serving.peers import Siblings, this_worker
+from service.serving.peers import Siblings, this_process
 from service.serving.predictor import Predictor
 from service.serving.quantized_scan import Check, no_check
 from service.serving.retrieval import (
@@ -45,7 +46,7 @@ from service.settings import Settings
 
 log = logging.getLogger("ovex.registry")
 
-# how long an activation waits for the other workers to follow it, beyond the time its own load took
+# how long an activation waits for the other serving processes to follow it, beyond the time its own load took
 # (they load the same version)
 CONFIRM_S = 10.0
 # the model `ovex demo` trains: the default when none was set
@@ -145,8 +146,8 @@ class ModelRegistry:
         self.catalog = ModelCatalog(Path(settings.models_dir))
         self.store = store
         self.metrics = metrics
-        # the other workers of this server, asked to follow an activation before it answers
-        self.peers = peers if peers is not None else this_worker()
+        # the other serving processes of this server, asked to follow an activation before it answers
+        self.peers = peers if peers is not None else this_process()
         self._active: dict[str, ServedModel] = {}
         self._refused: dict[tuple[str, str], str] = {}
         self._flags = Flags()  # deactivated models and the default set through the API, as last read
@@ -279,8 +280,8 @@ class ModelRegistry:
         self.store.close()
 
     def _follow(self) -> None:
-        """Refresh every `active_poll_s`, and at once when another worker of this server asks; then tell
-        it from when on this one follows (`Siblings.followed`)."""
+        """Refresh every `active_poll_s`, and at once when another serving process of this server asks; then
+        tell it from when on this one follows (`Siblings.followed`)."""
         while not self._wait_for_news():
             stamp = time.monotonic_ns()  # before the read: what was committed earlier is seen
             try:
@@ -325,8 +326,8 @@ class ModelRegistry:
                         continue
 
     def load_version(self, name: str, version: str, activate: bool = False) -> ServedModel:
-        """Load (and check) a version that just appeared, e.g. from a training job; activate if asked,
-        then wait (bounded) for the other workers of this server to follow. Raises `NotFound` for an
+        """Load (and check) a version that just appeared, e.g. from a training job; activate if asked, then
+        wait (bounded) for the other serving processes of this server to follow. Raises `NotFound` for an
         unknown directory and `Conflict` when it fails to load."""
         t0 = time.monotonic()
         served, asked = self._load_version(name, version, activate)
@@ -335,8 +336,8 @@ class ModelRegistry:
         return served
 
     def _load_version(self, name: str, version: str, activate: bool) -> tuple[ServedModel, int | None]:
-        """`load_version` here, under the lock; with the time the other workers were asked to follow an
-        activation (None: nobody to ask, or no activation)."""
+        """`load_version` here, under the lock; with the time the other serving processes were asked to follow
+        an activation (None: nobody to ask, or no activation)."""
         with self._lock:
             if version not in self.scan().get(name, []):
                 raise NotFound(f"model {name!r} has no version {version!r}")
@@ -370,13 +371,13 @@ class ModelRegistry:
             return served, None
 
     def _ask_peers(self) -> int | None:
-        """Ask the other workers of this server to follow the database now (called once an activation is
-        recorded); the time to confirm against, or None when this process serves alone."""
+        """Ask the other serving processes of this server to follow the database now (called once an
+        activation is recorded); the time to confirm against, or None when this process serves alone."""
         return self.peers.ask() if self.peers is not None else None
 
     def _confirm(self, name: str, version: str, asked: int, took_s: float, strict: bool) -> None:
-        """Wait, off the lock (a sibling following needs its own lock, and may be activating too), until
-        every live worker of this server serves what was recorded at `asked`. Those that do not confirm in
+        """Wait, off the lock (a sibling following needs its own lock, and may be activating too), until every
+        live serving process of this server serves what was recorded at `asked`. Those that do not confirm in
         time are logged, and with `strict` the caller is told: recorded, but not yet served everywhere."""
         assert self.peers is not None
         timeout_s = CONFIRM_S + took_s
@@ -388,8 +389,8 @@ class ModelRegistry:
             f"server's {alive} workers; the others did not confirm within {timeout_s:.0f} s and follow it "
             "as soon as they can: activate it again to wait for them"
         )
-        log.warning("activation not confirmed by every worker",
-                    extra={"model": name, "version": version, "serving": serving, "workers": alive})
+        log.warning("activation not confirmed by every serving process",
+                    extra={"model": name, "version": version, "serving": serving, "processes": alive})
         if strict:
             raise Unavailable(message, retry_after=1)
 
@@ -423,10 +424,10 @@ class ModelRegistry:
         self.store.set(name, version, self._present(name, version))
 
     def activate(self, name: str, version: str) -> tuple[ServedModel, str | None]:
-        """Hot swap: load + warm the version here, record the choice for every other process and replica
-        to follow, make it active here, and return once every worker of this server serves it (replicas
-        follow within `active_poll_s`). `Unavailable` when a worker did not confirm in time: the choice
-        is recorded and that worker follows it as soon as it can."""
+        """Hot swap: load + warm the version here, record the choice for every other process and replica to
+        follow, make it active here, and return once every serving process of this server serves it (replicas
+        follow within `active_poll_s`). `Unavailable` when a serving process did not confirm in time: the
+        choice is recorded and that serving process follows it as soon as it can."""
         t0 = time.monotonic()
         with self._lock:
             if name not in self.scan():
@@ -527,8 +528,8 @@ class ModelRegistry:
         return name in self._flags.deactivated
 
     def set_default(self, name: str | None) -> str | None:
-        """Record `name` as the default for every worker and replica (None: the automatic choice again),
-        then wait until this server's workers follow; returns the default now in force."""
+        """Record `name` as the default for every serving process and replica (None: the automatic choice
+        again), then wait until this server's serving processes follow; returns the default now in force."""
         if name is not None and name not in self.scan():
             raise NotFound(f"unknown model {name!r}")
         self.store.set_default(name)

@@ -53,22 +53,22 @@ def test_an_activation_waits_for_live_and_starting_workers_only() -> None:
     """A slot with a live worker counts until it followed from a read after the ask; a slot being
     forked counts (its worker has read nothing yet); an empty slot (a reaped worker) does not."""
     peers = Peers(4)
-    me = peers.worker(0)
+    me = peers.process(0)
     peers.occupy(0, os.getpid())
     peers.occupy(1, 101)
     peers.starting(2)
     peers.vacate(3)
     earlier = time.monotonic_ns()
-    peers.worker(1).followed(earlier)
+    peers.process(1).followed(earlier)
     asked = me.ask()
-    assert peers.worker(1).wait(1.0) and peers.worker(2).wait(0.0)  # both woken, both behind
+    assert peers.process(1).wait(1.0) and peers.process(2).wait(0.0)  # both woken, both behind
     assert me.confirm(asked, 0.01) == (1, 3)
-    peers.worker(1).followed(time.monotonic_ns())
+    peers.process(1).followed(time.monotonic_ns())
     assert me.confirm(asked, 0.01) == (2, 3)
-    peers.worker(2).followed(time.monotonic_ns())
+    peers.process(2).followed(time.monotonic_ns())
     t0 = time.monotonic()
     assert me.confirm(asked, 5.0) == (3, 3) and time.monotonic() - t0 < 0.5
-    assert not peers.worker(1).wait(0.0)  # followed since the ask: nothing new
+    assert not peers.process(1).wait(0.0)  # followed since the ask: nothing new
     peers.vacate(2)
     assert me.confirm(me.ask(), 0.01) == (1, 2)
 

@@ -171,7 +171,7 @@ def test_a_killed_worker_is_replaced_and_requests_keep_succeeding(two_workers: t
     assert str(victim) not in after and len(after) == 2, after
     assert set(after.values()) == {"2"}, "the replacement serves the active version"
     assert srv.proc.poll() is None
-    assert "worker exited; restarting" in srv.log() and "SIGKILL" in srv.log()
+    assert "serving process exited; restarting" in srv.log() and "SIGKILL" in srv.log()
 
 
 def test_a_hung_worker_is_killed_and_replaced(model_store: Path, tmp_path: Path) -> None:
@@ -189,11 +189,11 @@ def test_a_hung_worker_is_killed_and_replaced(model_store: Path, tmp_path: Path)
         frozen = psutil.Process(int(sorted(versions_by_worker(srv))[0]))
         frozen.suspend()
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "worker unresponsive" not in srv.log():
+        while time.monotonic() < deadline and "serving process unresponsive" not in srv.log():
             r = httpx.post(srv.base + "/v1/models/m/predict", json=BODY, timeout=30)
             assert r.status_code == 200 and r.headers["x-ovex-worker"] != str(frozen.pid), r.text
             time.sleep(0.2)
-        assert "worker unresponsive" in srv.log()
+        assert "serving process unresponsive" in srv.log()
         assert _gone([frozen], within=10) == []
         after = versions_by_worker(srv, within=60)
         assert str(frozen.pid) not in after and len(after) == 2, after
@@ -282,12 +282,13 @@ def test_metrics_sum_every_worker(two_workers: tuple[Server, Path]) -> None:
 
 
 def test_workers_split_the_threads_between_them() -> None:
-    from service.serve import worker_settings
+    from service.serve import serving_process_settings
     from service.settings import Settings
 
-    child = worker_settings(Settings(workers=2, threads=4, lone_scan_threads=4))
+    child = serving_process_settings(Settings(workers=2, threads=4, lone_scan_threads=4))
     assert (child.threads, child.lone_scan_threads, child.embedded_worker) == (2, 2, False)
-    assert worker_settings(Settings(workers=4, threads=2, lone_scan_threads=2)).lone_scan_threads == 1
+    alone = serving_process_settings(Settings(workers=4, threads=2, lone_scan_threads=2))
+    assert alone.lone_scan_threads == 1
 
 
 def test_a_burst_of_connections_is_shared_between_the_workers(two_workers: tuple[Server, Path]) -> None:
