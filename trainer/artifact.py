@@ -250,10 +250,17 @@ class LoadedModel:
 
 
 def _read_json(path: Path, root: Path) -> Any:
+    """A JSON file of a model directory; the error says what is wrong with it, never where it lies
+    beyond `root` (a server shows these messages under the model's name)."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(str(root), f"{path.name} is not valid JSON: {exc}") from None
+    except FileNotFoundError:
+        raise ArtifactError(str(root), f"missing {path.relative_to(root)}") from None
+    except OSError as exc:
+        raise ArtifactError(str(root), f"{path.relative_to(root)} cannot be read: "
+                                       f"{exc.strerror or 'I/O error'}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(str(root), f"{path.relative_to(root)} is not valid JSON: {exc}") from None
 
 
 def read_params(path: str | Path, name: str | None = None) -> tuple[TrainParams, str]:
@@ -262,12 +269,65 @@ def read_params(path: str | Path, name: str | None = None) -> tuple[TrainParams,
     root = Path(path)
     try:
         params = _read_config(root)[1]
-        featurizer = _read_json(root / "featurizer" / "featurizer.json", root)
-        if not isinstance(featurizer, dict) or not isinstance(featurizer.get("kind"), str):
-            raise ArtifactError(str(root), "featurizer/featurizer.json does not say its kind")
-        return params, featurizer["kind"]
+        return params, _featurizer_kind(root)
     except ArtifactError as exc:
         raise ArtifactError(name or str(path), exc.message) from None
+
+
+def read_shape(path: str | Path, name: str | None = None) -> ModelShape:
+    """The model shape (features, labels, width d, encoder) a model directory's config.json records,
+    without reading its weights, its other files or its params; errors name the model as `name`."""
+    root = Path(path)
+    try:
+        return _shape_of(_config_json(root), root)
+    except ArtifactError as exc:
+        raise ArtifactError(name or str(path), exc.message) from None
+
+
+def read_featurizer_kind(path: str | Path, name: str | None = None) -> str:
+    """What a model directory's featurizer takes, "text" or "sparse", from featurizer/featurizer.json
+    alone; errors name the model as `name` (default: its path)."""
+    try:
+        return _featurizer_kind(Path(path))
+    except ArtifactError as exc:
+        raise ArtifactError(name or str(path), exc.message) from None
+
+
+def _featurizer_kind(root: Path) -> str:
+    featurizer = _read_json(root / "featurizer" / "featurizer.json", root)
+    if not isinstance(featurizer, dict) or not isinstance(featurizer.get("kind"), str):
+        raise ArtifactError(str(root), "featurizer/featurizer.json does not say its kind")
+    return str(featurizer["kind"])
+
+
+def _config_json(root: Path) -> dict[str, Any]:
+    """config.json as a JSON object of a schema this ovex reads."""
+    config = _read_json(root / "config.json", root)
+    if not isinstance(config, dict):
+        raise ArtifactError(str(root), "config.json must hold a JSON object")
+    version = config.get("schema_version")
+    if version not in READABLE_SCHEMAS:
+        raise ArtifactError(
+            str(root),
+            f"unsupported schema_version {version!r} (this ovex reads versions "
+            f"{', '.join(map(str, READABLE_SCHEMAS))})",
+        )
+    return config
+
+
+def _shape_of(config: dict[str, Any], root: Path) -> ModelShape:
+    """The model shape config.json records, checked against its own n_features/n_labels/dim."""
+    for key in ("n_features", "n_labels", "dim", "shape"):
+        if key not in config:
+            raise ArtifactError(str(root), f"config.json lacks {key!r}")
+    try:
+        shape = ModelShape.from_json(config["shape"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ArtifactError(str(root), f"config.json has invalid params/shape: {exc}") from None
+    dims = (config["n_features"], config["n_labels"], config["dim"])
+    if (shape.n_features, shape.n_labels, shape.dim) != dims:
+        raise ArtifactError(str(root), "config.json: shape disagrees with n_features/n_labels/dim")
+    return shape
 
 
 def _read_config(root: Path) -> tuple[dict[str, Any], TrainParams, ModelShape]:
@@ -279,28 +339,15 @@ def _read_config(root: Path) -> tuple[dict[str, Any], TrainParams, ModelShape]:
             raise ArtifactError(str(root), f"missing {name}")
     if not (root / "featurizer").is_dir():
         raise ArtifactError(str(root), "missing featurizer/")
-    config = _read_json(root / "config.json", root)
-    if not isinstance(config, dict):
-        raise ArtifactError(str(root), "config.json must hold a JSON object")
-    version = config.get("schema_version")
-    if version not in READABLE_SCHEMAS:
-        raise ArtifactError(
-            str(root),
-            f"unsupported schema_version {version!r} (this ovex reads versions "
-            f"{', '.join(map(str, READABLE_SCHEMAS))})",
-        )
+    config = _config_json(root)
     for key in ("params", "n_features", "n_labels", "dim", "shape"):
         if key not in config:
             raise ArtifactError(str(root), f"config.json lacks {key!r}")
     try:
         params = TrainParams.from_json_dict(config["params"])
-        shape = ModelShape.from_json(config["shape"])
     except (OvexError, KeyError, TypeError, ValueError) as exc:
         raise ArtifactError(str(root), f"config.json has invalid params/shape: {exc}") from None
-    dims = (config["n_features"], config["n_labels"], config["dim"])
-    if (shape.n_features, shape.n_labels, shape.dim) != dims:
-        raise ArtifactError(str(root), "config.json: shape disagrees with n_features/n_labels/dim")
-    return config, params, shape
+    return config, params, _shape_of(config, root)
 
 
 def load_artifact(path: str | Path) -> LoadedModel:

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from service.errors import Unavailable, writing
+from trainer.artifact import read_shape
 from trainer.durable import commit_file, fsync_path, fsync_tree
+from trainer.errors import ArtifactError
 
 HIGH_WATER = ".highest-version"
 PUBLISHED_BY = "published_by.json"  # in a version a job made: {"job_id"}
@@ -195,13 +197,9 @@ class ModelCatalog:
         """config/metrics of a version from its JSON files, without loading its weights."""
         path = self.version_dir(name, version)
         out: dict[str, Any] = {}
-        try:
-            cfg = json.loads((path / "config.json").read_text())
-            for key in ("n_labels", "n_features", "dim"):
-                if isinstance(cfg.get(key), int):
-                    out[key] = cfg[key]
-        except (OSError, ValueError, AttributeError):
-            pass
+        with contextlib.suppress(ArtifactError):  # a broken version is listed, without its shape
+            shape = read_shape(path)
+            out.update(n_labels=shape.n_labels, n_features=shape.n_features, dim=shape.dim)
         try:
             m = json.loads((path / "metrics.json").read_text())
             if isinstance(m, dict):

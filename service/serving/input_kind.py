@@ -3,12 +3,13 @@ activated, a client that could send a model text keeps being able to."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
 from service.errors import Conflict
 from service.serving.catalog import ModelCatalog, version_key
+from trainer.artifact import read_featurizer_kind
+from trainer.errors import ArtifactError
 
 InputKind = Literal["text", "sparse"]
 KIND_OF_FORMAT: dict[str, InputKind] = {"jsonl": "text", "xc": "sparse"}
@@ -18,13 +19,10 @@ _SAYS = {"text": "text (JSONL data)", "sparse": "sparse features (XC data)"}
 def artifact_kind(version_dir: Path) -> InputKind | None:
     """What a stored version's featurizer takes, or None where that cannot be read."""
     try:
-        meta = json.loads((version_dir / "featurizer" / "featurizer.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        kind = read_featurizer_kind(version_dir)
+    except ArtifactError:
         return None
-    kind = meta.get("kind") if isinstance(meta, dict) else None
-    if kind == "text" or kind == "sparse":
-        return kind
-    return None
+    return "text" if kind == "text" else "sparse" if kind == "sparse" else None
 
 
 def model_kind(catalog: ModelCatalog, name: str) -> tuple[InputKind, str] | None:

@@ -8,7 +8,6 @@ then instead of a failed job later. The base directory is only ever read.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 from service.errors import Conflict, Field, InputError, Invalid, NotFound
 from service.serving.catalog import ModelCatalog, some_versions
-from trainer.artifact import labels_text, map_safetensors
+from trainer.artifact import labels_text, map_safetensors, read_params, read_shape
 from trainer.continual import continual_params
 from trainer.errors import ArtifactError, OvexError, ParamsError
 from trainer.params import TrainParams
@@ -51,21 +50,22 @@ class Resolved:
 
 
 def _base_summary(path: Path, label: str) -> tuple[TrainParams, int, int, str]:
-    """(params, n_labels, n_features, featurizer kind) from the JSON files; the weights' header is read
-    and every tensor's byte range checked against the file (a cut-short file), not their values."""
-    what = "config.json"
+    """(params, n_labels, n_features, featurizer kind) from the JSON files (trainer.artifact's readers);
+    the weights' header is read and every tensor's byte range checked against the file (a cut-short
+    file), not their values."""
     try:
-        config = json.loads((path / what).read_text(encoding="utf-8"))
-        params = TrainParams.from_json_dict(config["params"])
-        n_labels, n_features = int(config["n_labels"]), int(config["n_features"])
-        what = "featurizer/featurizer.json"
-        kind = str(json.loads((path / what).read_text(encoding="utf-8"))["kind"])
-        what = "weights.safetensors"
+        params, kind = read_params(path, label)
+        shape = read_shape(path, label)
+    except ArtifactError as exc:
+        log.warning("base %s: %s", label, exc.message)
+        raise
+    what = "weights.safetensors"
+    try:
         map_safetensors(path / what)
-        return params, n_labels, n_features, kind
-    except (OSError, ValueError, KeyError, TypeError, OvexError) as exc:
+    except (OSError, ValueError) as exc:
         log.warning("base %s: %s unreadable: %s: %s", label, what, type(exc).__name__, exc)
         raise ArtifactError(label, f"{what} {_unreadable(exc)}") from None
+    return params, shape.n_labels, shape.n_features, kind
 
 
 def _unreadable(exc: Exception) -> str:
@@ -74,10 +74,6 @@ def _unreadable(exc: Exception) -> str:
         return "is missing"
     if isinstance(exc, OSError):
         return f"cannot be read ({(exc.strerror or 'I/O error').lower()})"
-    if isinstance(exc, KeyError):
-        return f"lacks the field {exc.args[0]!r}" if exc.args else "lacks a field"
-    if isinstance(exc, OvexError):
-        return "holds parameters this server does not take"
     return "is damaged (cut short, or not in its format)"
 
 
