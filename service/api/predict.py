@@ -39,7 +39,7 @@ def _response(answer: Answer) -> Response:
                     | ({"explanation": why[i][j]} if why is not None else {})
                     for j, b in enumerate(p.labels)
                 ],
-                "exact": p.exact,
+                "exact": p.certified,
                 "known_features": n,
             }
             for i, (p, n) in enumerate(zip(answer.rows, answer.known, strict=True))

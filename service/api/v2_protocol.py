@@ -328,7 +328,7 @@ def to_outputs(preds: list[RowPrediction], req: InferRequest, normalization: str
         "probabilities": ("FP32", [n, width], lambda: grid(lambda b: b.prob or 0.0, 0.0)),
         "scores": ("FP32", [n, width], lambda: grid(lambda b: b.score, 0.0)),
         "label_counts": ("INT64", [n], lambda: [len(p.labels) for p in preds]),
-        "exact": ("BOOL", [n], lambda: [p.exact for p in preds]),
+        "exact": ("BOOL", [n], lambda: [p.certified for p in preds]),
     }
     wanted = (
         [o.name for o in req.outputs]

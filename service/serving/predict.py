@@ -51,7 +51,7 @@ class PredictCall(Protocol):
     @property
     def normalization(self) -> Normalization: ...
     @property
-    def exact(self) -> bool: ...
+    def exact(self) -> bool: ...  # the request option (`Options.exact_scan` inside)
     @property
     def explain(self) -> bool: ...
 
@@ -168,7 +168,7 @@ def to_query(call: PredictCall, served: ServedModel, settings: Settings) -> Quer
         rows.append(InputRow(indices=indices, values=values))
     if errors:
         raise InputError(_bounded(errors))
-    return Query(rows, Options(top_k=call.top_k, normalization=call.normalization, exact=call.exact))
+    return Query(rows, Options(top_k=call.top_k, normalization=call.normalization, exact_scan=call.exact))
 
 
 def _bounded(errors: list[tuple[Field, str]]) -> list[tuple[Field, str]]:

@@ -19,7 +19,7 @@ import scipy.sparse as sp
 from service.errors import Invalid
 from service.serving.input_kind import InputKind
 from service.serving.retrieval import ExactScorer, Retriever, TopK
-from trainer.sparse_maps import linear_head_means, normalize_topk
+from trainer.sparse_maps import evsoftmax_threshold_linear, linear_head_means, normalize_topk
 
 log = logging.getLogger("ovex.predictor")
 
@@ -77,9 +77,12 @@ class InputRow:
 
 @dataclass(frozen=True)
 class Options:
+    """What a request asks for. `exact_scan` is the request's `exact` option: score every label instead of
+    using the index (what the answer then certifies is `RowPrediction.certified`)."""
+
     top_k: int = 10
     normalization: Normalization = "sparsemax"
-    exact: bool = False
+    exact_scan: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,11 @@ class LabelScore:
 
 @dataclass(frozen=True)
 class RowPrediction:
+    """One input's answer. `certified`: the answer provably equals the one from scoring every label (the
+    `exact` flag of the answer a client reads), whichever path produced it."""
+
     labels: list[LabelScore]
-    exact: bool
+    certified: bool
 
 
 class InputRowError(Invalid):
@@ -116,10 +122,10 @@ class Query:
 class Predictor:
     """Serves one model version. Thread-compatible: the batcher calls it from one compute thread."""
 
-    def __init__(self, model: ServableModel, retriever: Retriever, exact: ExactScorer) -> None:
+    def __init__(self, model: ServableModel, retriever: Retriever, exact_scorer: ExactScorer) -> None:
         self.model = model
         self.retriever = retriever
-        self.exact_scorer = exact
+        self.exact_scorer = exact_scorer
         self.n_labels = int(model.n_labels)
         self.n_features = int(model.n_features)
         self.label_names = list(model.label_names)
@@ -235,11 +241,12 @@ class Predictor:
         result: list[RowPrediction | None] = [None] * len(opts)
         groups: dict[tuple[bool, Normalization], list[int]] = {}
         for i, o in enumerate(opts):
-            groups.setdefault((o.exact or self._scores_all(o.normalization), o.normalization), []).append(i)
-        for (use_exact, norm), idx in groups.items():
+            scan_all = o.exact_scan or self._scores_all(o.normalization)
+            groups.setdefault((scan_all, o.normalization), []).append(i)
+        for (scan_all, norm), idx in groups.items():
             sub = h[idx]
             k = max(self.fetch_size(opts[i]) for i in idx)
-            preds = self._exact_rows(sub, k, norm) if use_exact else self._index_rows(sub, k, norm)
+            preds = self._exact_rows(sub, k, norm) if scan_all else self._index_rows(sub, k, norm)
             for i, p in zip(idx, preds, strict=True):
                 result[i] = self._truncate(p, opts[i].top_k)
         return [r for r in result if r is not None]
@@ -259,7 +266,7 @@ class Predictor:
         a gated (DropMax) head is not linear, so there it takes a pass over all labels."""
         if self.exact_scorer.gate_weight is not None:
             return self.exact_scorer.mean_scores(h)
-        return h.astype(np.float64) @ self.w_mean + self.b_mean
+        return evsoftmax_threshold_linear(h, self.w_mean, self.b_mean)
 
     def _index_rows(self, h: npt.NDArray[np.float32], k: int, norm: Normalization) -> list[RowPrediction]:
         # the int8 scan answers sparsemax in one pass: every label that may score within 1 of the best
@@ -309,11 +316,11 @@ class Predictor:
         n, k = top.ids.shape
         if norm == "none":
             kth = top.scores[:, -1].astype(np.float64) if k else np.full(n, np.inf)
-            exact = (top.bound < kth) | np.isneginf(top.bound)
+            certified = (top.bound < kth) | np.isneginf(top.bound)
             probs: npt.NDArray[np.float64] | None = None
         else:
             dist = normalize_topk(norm, top.scores.astype(np.float64), top.bound, self.n_labels, thr)
-            probs, exact = dist.probs, dist.exact
+            probs, certified = dist.probs, dist.exact
         out = []
         for r in range(n):
             labels = []
@@ -325,7 +332,7 @@ class Predictor:
                 if p is not None and norm in ("sparsemax", "evsoftmax") and p <= 0.0:
                     continue
                 labels.append(LabelScore(lid, self.label_names[lid], float(top.scores[r, c]), p))
-            out.append(RowPrediction(labels, bool(exact[r])))
+            out.append(RowPrediction(labels, bool(certified[r])))
         return out
 
     def _from_log_z(
@@ -348,7 +355,7 @@ class Predictor:
 
     @staticmethod
     def _truncate(p: RowPrediction, top_k: int) -> RowPrediction:
-        return p if len(p.labels) <= top_k else RowPrediction(p.labels[:top_k], p.exact)
+        return p if len(p.labels) <= top_k else RowPrediction(p.labels[:top_k], p.certified)
 
     def warmup(self) -> None:
         """Touch every path once so the first real request pays no lazy-initialisation cost."""
@@ -359,4 +366,4 @@ class Predictor:
         norms: tuple[Normalization, ...] = ("sparsemax", "evsoftmax", "softmax", "none")
         for norm in norms:
             self.predict(rows, Options(top_k=5, normalization=norm))
-        self.predict(rows, Options(top_k=5, normalization="sparsemax", exact=True))
+        self.predict(rows, Options(top_k=5, normalization="sparsemax", exact_scan=True))

@@ -1,7 +1,7 @@
 """Top-k labels by score ⟨w_k, h⟩ + b_k: an exact blocked scorer and faiss indexes, each with a bound.
 
 Every search returns, per query, an upper bound on the score of every label it did *not* return; the
-sparse maps turn that bound into the `exact` flag of an answer:
+sparse maps turn that bound into the certificate of an answer (`RowPrediction.certified`, `exact` to clients):
 
 * exact scorer and flat index: the (k+1)-th score (they score every label);
 * int8 scan (`QuantizedScanner`): the largest upper bound left out — a skipped cell's bound, a label's

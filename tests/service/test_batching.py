@@ -31,7 +31,7 @@ class FakePredictor:
             if j.rows and j.rows[0].text == "boom":
                 out.append(ValueError("bad row"))
             else:
-                out.append([RowPrediction([], exact=self.tag == "a")] * len(j.rows))
+                out.append([RowPrediction([], certified=self.tag == "a")] * len(j.rows))
         return out
 
 
@@ -52,7 +52,7 @@ def test_concurrent_requests_are_batched_per_predictor() -> None:
             await mb.stop()
 
     res = asyncio.run(main())
-    assert [r[0].exact for r in res] == [bool(i % 2) for i in range(40)]  # each answered by its own
+    assert [r[0].certified for r in res] == [bool(i % 2) for i in range(40)]  # each answered by its own
     assert sum(a.calls) == 20 and sum(b.calls) == 20
     assert max(a.calls) > 1  # batched, not one call per request
     assert a.threads == b.threads and len(a.threads) == 1  # one compute thread

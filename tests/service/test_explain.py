@@ -67,7 +67,7 @@ def test_linear_contributions_sum_to_score_minus_bias(served: ServedModel, featu
 def _query(row: InputRow, top_k: int) -> object:
     from service.serving.predictor import Query
 
-    return Query([row], Options(top_k=top_k, normalization="none", exact=True))
+    return Query([row], Options(top_k=top_k, normalization="none", exact_scan=True))
 
 
 def test_bounded_to_max_terms(served: ServedModel) -> None:

@@ -61,12 +61,12 @@ def test_dropmax_head_is_served_with_its_gate(dropmax_model: Path, tmp_path: Pat
     for r, row in enumerate(full):
         want = sparsemax(row)
         got = {lb.id: lb.prob for lb in sm[r].labels}
-        assert set(got) == set(np.flatnonzero(want > 0).tolist()) and sm[r].exact
+        assert set(got) == set(np.flatnonzero(want > 0).tolist()) and sm[r].certified
         for i, p in got.items():
             assert p == pytest.approx(want[i], abs=1e-5)
         want_ev = evsoftmax(row)  # threshold: the mean of the gated scores, not the linear formula
         got_ev = {lb.id: lb.prob for lb in ev[r].labels}
-        assert set(got_ev) == set(np.flatnonzero(want_ev > 0).tolist()) and ev[r].exact
+        assert set(got_ev) == set(np.flatnonzero(want_ev > 0).tolist()) and ev[r].certified
         for i, p in got_ev.items():
             assert p == pytest.approx(want_ev[i], abs=1e-5)
         np.testing.assert_allclose([lb.score for lb in none[r].labels], np.sort(row)[::-1][:5], atol=1e-4)
@@ -162,12 +162,12 @@ def test_exact_flag_never_lies(
         rows = pred.predict_encoded(h, [Options(top_k, norm, ask_exact)] * len(h))
         for r, row in enumerate(rows):
             if pred.retriever.kind == "hnsw" and not ask_exact and norm != "softmax":
-                assert not row.exact  # a graph walk bounds nothing
+                assert not row.certified  # a graph walk bounds nothing
             if ask_exact or pred.retriever.kind == "exact":
-                assert row.exact  # every label was scored
+                assert row.certified  # every label was scored
             if pred.retriever.kind == "int8" and norm == "sparsemax":
-                assert row.exact  # all that may reach the support (within 1 of the best) was re-scored
-            if not row.exact:
+                assert row.certified  # all that may reach the support (within 1 of the best) was re-scored
+            if not row.certified:
                 continue
             certified += 1
             z = full[r]
