@@ -1,9 +1,18 @@
-"""Top-k answers of a loaded model with a sparse distribution and an exactness flag per row.
+"""`ovex predict --normalization`: a loaded model's top-k with a sparse distribution and an exactness flag.
 
-Glue between `trainer.artifact.LoadedModel` (exact top-k by blocked products) and the pure maps in
-`trainer.sparse_maps`, used by `ovex predict --normalization`. Retrieval here is exact, so the bound on
-the labels not returned is the (k+1)-th score; ev-softmax's threshold is the O(d) mean for linear heads
-and the mean of the exact scores for DropMax models (whose scores are not linear in h).
+The map and its certificate are `trainer.sparse_maps.normalize_topk`, the one the service's predictor
+(`service.serving.predictor`) calls too; what is here is only what differs on the command line:
+
+- retrieval is exact (`LoadedModel.topk` of k+1 labels), so the bound on the labels left out is the
+  (k+1)-th score. The service's top-k comes from the retrievers it builds and tunes from its settings
+  (int8 scan, IVF, HNSW, its blocked exact scorer), and it widens a sparsemax answer until it certifies:
+  those live in service, which trainer never imports;
+- the probabilities are those of the k returned labels, renormalised, with `exact` saying whether they
+  equal the map over all K (the documented output of `ovex predict`); the service's exact pass sums
+  the (ev-)softmax mass of every label instead and answers the full distribution's;
+- ev-softmax's threshold is the O(d) mean for a linear head and the mean of the exact scores for a
+  DropMax model (its scores are not linear in h), and float32 scores against that float64 threshold
+  are given a rounding margin (`F32_SCORE_RTOL`).
 """
 
 from __future__ import annotations
@@ -14,7 +23,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from trainer.sparse_maps import (
-    NORMALIZATIONS,
     TopKDistribution,
     evsoftmax_threshold_linear,
     linear_head_means,
@@ -35,9 +43,8 @@ def evsoftmax_threshold_for(model: Any, x: sp.csr_matrix) -> np.ndarray:
 def predict_topk(
     model: Any, x: sp.csr_matrix, k: int, normalization: str
 ) -> tuple[np.ndarray, np.ndarray, TopKDistribution]:
-    """(ids [n,k'], scores [n,k'], distribution) with k' = min(k, K), best first."""
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(f"normalization: unknown {normalization!r}; expected one of {NORMALIZATIONS}")
+    """(ids [n,k'], scores [n,k'], distribution) with k' = min(k, K), best first; an unknown
+    `normalization` is normalize_topk's ValueError."""
     n_labels = int(model.n_labels)
     kk = min(k, n_labels)
     fetch = min(kk + 1, n_labels)
