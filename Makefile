@@ -30,9 +30,10 @@ test: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
-## bench: rerun every benchmark behind a figure in README.md or docs/ on the current code, into bench/results
-##   QUICK=1: the small profile (under 10 minutes) into a scratch directory; STALE=1: only stale results;
-##   ONLY=a,b: the benchmarks named (`.venv/bin/python bench/suite.py plan` lists them and their time)
+## bench: rerun the full profile (the README's figures and docs/continual.md's main table, at most 45 minutes)
+##   on the current code, into bench/results; the records of decisions run on demand with ONLY=name
+##   QUICK=1: the small profile of every script (under 10 minutes) into a scratch directory; STALE=1: only
+##   stale results; ONLY=a,b: the benchmarks named (`.venv/bin/python bench/suite.py plan [--only a,b]`)
 bench: $(STAMP)
 	$(PY) bench/suite.py run $(if $(QUICK),--quick )$(if $(STALE),--stale )$(if $(ONLY),--only $(ONLY) )$(if $(RESULTS),--results $(RESULTS))
 	$(if $(QUICK),,$(PY) scripts/figures.py --write)

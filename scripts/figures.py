@@ -184,9 +184,9 @@ def results_table(results: Path = RESULTS) -> str:
 # continual training: one line per target, the four sets of one file
 
 
-CONTINUAL_SETS = ("bibtex", "corel5k", "synth", "synth-40k")
-CONTINUAL_NAMES = {"bibtex": "Bibtex", "corel5k": "Corel5k", "synth": "the 10k-row synthetic set",
-                   "synth-40k": "the 40k-row one"}
+# the sets `make bench` reruns (the 40,000-row synthetic set is a record: docs/continual.md)
+CONTINUAL_SETS = ("bibtex", "corel5k", "synth")
+CONTINUAL_NAMES = {"bibtex": "Bibtex", "corel5k": "Corel5k", "synth": "the synthetic set"}
 
 
 def continual(results: Path = RESULTS) -> str:
@@ -206,12 +206,12 @@ def continual(results: Path = RESULTS) -> str:
         line("all_p@1_delta_vs_full", "overall P@1", True) + " against the retrain",
         line("time_ratio", "wall time", False) + " of the retrain's",
     ]
-    seeds = len({r["seed"] for r in load("continual.json", results)["runs"]})
+    seeds = len({r["seed"] for r in load("continual.json", results)["runs"] if r["set"] in CONTINUAL_SETS})
     return textwrap.fill(
-        f"Against a full retrain ({seeds} seeds, Bibtex / Corel5k / synthetic 10^5 labels with 10k / "
-        "40k rows; each set's rows `new_p@1_ratio`, `old_p@1_delta_vs_base`, `all_p@1_delta_vs_full` "
-            "and `time_ratio` of `bench/results/continual.md`): " + "; ".join(parts) + ".", width=108,
-                         break_on_hyphens=False)
+        f"Against a full retrain ({seeds} seeds, Bibtex / Corel5k / synthetic 10^5 labels with 10,000 rows; "
+        "each set's rows `new_p@1_ratio`, `old_p@1_delta_vs_base`, `all_p@1_delta_vs_full` "
+        "and `time_ratio` of `bench/results/continual.md`): " + "; ".join(parts) + ".", width=108,
+        break_on_hyphens=False)
 
 
 def data(results: Path = RESULTS) -> str:

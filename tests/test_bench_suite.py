@@ -77,6 +77,30 @@ def test_every_measured_path_exists() -> None:
     assert missing == []
 
 
+def test_full_profile_fits_its_budget() -> None:
+    """`make bench` reruns the README's figures on this 2-core machine within BUDGET_S; a benchmark that
+    would push it over goes on demand (`full=False`) or drops a part (cited as FILE@COMMIT)."""
+    full = suite.selected(None, quick=False, stale_only=False)
+    assert {"real", "scale_serve_1e6", "serve_1e5", "continual", "add_labels"} <= {b.name for b in full}
+    total = sum(suite.expected_seconds(b) for b in full)
+    assert total <= suite.BUDGET_S, f"{total / 60:.1f} min"
+
+
+def test_expected_time_counts_only_the_runs_the_full_command_makes(tmp_path: Path) -> None:
+    """A results file made by an earlier, larger command holds runs `make bench` no longer makes."""
+    kept = {"set": "wordnet", "method": "omikuji", "label": "omikuji", "run_wall_s": 60.0}
+    extra = {"set": "wordnet", "method": "ovex", "label": "ovex --precision bf16", "run_wall_s": 40.0}
+    planted = {"set": "synth-1e5", "method": "ovex", "label": "ovex", "run_wall_s": 80.0}
+    (tmp_path / "real.json").write_text(json.dumps({"runs": [kept, extra, planted]}))
+    assert suite.real_expected(tmp_path) == 60.0
+    runs = {"base": {"wall_s": 1.0}, "continual": {"wall_s": 2.0, "wall_s_each": [2.0, 3.0]},
+            "continual-ranks-2": {"wall_s": 50.0}}
+    (tmp_path / "continual.json").write_text(json.dumps({"runs": [{"set": "bibtex", "runs": runs},
+                                                                  {"set": "synth-40k", "runs": runs}]}))
+    assert suite.continual_expected(tmp_path) == pytest.approx(6.0 * suite.CONTINUAL_UNTIMED)
+    assert suite.real_expected(tmp_path / "absent") is None
+
+
 def test_stamp_records_what_made_a_result() -> None:
     st = stamp.stamp(["bench/x.py", "--flag", "a b"])
     out = stamp.stamped(st, {"machine": "the script's own", "rows": [1]})
