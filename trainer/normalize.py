@@ -12,7 +12,7 @@ The map and its certificate are `trainer.sparse_maps.normalize_topk`, the one th
   the (ev-)softmax mass of every label instead and answers the full distribution's;
 - ev-softmax's threshold is the O(d) mean for a linear head and the mean of the exact scores for a
   DropMax model (its scores are not linear in h), and float32 scores against that float64 threshold
-  are given a rounding margin (`F32_SCORE_RTOL`).
+  are given a rounding margin (`sparse_maps.f32_score_tol`, as in the service).
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ import scipy.sparse as sp
 from trainer.sparse_maps import (
     TopKDistribution,
     evsoftmax_threshold_linear,
+    f32_score_tol,
     linear_head_means,
     normalize_topk,
 )
-
-F32_SCORE_RTOL = 1e-5  # float32 scores vs a float64 threshold: margin relative to the score scale
 
 
 def evsoftmax_threshold_for(model: Any, x: sp.csr_matrix) -> np.ndarray:
@@ -58,7 +57,6 @@ def predict_topk(
     tol: float | np.ndarray = 0.0
     if normalization == "evsoftmax":
         threshold = evsoftmax_threshold_for(model, x)
-        scale = np.abs(np.asarray(scores, dtype=np.float64)).max(axis=1, initial=0.0)
-        tol = F32_SCORE_RTOL * (1.0 + np.maximum(scale, np.abs(threshold)))
+        tol = f32_score_tol(scores, threshold)
     dist = normalize_topk(normalization, scores, bound, n_labels, threshold=threshold, score_tol=tol)
     return ids, scores, dist

@@ -251,6 +251,19 @@ def evsoftmax_threshold_linear(h: npt.ArrayLike, w_mean: npt.ArrayLike, b_mean: 
     return hh @ np.asarray(w_mean, dtype=np.float64) + float(b_mean)
 
 
+F32_SCORE_RTOL = 1e-5  # float32 scores vs a float64 threshold: margin relative to the score scale
+
+
+def f32_score_tol(scores: npt.ArrayLike, threshold: npt.ArrayLike) -> F64:
+    """The rounding margin per row between float32 scores and a threshold computed apart in float64 (the
+    O(d) mean): a score this close to the threshold cannot be told above it from below."""
+    a = np.asarray(scores, dtype=np.float64)
+    scale = np.where(np.isfinite(a), np.abs(a), 0.0).max(axis=1, initial=0.0)
+    t = np.asarray(threshold, dtype=np.float64)
+    out: F64 = F32_SCORE_RTOL * (1.0 + np.maximum(scale, np.where(np.isfinite(t), np.abs(t), 0.0)))
+    return out
+
+
 def _rest_mass_bound(m: F64, log_s: F64, bound: F64, r: int) -> F64:
     """Upper bound on Z_rest / (Z_ret + Z_rest) given Z_rest ≤ r·exp(bound) (the ratio grows with Z_rest).
 

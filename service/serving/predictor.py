@@ -19,7 +19,7 @@ import scipy.sparse as sp
 from service.errors import Invalid
 from service.serving.input_kind import InputKind
 from service.serving.retrieval import ExactScorer, Retriever, TopK
-from trainer.sparse_maps import evsoftmax_threshold_linear, linear_head_means, normalize_topk
+from trainer.sparse_maps import evsoftmax_threshold_linear, f32_score_tol, linear_head_means, normalize_topk
 
 log = logging.getLogger("ovex.predictor")
 
@@ -319,7 +319,11 @@ class Predictor:
             certified = (top.bound < kth) | np.isneginf(top.bound)
             probs: npt.NDArray[np.float64] | None = None
         else:
-            dist = normalize_topk(norm, top.scores.astype(np.float64), top.bound, self.n_labels, thr)
+            # float32 scores against a threshold computed apart in float64: a score within rounding of
+            # it is ambiguous, never certified on one side
+            tol = f32_score_tol(top.scores, thr) if thr is not None else 0.0
+            dist = normalize_topk(norm, top.scores.astype(np.float64), top.bound, self.n_labels, thr,
+                                  score_tol=tol)
             probs, certified = dist.probs, dist.exact
         out = []
         for r in range(n):

@@ -186,3 +186,21 @@ def test_exact_flag_never_lies(
             for i, lb in got.items():
                 assert lb.prob == pytest.approx(want[i], abs=1e-4)
     assert certified > 0
+
+
+def test_an_evsoftmax_score_within_float32_rounding_of_the_threshold_is_never_certified(
+    predictors: tuple[np.ndarray, np.ndarray, list[Predictor]],
+) -> None:
+    """The index path's scores are float32 and its threshold the O(d) mean in float64: a returned score
+    that float32 rounding could have put on either side of the threshold leaves the support unknown."""
+    from service.serving.retrieval import TopK
+
+    pred = next(p for p in predictors[2] if p.retriever.kind == "int8")
+    thr = np.array([10.0, 10.0])
+    near = np.float32(10.0) + np.float32(2e-6)  # a few float32 ulps above the threshold
+    far = np.float32(11.0)
+    top = TopK(ids=np.array([[0, 1], [0, 1]], np.int64),
+               scores=np.array([[far, near], [far, 9.0]], np.float32), bound=np.array([5.0, 5.0]))
+    ambiguous, clear = pred._finish(top, "evsoftmax", thr)
+    assert not ambiguous.certified
+    assert clear.certified
