@@ -327,3 +327,16 @@ def test_a_vocabulary_setting_other_than_the_base_is_still_a_conflict(
     code, err = _run(capsys, "--init-from", str(tmp_path / "b"), "--train", str(data), "--out",
                      str(tmp_path / "o"), "--max-vocab", "5000")
     assert code == 2 and "max_vocab=5000 differs from the base model's max_vocab=200000" in err, err
+
+
+def test_every_field_has_one_role_in_a_continual_run() -> None:
+    """The roles partition TrainParams: a run field takes today's default, a learning field the base's."""
+    from trainer.params import ARCHITECTURE_FIELDS, LEARNING_FIELDS, RUN_FIELDS
+
+    roles = (ARCHITECTURE_FIELDS, RUN_FIELDS, LEARNING_FIELDS)
+    assert sum(len(r) for r in roles) == len(TrainParams.model_fields)
+    assert set().union(*roles) == set(TrainParams.model_fields)
+    base = TrainParams(patience=3, valid_fraction=0.1, replay=1.0, lr=0.07, dropout=0.3, dim=32)
+    run = continual_params(base, TrainParams(), "base")
+    assert (run.patience, run.valid_fraction, run.replay) == (0, 0.0, TrainParams().replay)
+    assert (run.lr, run.dropout, run.dim) == (0.07, 0.3, 32)

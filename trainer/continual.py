@@ -32,10 +32,9 @@ from trainer.capacity import check_fits
 from trainer.data import Dataset, in_label_space, label_counts
 from trainer.errors import ArtifactError, DataFormatError, ParamsError
 from trainer.model import init_head_rows
-from trainer.params import TrainParams, validation_message
+from trainer.params import ARCHITECTURE_FIELDS, RUN_FIELDS, TrainParams, validation_message
 
 __all__ = [
-    "ARCHITECTURE_FIELDS",
     "WarmStart",
     "check_out_dir",
     "continual_params",
@@ -43,16 +42,6 @@ __all__ = [
     "split_metrics",
     "warm_start",
 ]
-
-# The fields that fix the shape of the model or its input rows: a continual run takes them from the base.
-ARCHITECTURE_FIELDS = ("loss", "dim", "encoder", "hidden", "pieces", "tfidf", "l2", "hash_size",
-                       "max_vocab", "min_df", "ngrams")
-# How a run continues, not what the model is: today's defaults apply unless the caller sets them, never the
-# values a base happened to be trained under; so do where and how the base ran (its device, its ranks, its
-# model selection on held-out rows), which are no part of the model
-_RESET_FIELDS = ("stop_epoch", "continual_epochs", "continual_schedule", "continual_lr", "replay",
-                 "new_label_lr", "new_label_negatives", "new_label_init", "device", "precision",
-                 "nproc_per_node", "valid_fraction", "refit", "patience")
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -97,7 +86,7 @@ def continual_params(base: TrainParams, given: TrainParams, base_name: str,
                 f"{name}={getattr(base, name)!r}; a continual run keeps the base's {name} (leave it out)"
             )
     values = base.model_dump()
-    for name in _RESET_FIELDS:
+    for name in RUN_FIELDS:
         values[name] = TrainParams.model_fields[name].default
     values.update({name: getattr(given, name) for name in set_fields})
     if "epochs" not in set_fields:

@@ -337,3 +337,27 @@ class TrainParams(BaseModel):
             return cls.model_validate({"group_size": 1, "ngrams": 1, **data})
         except ValidationError as exc:  # said as `field: what is wrong`, without pydantic's links
             raise ParamsError(f"invalid training parameters: {validation_message(exc)}") from exc
+
+
+# What a continual run does with each field, given here beside the class so that a new field cannot be
+# forgotten: every field has exactly one role (checked when this module loads).
+# - the shape of the model or its input rows: taken from the base; a different value given is refused
+ARCHITECTURE_FIELDS = frozenset({"loss", "dim", "encoder", "hidden", "pieces", "tfidf", "l2", "hash_size",
+                                 "max_vocab", "min_df", "ngrams"})
+# - how a run continues, where and how the base ran, its model selection: none of them part of the model,
+#   so today's defaults apply unless the caller sets them, never the values the base was trained under
+RUN_FIELDS = frozenset({"stop_epoch", "continual_epochs", "continual_schedule", "continual_lr", "replay",
+                        "new_label_lr", "new_label_negatives", "new_label_init", "device", "precision",
+                        "nproc_per_node", "valid_fraction", "refit", "patience"})
+# - how the model learns: the base's, unless the caller sets them
+LEARNING_FIELDS = frozenset(TrainParams.model_fields) - ARCHITECTURE_FIELDS - RUN_FIELDS
+
+
+def _check_roles() -> None:
+    unknown = (ARCHITECTURE_FIELDS | RUN_FIELDS) - set(TrainParams.model_fields)
+    both = ARCHITECTURE_FIELDS & RUN_FIELDS
+    if unknown or both:
+        raise AssertionError(f"TrainParams roles: not fields {sorted(unknown)}, in two roles {sorted(both)}")
+
+
+_check_roles()
