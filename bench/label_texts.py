@@ -17,7 +17,10 @@ subprocess, its wall time from `os.wait4`); the artifact is loaded back and the 
 steps are the same in number: > 1 means a step with label texts is slower by that factor).
 
     .venv/bin/python bench/label_texts.py [--sets wordnet bibtex corel5k] [--seeds 0 1 2]
-        [--out bench/results/label_texts] [--extra="--label-tower-gain 2"]
+        [--out bench/results/label_texts] [--extra="--label-tower-gain 2"] [--zero-shot-scales]
+
+`--zero-shot-scales`: each label-texts model is also scored with its text-only labels' rows rescaled after
+training (`SCALES`), which shows where the trade between P@1 and unseen hit@5 can sit for that tower.
 """
 
 from __future__ import annotations
@@ -102,7 +105,52 @@ def unseen_hit(top: np.ndarray, y: sp.csr_matrix, counts: np.ndarray) -> tuple[f
     return float((hit & top_unseen)[rows].any(axis=1).mean()), int(rows.sum())
 
 
-def run(set_name: str, arm: str, seed: int, data_dir: Path, work: Path, extra: list[str]) -> dict[str, Any]:
+# (norm factor, bias shift) of the text-only labels' rows, applied after training: the first is the model
+# as trained (the rarest trained labels' median norm and bias), (0, 0) leaves the text-only labels out
+SCALES = ((1.0, 0.0), (0.0, 0.0), (0.75, 0.0), (0.75, 1.0), (0.75, 2.0), (1.0, 0.5), (1.0, 1.0), (1.0, 2.0),
+          (1.1, 1.0), (1.1, 2.0), (1.25, 0.0), (1.25, 0.5), (1.25, 1.0), (1.5, 0.0), (1.5, 1.0), (2.0, 0.0))
+
+
+def _top(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    idx = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    val = np.take_along_axis(scores, idx, 1)
+    order = np.argsort(-val, 1)
+    return np.take_along_axis(idx, order, 1), np.take_along_axis(val, order, 1)
+
+
+def zero_shot_scales(model: Any, h: np.ndarray, to_shared: np.ndarray, y: sp.csr_matrix,
+                     counts: np.ndarray) -> list[dict[str, float]]:
+    """P@1, P@5 and unseen hit@5 with the text-only labels' rows rescaled (norm × a, bias + b), post hoc:
+    where the trade between the labels seen in training and those known by their text alone can sit.
+    The top 5 of the trained labels and the top 5 of the text-only ones are taken once; a scale moves
+    only the second set's scores."""
+    if model.label_counts is None or not (model.label_counts == 0).any():
+        return []
+    w, b = model.head_weight, model.head_bias
+    only = np.asarray(model.label_counts == 0)
+    seen, zero = np.flatnonzero(~only), np.flatnonzero(only)
+    b0 = float(np.median(b[zero]))  # the text-only rows' bias as trained (one value for all of them)
+    parts: list[tuple[np.ndarray, ...]] = []
+    for s in range(0, h.shape[0], 2048):
+        hh = h[s:s + 2048]
+        si, sv = _top(hh @ w[seen].T + b[seen], K)
+        zi, zv = _top(hh @ w[zero].T, K)
+        parts.append((seen[si], sv, zero[zi], zv))
+    si, sv, zi, zv = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    out = []
+    for a, shift in SCALES:
+        zs = a * zv + b0 + shift if a > 0 else np.full_like(zv, -np.inf)
+        ids, vals = np.concatenate([si, zi], 1), np.concatenate([sv, zs], 1)
+        top = to_shared[np.take_along_axis(ids, np.argsort(-vals, 1)[:, :K], 1)]
+        m = xc_metrics.evaluate_topk(top, y, None)
+        hit, _ = unseen_hit(top, y, counts)
+        out.append({"a": a, "b": shift, "p@1": float(m["p@1"]), "p@5": float(m["p@5"]),
+                    "unseen_hit@5": float(hit) if hit is not None else float("nan")})
+    return out
+
+
+def run(set_name: str, arm: str, seed: int, data_dir: Path, work: Path, extra: list[str],
+        scales: bool = False) -> dict[str, Any]:
     from trainer.artifact import load_artifact
     from trainer.data import in_label_space, read_jsonl
 
@@ -121,7 +169,8 @@ def run(set_name: str, arm: str, seed: int, data_dir: Path, work: Path, extra: l
     flags = ["--label-texts", str(texts), *extra] if arm == "label-texts" else []
     res: dict[str, Any] = ovex_train(train_path, work / "model", seed, flags, work / "train.log")
     model = load_artifact(work / "model")
-    ids, _ = model.topk(model.featurizer.transform(test), K)
+    x = model.featurizer.transform(test)
+    ids, _ = model.topk(x, K)
     index = {n: i for i, n in enumerate(names)}
     to_shared = np.array([index.get(n, -1) for n in model.label_names] + [-1], dtype=np.int64)
     ids = np.asarray(ids, np.int64)
@@ -131,6 +180,8 @@ def run(set_name: str, arm: str, seed: int, data_dir: Path, work: Path, extra: l
     metrics: dict[str, Any] = dict(xc_metrics.evaluate_topk(top, y, None))
     metrics.update({k: v for k, v in tail_metrics(top, y, counts).items() if k.startswith("tail_p@")})
     metrics["unseen_hit@5"], metrics["unseen_rows"] = unseen_hit(top, y, counts)
+    if scales:
+        res["zero_shot_scales"] = zero_shot_scales(model, model.encode(x), to_shared, y, counts)
     res["examples_per_s"] = float(model.metrics.get("examples_per_s", float("nan")))
     res["metrics"] = metrics
     return res
@@ -151,6 +202,13 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 if vals:
                     s[key] = _stats(vals)
             per[arm] = s
+        scaled = [r["zero_shot_scales"] for r in runs
+                  if r["set"] == set_name and r["arm"] == "label-texts" and r.get("zero_shot_scales")]
+        if scaled:
+            keys = ("p@1", "p@5", "unseen_hit@5")
+            per["zero_shot_scales"] = [
+                {"a": row["a"], "b": row["b"], **{k: _stats([float(r[i][k]) for r in scaled]) for k in keys}}
+                for i, row in enumerate(scaled[0])]
         a, b = per.get("defaults", {}), per.get("label-texts", {})
         if "examples_per_s" in a and "examples_per_s" in b:
             per["step_ratio"] = a["examples_per_s"]["mean"] / b["examples_per_s"]["mean"]
@@ -190,6 +248,13 @@ def markdown(result: dict[str, Any]) -> str:
                 lines.append(f"| {arm} | " + " | ".join(_cell(per[arm], k) for k in SHOWN) + " |")
         if "step_ratio" in per:
             lines += ["", f"Step time ratio (label texts / defaults): {per['step_ratio']:.2f}×"]
+        if per.get("zero_shot_scales"):
+            lines += ["", "Text-only labels rescaled after training (norm × a, bias + b; a = 1, b = 0 is the "
+                      "model as trained, a = 0 leaves them out), the label-texts arm's models:", "",
+                      "| a | b | p@1 | p@5 | unseen_hit@5 |", "|---|---|---|---|---|"]
+            for row in per["zero_shot_scales"]:
+                lines.append(f"| {row['a']:g} | {row['b']:g} | "
+                             + " | ".join(_cell(row, k) for k in ("p@1", "p@5", "unseen_hit@5")) + " |")
         lines.append("")
     for note in result.get("notes", []):
         lines.append(f"- {note}")
@@ -204,6 +269,8 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--extra", default="", help="more `ovex train` flags for the label-texts arm")
     ap.add_argument("--out", type=Path, default=RESULTS / "label_texts")
+    ap.add_argument("--zero-shot-scales", action="store_true",
+                    help="also score the label-texts models with their text-only labels rescaled (SCALES)")
     args = ap.parse_args()
     extra = shlex.split(args.extra)
     runs: list[dict[str, Any]] = []
@@ -222,7 +289,8 @@ def main() -> None:
                 with tempfile.TemporaryDirectory(prefix="ovex-label-texts-") as tmp:
                     t0 = time.perf_counter()
                     row = {"set": set_name, "arm": arm, "seed": seed,
-                           **run(set_name, arm, seed, args.data_dir, Path(tmp), extra)}
+                           **run(set_name, arm, seed, args.data_dir, Path(tmp), extra,
+                                 scales=args.zero_shot_scales)}
                     row["bench_s"] = time.perf_counter() - t0
                 runs.append(row)
                 mt = row["metrics"]

@@ -257,7 +257,7 @@ BENCHES: tuple[Bench, ...] = (
     # the defaults): WordNet's two arms alone recorded 20 minutes on the shared machine
     Bench("label_texts",
           steps=(_s("bench/label_texts.py", "--extra=--label-tower-mode apart --label-tower-detach",
-                    "--out", "{results}/label_texts"),),
+                    "--zero-shot-scales", "--out", "{results}/label_texts"),),
           quick=(_s("bench/label_texts.py", "--sets", "bibtex", "--seeds", "0", "--arms", "label-texts",
                     "--out", "{results}/label_texts"),),
           outputs=("label_texts.json", "label_texts.md"), measures=(*CLI, "bench/label_texts.py"),

@@ -1,0 +1,82 @@
+"""bench/label_texts.py's post-hoc scale of the text-only labels: as trained it is the model's own top 5,
+without them the trained labels' alone, and more weight never lowers unseen hit@5."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainer import metrics as xc_metrics
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "label_texts.py"
+
+
+def _load() -> ModuleType:
+    name = "ovex_bench_label_texts"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, SCRIPT)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+bench = _load()
+
+
+@dataclass
+class _Model:
+    head_weight: np.ndarray
+    head_bias: np.ndarray
+    label_counts: np.ndarray
+
+
+def _top5(scores: np.ndarray) -> np.ndarray:
+    return np.argsort(-scores, axis=1, kind="stable")[:, :5]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_the_scale_as_trained_is_the_models_top_5_and_zero_leaves_text_only_labels_out(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    k, d, n = 60, 6, 40
+    counts = rng.integers(0, 4, k)
+    counts[:8] = 0  # at least eight labels known by their text alone
+    w = rng.normal(size=(k, d)).astype(np.float32)
+    b = rng.normal(size=k).astype(np.float32)
+    b[counts == 0] = np.float32(-0.3)  # as materialized: one bias for every text-only row
+    h = rng.normal(size=(n, d)).astype(np.float32)
+    y = sp.csr_matrix((rng.random((n, k)) < 0.08).astype(np.float32))
+    to_shared = np.arange(k + 1, dtype=np.int64)
+    to_shared[-1] = -1
+    scaled = bench.zero_shot_scales(_Model(w, b, counts), h, to_shared, y, counts)
+    rows = {(r["a"], r["b"]): r for r in scaled}
+
+    full = h @ w.T + b  # float32, as the benchmark scores
+    as_trained = xc_metrics.evaluate_topk(_top5(full), y, None)
+    seen_only = xc_metrics.evaluate_topk(_top5(np.where(counts == 0, -np.inf, full)), y, None)
+    for key in ("p@1", "p@5"):
+        assert abs(rows[(1.0, 0.0)][key] - as_trained[key]) < 1e-9
+        assert abs(rows[(0.0, 0.0)][key] - seen_only[key]) < 1e-9
+    assert rows[(0.0, 0.0)]["unseen_hit@5"] == 0.0 or np.isnan(rows[(0.0, 0.0)]["unseen_hit@5"])
+    # a larger bias shift at the same norm only lifts the text-only labels: their hit rate cannot fall
+    hits = [rows[(1.0, shift)]["unseen_hit@5"] for shift in (0.0, 0.5, 1.0, 2.0)]
+    if not np.isnan(hits[0]):
+        assert all(x <= y_ + 1e-12 for x, y_ in itertools.pairwise(hits))
+
+
+def test_a_model_without_text_only_labels_has_no_scales() -> None:
+    counts = np.ones(5, np.int64)
+    model = _Model(np.ones((5, 2), np.float32), np.zeros(5, np.float32), counts)
+    assert bench.zero_shot_scales(model, np.ones((3, 2), np.float32), np.arange(6), sp.csr_matrix((3, 5)),
+                                  counts) == []
