@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,8 @@ from tests.test_continual_inputs import _tree_hash
 
 FAST = ["--dim", "8", "--batch-size", "16", "--negatives", "4", "--group-size", "2", "--epochs", "1",
         "--quiet"]
+
+DATA = "6 5 3\n0 0:1 1:1\n1 2:1\n0,2 3:1 4:1\n2 4:1\n1 1:1 2:1\n0 0:1\n"  # 6 rows, 5 features, 3 labels
 
 # run `ovex ARGS...` with one write path failing as a full disk does
 _FULL_DISK = textwrap.dedent("""
@@ -44,7 +47,7 @@ _FULL_DISK = textwrap.dedent("""
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
     path = tmp_path / "d.txt"
-    path.write_text("6 5 3\n0 0:1 1:1\n1 2:1\n0,2 3:1 4:1\n2 4:1\n1 1:1 2:1\n0 0:1\n")
+    path.write_text(DATA)
     return path
 
 
@@ -132,32 +135,49 @@ _FULL_DISK_ON_RANKS = textwrap.dedent("""
 """)
 
 
-@pytest.mark.timeout(600)  # two launches of two real ranks
+def _run_on_ranks(root: Path, data: Path, ckpt: Path, out: str, epochs: str,
+                  fail: str) -> subprocess.CompletedProcess[str]:
+    """`ovex train` on two gloo ranks, the disk full for the ranks in `fail` ("" for none)."""
+    script = root / "full_disk_ranks.py"
+    if not script.exists():
+        script.write_text(_FULL_DISK_ON_RANKS)
+    args = ["train", "--train", str(data), "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1",
+            "--nproc-per-node", "2", *FAST, "--batch-size", "2", "--out", str(root / out), "--epochs", epochs]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FAIL_RANKS": fail}
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300,
+                          check=False, env=env)
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A first run on two ranks (an epoch of 3 steps) with room on the disk: (its data, its checkpoints).
+    Each case below resumes a copy of them; a launch of two ranks is seconds of imports, made once here."""
+    root = tmp_path_factory.mktemp("ranks-first")
+    data = root / "d.txt"
+    data.write_text(DATA)
+    ok = _run_on_ranks(root, data, root / "ckpt", "m1", "1", "")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert sorted({name.split("/")[0] for name in _tree_hash(root / "ckpt")}) == ["latest.json",
+                                                                                  "step-000000003"]
+    return data, root / "ckpt"
+
+
+@pytest.mark.timeout(600)  # a launch of two real ranks (and the first run's, once)
 @pytest.mark.parametrize("fail_ranks", ["1", "0,1"])
 def test_a_full_disk_at_a_checkpoint_of_two_ranks_leaves_no_partial_checkpoint(
-    tmp_path: Path, data: Path, fail_ranks: str
+    tmp_path: Path, two_rank_run: tuple[Path, Path], fail_ranks: str
 ) -> None:
     """Two ranks on gloo, the disk full for one of them (the other waits for it and is stopped) or for
     both: one line naming the rank and the checkpoint, and nothing half-written left, as with one rank;
     the checkpoint the run made before is kept to resume from."""
+    # the first run's checkpoints (an epoch of 3 steps); the disk is full for this run, which resumes from
+    # them for a second epoch
+    data, first = two_rank_run
     ckpt = tmp_path / "ckpt"
-    script = tmp_path / "full_disk_ranks.py"
-    script.write_text(_FULL_DISK_ON_RANKS)
-    args = ["train", "--train", str(data), "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1",
-            "--nproc-per-node", "2", *FAST, "--batch-size", "2"]
-
-    def run(out: str, epochs: str, fail: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "FAIL_RANKS": fail}
-        return subprocess.run([sys.executable, str(script), *args, "--out", str(tmp_path / out), "--epochs",
-                               epochs], capture_output=True, text=True, timeout=300, check=False, env=env)
-
-    # a first run (an epoch of 3 steps) writes its checkpoints; the disk is full for the second one, which
-    # resumes from them for a second epoch
-    ok = run("m1", "1", "")
-    assert ok.returncode == 0, ok.stderr[-3000:]
+    shutil.copytree(first, ckpt)
     kept = _tree_hash(ckpt)
     assert sorted({name.split("/")[0] for name in kept}) == ["latest.json", "step-000000003"]
-    proc = run("m2", "2", fail_ranks)
+    proc = _run_on_ranks(tmp_path, data, ckpt, "m2", "2", fail_ranks)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert _tree_hash(ckpt) == kept  # no .step-*.partial beside it, the last complete checkpoint unchanged
     last = proc.stderr.rstrip().splitlines()[-1]

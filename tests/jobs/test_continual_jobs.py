@@ -7,18 +7,28 @@ import hashlib
 import json
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import scipy.sparse as sp
 
 from service.serving.active import ActiveVersions
-from tests.jobs.conftest import Backend
+from tests.jobs.conftest import Backend, Server, sqlite_server
 from trainer.data import read_xc, write_xc
 from trainer.synth import synth
 
 TINY = {"dim": 16, "batch_size": 32, "negatives": 8, "lr": 0.05}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server of default settings for the tests that need nothing else of it: each uses models of its
+    own names and leaves no job running (a server's start is seconds of imports)."""
+    with sqlite_server(tmp_path_factory.mktemp("continual")) as server:
+        yield server
 
 
 def _tree_digest(root: Path) -> dict[str, str]:
@@ -62,9 +72,8 @@ def _labels(path: Path) -> list[str]:
 
 
 def test_job_with_a_base_makes_the_next_version_and_leaves_the_base_alone(
-    make_server: Any, synth_files: dict[str, Path], tmp_path: Path
+    srv: Server, synth_files: dict[str, Path], tmp_path: Path
 ) -> None:
-    srv = make_server(Backend("sqlite"))
     job_id, v1, before, ids = _grown(srv, synth_files, tmp_path, "grow", {"epochs": 4})
     assert srv.final_state(job_id) == "succeeded", srv.log_tail()
     job = srv.job(job_id)
@@ -196,11 +205,10 @@ def test_a_base_that_does_not_fit_is_refused_before_queueing(
 
 
 def test_params_of_a_continual_job_are_checked_together_with_its_base(
-    make_server: Any, synth_files: dict[str, Path]
+    srv: Server, synth_files: dict[str, Path]
 ) -> None:
     """A pair of fields (sampler and group_size) may take one side from the request, the other from the
     base: checked once merged, not against the defaults the request left out."""
-    srv = make_server(Backend("sqlite"))
     train = srv.upload(synth_files["train"])
     for model, extra in (("single", {"group_size": 1}), ("grouped", {})):
         params = {**TINY, **extra, "epochs": 1}
@@ -300,7 +308,9 @@ def test_a_continual_job_survives_a_killed_server_and_resumes_from_its_checkpoin
     srv = make_server(Backend("sqlite"))
     train = srv.upload(synth_files["train"])
     v1, before = _first_version(srv, "k", train["id"], epochs=1)
-    job_id = srv.submit({"model": "k", "train_dataset": train["id"], "base": {}, "params": {"epochs": 300}})
+    # 1,900 steps: the worker is stopped a few hundred steps past the one seen (progress shows every 0.5 s,
+    # the orphaned worker looks for its parent as often), far from the end; the resumed rest stays short
+    job_id = srv.submit({"model": "k", "train_dataset": train["id"], "base": {}, "params": {"epochs": 100}})
     srv.wait(job_id, lambda j: (j["progress"]["step"] or 0) >= 60, 60, "the job to pass a checkpoint")
     assert srv.proc is not None
     os.kill(srv.proc.pid, signal.SIGKILL)
@@ -338,12 +348,11 @@ def test_a_version_is_kept_when_the_job_database_cannot_tell(tmp_path: Path) -> 
 
 
 def test_a_stored_base_that_cannot_be_read_is_a_409_as_everywhere_else(
-    make_server: Any, synth_files: dict[str, Path]
+    srv: Server, synth_files: dict[str, Path]
 ) -> None:
     """The request is fine, the stored version is broken: the same 409 as activating it, with what is wrong
     and never the server's path; a version whose weights were cut short is refused now, not by a job that
     fails once started. Nothing is queued."""
-    srv = make_server(Backend("sqlite"))
     train = srv.upload(synth_files["train"])
     v1, _ = _first_version(srv, "b", train["id"], epochs=1)
     job = srv.submit({"model": "b", "train_dataset": train["id"], "params": {**TINY, "epochs": 1}})
@@ -376,11 +385,10 @@ def test_a_stored_base_that_cannot_be_read_is_a_409_as_everywhere_else(
 
 
 def test_an_unknown_base_version_names_a_few_versions_however_many_there_are(
-    make_server: Any, synth_files: dict[str, Path]
+    srv: Server, synth_files: dict[str, Path]
 ) -> None:
     """The 404 of a version a model lacks says how many it has and names the newest few: with thousands of
     versions the message stays short (the V2 route answers the same way)."""
-    srv = make_server(Backend("sqlite"))
     train = srv.upload(synth_files["train"])
     _first_version(srv, "many", train["id"], epochs=1)
     for v in range(2, 3001):
