@@ -33,8 +33,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     live.make_models(root / "models")
     # a second version of `sparse` (the highest serves first) so the console can switch back to 1
     shutil.copytree(root / "models" / "sparse" / "1", root / "models" / "sparse" / "2")
-    live.run_ovex("synth", "--labels", "30", "--features", "300", "--rows", "2000", "--out", "train.txt",
-                  "--test-out", "test.txt", "--test-rows", "300", "--seed", "5", cwd=root)
+    from service.cli import main  # `ovex synth` in this process: not seconds of another's imports
+
+    assert main(["synth", "--labels", "30", "--features", "300", "--rows", "2000", "--out",
+                 str(root / "train.txt"), "--test-out", str(root / "test.txt"), "--test-rows", "300",
+                 "--seed", "5"]) == 0
     with live.live_server(root, default_model="demo") as srv:
         yield srv
 
