@@ -96,8 +96,14 @@ def run_ovex(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Complete
 def make_dataset(
     path: Path, *, labels: int = 24, features: int = 300, rows: int = 400, seed: int = 1
 ) -> Path:
-    run_ovex("synth", "--labels", str(labels), "--features", str(features), "--rows", str(rows),
-             "--out", str(path), "--seed", str(seed), cwd=path.parent)
+    """`ovex synth` in this process: the server stack is imported here already, another interpreter would
+    import it again for a second."""
+    from service.cli import main
+
+    argv = ["synth", "--labels", str(labels), "--features", str(features), "--rows", str(rows), "--out",
+            str(path), "--seed", str(seed)]
+    if main(argv):
+        raise RuntimeError(f"ovex {' '.join(argv)} failed")
     return path
 
 
