@@ -276,6 +276,8 @@ class Server:
                 "OVEX_CHECKPOINT_EVERY": "20",
                 "OVEX_JOB_LEASE_S": "3",
                 "OVEX_JOB_HEARTBEAT_S": "0.5",
+                # jobs claimed and their events streamed within 0.1 s, not 0.25: tests wait on many jobs
+                "OVEX_JOB_POLL_S": "0.1",
                 "OVEX_EMBEDDED_WORKER": "true" if embedded_worker else "false",
                 "OVEX_THREADS": "1",
                 "OVEX_WARMUP": "false",

@@ -184,6 +184,9 @@ def server_env(root: Path, api_key: str, port: int, default_model: str | None = 
         "OVEX_HOST": "127.0.0.1",
         "OVEX_PORT": str(port),
         "OVEX_THREADS": "1",
+        # jobs are claimed and their event streams see news within 0.1 s, not the default 0.25: the tests
+        # run dozens of short jobs and wait on each (an idle server polls more often, still ~3% of a core)
+        "OVEX_JOB_POLL_S": "0.1",
     })
     if default_model:  # tests add models named before it; /v1/predict stays on it
         env["OVEX_DEFAULT_MODEL"] = default_model
