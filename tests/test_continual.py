@@ -320,27 +320,29 @@ def test_cli_init_from_and_its_errors(planted: tuple[Dataset, Dataset], tmp_path
     assert {"new.p@1", "old.p@1", "p@1"} <= set(metrics)
     assert load_artifact(tmp_path / "v2").params.dim == 32  # taken from the base
 
+    # the refusals, through the same `main` in this process (what the command runs; no second interpreter)
+    def refused(*args: str) -> str:
+        assert main(["train", *args]) == 2
+        return capsys.readouterr().err
+
     wide = tmp_path / "wide.txt"
     write_xc(wide, sp.hstack([tr.X, sp.csr_matrix((tr.n_rows, 5))]).tocsr(), tr.Y)
     v1, out = str(tmp_path / "v1"), str(tmp_path / "x")
-    proc = _cli("train", "--init-from", v1, "--train", str(wide), "--out", out)
-    assert proc.returncode == 2
-    assert proc.stderr.startswith(f"error: {wide}:1: declares D=205 features but the base model "), \
-        proc.stderr
+    err = refused("--init-from", v1, "--train", str(wide), "--out", out)
+    assert err.startswith(f"error: {wide}:1: declares D=205 features but the base model "), err
 
     text = tmp_path / "t.jsonl"
     text.write_text('{"text": "hello there", "labels": ["a"]}\n')
-    proc = _cli("train", "--init-from", v1, "--train", str(text), "--out", out)
-    assert proc.returncode == 2 and f"error: {text}:1: holds texts (JSONL) but the base model" in proc.stderr
+    err = refused("--init-from", v1, "--train", str(text), "--out", out)
+    assert f"error: {text}:1: holds texts (JSONL) but the base model" in err, err
 
-    proc = _cli("train", "--init-from", str(tmp_path / "v1"), "--train", str(tmp_path / "all.txt"),
-                "--dim", "64", "--out", str(tmp_path / "x"))
-    assert proc.returncode == 2 and "dim=64 differs from the base model's dim=32" in proc.stderr
+    err = refused("--init-from", str(tmp_path / "v1"), "--train", str(tmp_path / "all.txt"), "--dim", "64",
+                  "--out", str(tmp_path / "x"))
+    assert "dim=64 differs from the base model's dim=32" in err, err
 
-    proc = _cli("train", "--init-from", str(tmp_path / "nope"), "--train", str(tmp_path / "all.txt"),
-                "--out", str(tmp_path / "x"))
-    assert proc.returncode == 2
-    assert proc.stderr.startswith(f"error: {tmp_path / 'nope'}: not a model directory"), proc.stderr
+    err = refused("--init-from", str(tmp_path / "nope"), "--train", str(tmp_path / "all.txt"), "--out",
+                  str(tmp_path / "x"))
+    assert err.startswith(f"error: {tmp_path / 'nope'}: not a model directory"), err
     assert not (tmp_path / "x").exists()
 
 
@@ -409,9 +411,9 @@ def test_a_base_without_fingerprints_treats_every_row_as_new(
     assert load_artifact(tmp_path / "v2").config["n_train_rows"] == 600  # counted again: it cannot tell
 
 
-def test_replay_data_needs_a_base(tmp_path: Path) -> None:
-    proc = _cli("train", "--train", "x.txt", "--replay-data", "y.txt", "--out", str(tmp_path / "m"))
-    assert proc.returncode == 2 and "--replay-data needs --init-from" in proc.stderr
+def test_replay_data_needs_a_base(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--train", "x.txt", "--replay-data", "y.txt", "--out", str(tmp_path / "m")]) == 2
+    assert "--replay-data needs --init-from" in capsys.readouterr().err
 
 
 def test_new_labels_with_rows_are_oversampled_as_negatives() -> None:
