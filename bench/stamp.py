@@ -73,7 +73,10 @@ def stamp(argv: list[str] | None = None) -> dict[str, Any]:
     """The stamp at the start of a run; `finish` completes it."""
     return {
         "commit": git("rev-parse", "HEAD") or None,
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        # results written by the run itself (make bench writes one benchmark after another) are no change
+        # to the code that made them
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                          ":(exclude)bench/results")),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
