@@ -13,8 +13,7 @@ import pytest
 from service.cli import main
 from trainer.artifact import load_artifact
 from trainer.data import read_dataset
-from trainer.sparse_maps import F32_SCORE_RTOL
-from trainer.sparse_maps import evsoftmax, softmax, sparsemax
+from trainer.sparse_maps import F32_SCORE_RTOL, evsoftmax, softmax, sparsemax
 
 
 @pytest.fixture(scope="module")
