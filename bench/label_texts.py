@@ -112,6 +112,7 @@ SCALES = ((1.0, 0.0), (0.0, 0.0), (0.75, 0.0), (0.75, 1.0), (0.75, 2.0), (1.0, 0
 
 
 def _top(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    k = min(k, scores.shape[1])  # fewer text-only labels than k: all of them
     idx = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     val = np.take_along_axis(scores, idx, 1)
     order = np.argsort(-val, 1)
