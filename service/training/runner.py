@@ -230,12 +230,22 @@ class JobRunner:
 
     def _succeed(self, job: JobRow, job_dir: Path, version: str, figures: dict[str, float],
                  resumed: int | None) -> bool:
-        """Record the job as succeeded on `version` and remove its files; False if it lost its lease."""
+        """Record the job as succeeded on `version` and remove its files; False if it lost its lease.
+        The files go first while the job is still ours (the version is published, no attempt needs them):
+        a client that sees `succeeded` finds nothing left."""
+        self._remove_if_ours(job.id, job_dir)
         done = self.store.finish(job.id, self.worker, SUCCEEDED, model_version=version,
                                  extra=_finish_extra(figures, resumed))
         if done:
             shutil.rmtree(job_dir, ignore_errors=True)
         return done
+
+    def _remove_if_ours(self, job_id: str, job_dir: Path) -> None:
+        """Remove the job's files unless another worker holds the job now (its attempt uses them); a store
+        that cannot answer leaves them for after the record is written."""
+        with contextlib.suppress(Exception):
+            if self._still_ours(job_id):
+                shutil.rmtree(job_dir, ignore_errors=True)
 
     def _without_paths(self, message: str, job_dir: Path) -> str:
         """A log line or error as the job's record shows it to API clients: the server's directories named
@@ -357,9 +367,7 @@ class JobRunner:
     def _failed(self, job_id: str, job_dir: Path, message: str) -> None:
         """End the job as failed. Its files go first while it is still ours: a full disk (the job
         database's too, often) gets their space back before the failure is written."""
-        with contextlib.suppress(Exception):  # unknown: the files wait for the record, as below
-            if self._still_ours(job_id):
-                shutil.rmtree(job_dir, ignore_errors=True)
+        self._remove_if_ours(job_id, job_dir)
         try:
             self.store.log(job_id, f"failed: {message}")
         except Exception:  # the log line is lost, not the job's end
