@@ -10,9 +10,8 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from service import serve as serve_cli
-from service.training import worker as jobs_worker
 from trainer import cli as trainer_cli
 from trainer.errors import OvexError
 
@@ -26,18 +25,31 @@ def _version() -> str:
         return "(not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _trainer_parser() -> tuple[argparse.ArgumentParser, Any]:
+    """The `ovex` parser with the trainer's commands (train, evaluate, predict, synth), and its subparsers."""
     parser = argparse.ArgumentParser(prog="ovex", description="extreme classification with OVE-SGD")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     trainer_cli.add_commands(sub)
+    return parser, sub
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from service import serve as serve_cli
+    from service.training import worker as jobs_worker
+
+    parser, sub = _trainer_parser()
     jobs_worker.add_command(sub)
     serve_cli.add_commands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # a trainer command never imports the server's modules (the web framework, the job database)
+    parser, sub = _trainer_parser()
+    if not (argv and argv[0] in sub.choices):
+        parser = build_parser()
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)

@@ -175,7 +175,8 @@ class RecordingAdagrad(RowAdagrad):
 def run_steps(options: dict[str, Any], device: str = "cpu") -> dict[str, Any]:
     """Three steps of the real Stepper on the toy data, as this process's rank; returns what it saw."""
     torch.set_num_threads(1)
-    params = TrainParams(dim=6, dropout=0.0, batch_size=N_ROWS, optimizer="adagrad", **options)
+    params = TrainParams(dim=6, dropout=0.0, batch_size=N_ROWS, optimizer="adagrad", precision="fp32",
+                         **options)
     group = join_group(torch.device(device))
     dev = rank_device(torch.device(device), group)
     shard = shard_bounds(N_LAB, group.world, group.rank)

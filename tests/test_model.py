@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from trainer import optim, row_kernels
 from trainer.errors import ParamsError
-from trainer.model import ModelShape, XCModel, csr_to_tensors, project_rows
+from trainer.model import ModelShape, RowDropout, XCModel, csr_to_tensors, project_rows
 from trainer.negatives import NegativeSampler
 from trainer.optim import RowAdagrad, RowAdam, catch_up_table
 
@@ -36,6 +36,48 @@ def test_project_rows_gradient_matches_embedding_bag_autograd() -> None:
     h2.backward(g)
     assert t1.grad is not None and t2.grad is not None
     torch.testing.assert_close(t1.grad, t2.grad)
+
+
+@settings(max_examples=40, deadline=None)
+@given(bags=st.integers(1, 12), n_rows=st.integers(1, 20), width=st.integers(1, 40),
+       seed=st.integers(0, 2**31))
+def test_project_rows_gradient_kernel_matches_the_sparse_product(bags: int, n_rows: int, width: int,
+                                                                 seed: int) -> None:
+    """The fused CPU backward (non-zeros regrouped by table row) is Aᵀ·g, as scipy computes it, with empty
+    bags and a row read twice by one bag."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 7, size=bags)
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    indices = rng.integers(0, n_rows, size=int(indptr[-1]))
+    values = rng.standard_normal(indices.size).astype(np.float32)
+    g = torch.from_numpy(rng.standard_normal((bags, width)).astype(np.float32))
+    a = sp.csr_matrix((values, indices, indptr), shape=(bags, n_rows))  # duplicates kept, summed by Aᵀ·g
+    got = row_kernels.project_rows_grad(torch.from_numpy(indptr[:-1]), torch.from_numpy(indices),
+                                        torch.from_numpy(values), g, n_rows)
+    torch.testing.assert_close(got, torch.from_numpy(np.asarray(a.T @ g.numpy(), dtype=np.float32)))
+
+
+@settings(max_examples=30, deadline=None)
+@given(p=st.floats(0.0, 0.95), seed=st.integers(0, 2**31))
+def test_row_dropout_keeps_h_in_expectation(p: float, seed: int) -> None:
+    """Each element kept with the mask's probability q and scaled by exactly 1/q; every one of the four
+    16-bit draws a random word gives keeps at that rate; the gradient is the mask; off in eval mode."""
+    drop = RowDropout(p)
+    torch.manual_seed(seed)
+    h = torch.randn(128, 256).requires_grad_()
+    out = drop(h)
+    q = 1.0 - drop.cut / RowDropout.LEVELS
+    assert abs(q - (1.0 - p)) <= 1.0 / RowDropout.LEVELS
+    kept = out.detach() != 0
+    torch.testing.assert_close(out.detach()[kept], h.detach()[kept] * (1.0 / q))
+    lanes = kept.view(-1, 4).float().mean(0)  # the four 16-bit lanes of each 64-bit draw, apart
+    sd = math.sqrt(q * (1 - q) / (h.numel() / 4))
+    assert bool(((lanes - q).abs() <= 5 * sd + 1e-9).all()), (lanes, q)
+    out.backward(torch.ones_like(out))
+    assert h.grad is not None
+    torch.testing.assert_close(h.grad, kept.float() * (1.0 / q) if q > 0 else torch.zeros_like(h))
+    drop.eval()
+    assert torch.equal(drop(h), h)
 
 
 def test_row_adam_on_all_rows_matches_torch_adam() -> None:

@@ -16,11 +16,12 @@ from pydantic import ValidationError
 
 from service.cli import main
 from tests.jobs.conftest import Server, sqlite_server
+from trainer import step as step_module
 from trainer.continual import continual_params
 from trainer.data import Dataset, write_xc
 from trainer.hooks import QuietHooks
 from trainer.params import TrainParams
-from trainer.step import _product
+from trainer.step import _product, low_precision, native_bf16
 from trainer.synth import synth_dataset
 from trainer.train import train
 
@@ -33,16 +34,36 @@ def data() -> tuple[Dataset, Dataset]:
 
 
 def test_params_default_values_and_json_round_trip() -> None:
-    assert TrainParams().precision == "fp32"
+    assert TrainParams().precision == "auto"
     with pytest.raises(ValidationError, match="precision") as refused:
         TrainParams(precision="fp16")  # type: ignore[arg-type]
     assert [e["loc"] for e in refused.value.errors()] == [("precision",)]
-    for value in ("fp32", "bf16"):
+    for value in ("auto", "fp32", "bf16"):
         back = TrainParams.from_json_dict(json.loads(json.dumps(TrainParams(precision=value).to_json_dict())))
         assert back.precision == value
     old = TrainParams().to_json_dict()
     del old["precision"]  # params saved before the field: float32, which is all there was
     assert TrainParams.from_json_dict(old).precision == "fp32"
+
+
+def test_auto_takes_bf16_products_only_on_a_cpu_that_multiplies_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    for native in (True, False):
+        monkeypatch.setattr(step_module, "native_bf16", lambda n=native: n)
+        assert low_precision("auto", cpu) is native
+        assert low_precision("auto", gpu) is False  # on a GPU the casts cost more than the products save
+        assert (low_precision("fp32", cpu), low_precision("bf16", cpu)) == (False, True)
+        assert (low_precision("fp32", gpu), low_precision("bf16", gpu)) == (False, True)
+
+
+def test_native_bf16_agrees_with_the_cpu_flags_linux_reports() -> None:
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo: the CPU's flags are not readable here")
+    flags = {f for line in cpuinfo.read_text().splitlines() if line.startswith("flags")
+             for f in line.split(":", 1)[1].split()}
+    has = flags & {"avx512_bf16", "amx_tile"}
+    assert native_bf16() == bool(has), sorted(has)
 
 
 def test_bf16_products_take_bfloat16_inputs_and_give_float32() -> None:
@@ -76,7 +97,7 @@ def test_a_bf16_run_learns_what_an_fp32_run_learns(data: tuple[Dataset, Dataset]
 
 def test_a_continual_run_computes_as_told_not_as_its_base_did() -> None:
     base = TrainParams(precision="bf16", dim=16)
-    assert continual_params(base, TrainParams(), "m").precision == "fp32"
+    assert continual_params(base, TrainParams(), "m").precision == "auto"
     assert continual_params(base, TrainParams(precision="bf16"), "m").precision == "bf16"
     grown = continual_params(TrainParams(dim=16), TrainParams(precision="bf16"), "m")
     assert (grown.precision, grown.dim) == ("bf16", 16)  # the base's shape, the caller's precision
@@ -126,7 +147,7 @@ def test_a_job_trains_in_the_precision_it_was_given(srv: Server, xc_file: Path) 
                                           "params": {"precision": "fp16"}})
     assert r.status_code == 422, r.text
     errs = [e for e in r.json()["detail"] if e["loc"] == ["body", "params", "precision"]]
-    assert errs and "'fp32' or 'bf16'" in errs[0]["msg"], r.text
+    assert errs and "'auto', 'fp32' or 'bf16'" in errs[0]["msg"], r.text
     assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs
     progress = job["progress"]  # the last report: the final step, its loss read back from the step
     assert progress["step"] == progress["steps_total"] and math.isfinite(progress["loss"]), progress

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer import row_kernels
 from trainer.errors import ParamsError
 
 
@@ -91,6 +92,32 @@ def make_hidden_layer(encoder: str, dim: int, pieces: int, dropout: float) -> nn
     raise ParamsError(f"encoder {encoder!r} has no hidden layers; use mlp or maxout, or hidden=0")
 
 
+class RowDropout(nn.Module):
+    """Dropout of h, with the CPU mask drawn from 16 random bits an element: torch's `bernoulli_` draws one
+    double an element, several times slower there. The kept values are scaled by 1/q for the mask's own
+    keep probability q (a multiple of 2⁻¹⁶), so the expectation is h exactly, as with `nn.Dropout`."""
+
+    LEVELS = 1 << 16
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+        self.drop = nn.Dropout(p)
+        self.cut = round(p * self.LEVELS)  # draws below it are dropped
+        self.scale = self.LEVELS / (self.LEVELS - self.cut) if self.cut < self.LEVELS else 0.0
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return h
+        if h.device.type != "cpu" or h.numel() % 4 or self.cut in (0, self.LEVELS):
+            out: torch.Tensor = self.drop(h)
+            return out
+        words = torch.empty(h.numel() // 4, dtype=torch.int64).random_(-(1 << 63), (1 << 63) - 1)
+        draws = words.view(torch.int16).view(h.shape)  # uniform on [-2¹⁵, 2¹⁵)
+        keep = (draws >= self.cut - (1 << 15)).to(h.dtype) * self.scale
+        return h * keep
+
+
 class _ProjectRows(torch.autograd.Function):
     """h = A @ T for a batch CSR A (B×U) over gathered table rows T (U×d), with a fast backward.
 
@@ -110,7 +137,9 @@ class _ProjectRows(torch.autograd.Function):
     def backward(ctx: Any, grad_h: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         indices, offsets, values = ctx.saved_tensors
         b, n_rows = grad_h.shape[0], ctx.n_rows
-        if grad_h.device.type == "cpu":
+        if row_kernels.usable(grad_h.contiguous(), values) and indices.dtype == offsets.dtype == torch.int64:
+            grad = row_kernels.project_rows_grad(offsets, indices, values, grad_h, n_rows)
+        elif grad_h.device.type == "cpu":
             indptr = np.empty(b + 1, dtype=np.int64)
             indptr[:b] = offsets.numpy()
             indptr[b] = indices.numpy().shape[0]
@@ -196,7 +225,7 @@ class XCModel(nn.Module):
         self.hidden = nn.ModuleList(
             make_hidden_layer(shape.encoder, d, shape.pieces, shape.dropout) for _ in range(shape.hidden)
         )
-        self.drop = nn.Dropout(shape.dropout)
+        self.drop = RowDropout(shape.dropout)
         head = init_head_rows(lo, hi, d, seed) if init else torch.empty(k, d + 1)
         self.head = nn.Parameter(head, requires_grad=False)
         new = torch.zeros if init else torch.empty

@@ -18,7 +18,7 @@ Encoder = Literal["linear", "mlp", "maxout"]
 Sampler = Literal["uniform", "unigram"]
 Schedule = Literal["cosine", "linear", "constant"]
 Device = Literal["auto", "cpu", "cuda"]
-Precision = Literal["fp32", "bf16"]
+Precision = Literal["auto", "fp32", "bf16"]
 LabelWeighting = Literal["row", "pair"]
 Optimizer = Literal["adam", "adagrad"]
 NewLabelInit = Literal["mean", "random"]
@@ -147,9 +147,10 @@ class TrainParams(BaseModel):
     )
     device: Device = Field(default="auto", description="auto (a GPU when there is one), cpu or cuda")
     precision: Precision = Field(
-        default="fp32",
+        default="auto",
         description="fp32, or bf16: a step's score products (its largest matrix products) in bfloat16; "
-        "weights, optimizer state and the loss stay float32",
+        "weights, optimizer state and the loss stay float32. auto: bf16 on a CPU with bfloat16 "
+        "instructions, fp32 elsewhere (a GPU, or a CPU that would emulate them)",
     )
     # ranks: the label head is sharded across them, the encoder data-parallel (trainer.label_shards)
     nproc_per_node: int = Field(
@@ -331,10 +332,10 @@ class TrainParams(BaseModel):
         """Parse params of a saved artifact or stored job; turns validation errors into `ParamsError`.
 
         Params written before `group_size` existed describe pairwise OVE, and those written before `ngrams`
-        existed single words, so a missing one reads as 1.
+        existed single words, so a missing one reads as 1; before `precision`, every run was float32.
         """
         try:
-            return cls.model_validate({"group_size": 1, "ngrams": 1, **data})
+            return cls.model_validate({"group_size": 1, "ngrams": 1, "precision": "fp32", **data})
         except ValidationError as exc:  # said as `field: what is wrong`, without pydantic's links
             raise ParamsError(f"invalid training parameters: {validation_message(exc)}") from exc
 

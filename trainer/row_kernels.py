@@ -128,7 +128,39 @@ def _kernels() -> Any:
             for j in range(w):
                 p[j] = p[j] * keep - scale * g_[j]
 
-    return numba, adam, adagrad
+    @jit
+    def project_grad(
+        offsets: Any, indices: Any, values: Any, grad_h: Any, out: Any
+    ) -> None:  # pragma: no cover - compiled
+        n_bags, w = grad_h.shape
+        n_rows, nnz = out.shape[0], indices.shape[0]
+        # the bags' non-zeros regrouped by table row (a counting sort), so that each output row is
+        # written by one thread, once, and needs no zeroed buffer beforehand
+        start = np.zeros(n_rows + 1, np.int64)
+        for k in range(nnz):
+            start[indices[k] + 1] += 1
+        for r in range(n_rows):
+            start[r + 1] += start[r]
+        fill = start[:n_rows].copy()
+        bag_of = np.empty(nnz, np.int64)
+        value_of = np.empty(nnz, np.float32)
+        for bag in range(n_bags):
+            end = offsets[bag + 1] if bag + 1 < n_bags else nnz
+            for k in range(offsets[bag], end):
+                at = fill[indices[k]]
+                fill[indices[k]] = at + 1
+                bag_of[at] = bag
+                value_of[at] = values[k]
+        for r in numba.prange(n_rows):
+            o = out[r]
+            for j in range(w):
+                o[j] = 0.0
+            for at in range(start[r], start[r + 1]):
+                v, g = value_of[at], grad_h[bag_of[at]]
+                for j in range(w):
+                    o[j] += v * g[j]
+
+    return numba, adam, adagrad, project_grad
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -151,14 +183,14 @@ _LAUNCH = threading.Lock()
 def _launch(work: int) -> Iterator[Any]:
     """The kernels, on one thread for small updates, else on as many as torch may use (a step's torch
     ops keep their threads too: pinning them to one made CPU steps slower on every set measured)."""
-    numba, adam, adagrad = _kernels()
+    numba, adam, adagrad, project_grad = _kernels()
     with _LAUNCH:
         threads = torch.get_num_threads()
         n = 1 if work < PARALLEL_MIN else max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
         if numba.get_num_threads() != n:
             numba.set_num_threads(n)
         try:
-            yield adam, adagrad
+            yield adam, adagrad, project_grad
         finally:
             # numba's OpenMP layer shares libgomp with torch, and a launch resets its thread count
             if torch.get_num_threads() != threads:
@@ -171,7 +203,7 @@ def adam_rows(
 ) -> None:
     """In place: Adam step `step` on `param[rows]` ([N, w]) with grad [R, w], first catching each row up
     on the steps it missed since `last[row]` (`trainer.optim.RowAdam`); decoupled decay."""
-    with _launch(grad.numel()) as (adam, _):
+    with _launch(grad.numel()) as (adam, _, _):
         adam(_np(param), _np(mv), _np(last), _np(rows), _np(grad), table, step, lr, b1, b2, eps, wd)
 
 
@@ -180,5 +212,16 @@ def adagrad_rows(
     lr: float, eps: float, wd: float,
 ) -> None:
     """In place: row-wise Adagrad (one accumulator per row) on `param[rows]` with grad [R, w]."""
-    with _launch(grad.numel()) as (_, adagrad):
+    with _launch(grad.numel()) as (_, adagrad, _):
         adagrad(_np(param), _np(acc), _np(rows), _np(grad), lr, eps, wd)
+
+
+def project_rows_grad(
+    offsets: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, grad_h: torch.Tensor, n_rows: int
+) -> torch.Tensor:
+    """Aᵀ·grad_h for the bags' CSR A (B × n_rows; `offsets` [B] into `indices`/`values`): the gradient of
+    the table rows an `embedding_bag` sum with per-sample weights read, [n_rows, w]."""
+    out = torch.empty(n_rows, grad_h.shape[1], dtype=torch.float32)
+    with _launch(indices.numel() * grad_h.shape[1]) as (_, _, project_grad):
+        project_grad(*(_np(t.contiguous()) for t in (offsets, indices, values, grad_h)), _np(out))
+    return out
