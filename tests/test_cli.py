@@ -90,6 +90,28 @@ def test_version_and_loss_choices(capsys: pytest.CaptureFixture[str]) -> None:
     assert "(default: 7)" in helptext and "passes over the training rows" in helptext
 
 
+def test_train_help_lists_each_parameter_under_its_group(capsys: pytest.CaptureFixture[str]) -> None:
+    """`ovex train --help` in sections, one a TrainParams group, each holding that group's flags."""
+    import re
+
+    from trainer.params import GROUPS, TrainParams, fields_in
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    helptext = capsys.readouterr().out
+    headers = {f"{g.replace('_', ' ')}: {what}:": g for g, what in GROUPS.items()}
+    seen: dict[str, set[str]] = {}
+    current = None
+    for line in helptext.splitlines():
+        if not line.startswith(" "):
+            current = headers.get(line.strip())
+        elif current is not None and (flag := re.match(r"\s+--([a-z0-9-]+)", line)):
+            seen.setdefault(current, set()).add(flag.group(1).replace("-", "_"))
+    for group in GROUPS:
+        assert seen.get(group) == set(fields_in(group)), group
+    assert set().union(*seen.values()) == set(TrainParams.model_fields)
+
+
 def test_bad_data_prints_file_and_line_and_exits_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.txt"
     bad.write_text("2 10 3\n0 1:0.5\n1 12:1.0\n")

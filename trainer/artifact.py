@@ -340,9 +340,8 @@ def _read_config(root: Path) -> tuple[dict[str, Any], TrainParams, ModelShape]:
     if not (root / "featurizer").is_dir():
         raise ArtifactError(str(root), "missing featurizer/")
     config = _config_json(root)
-    for key in ("params", "n_features", "n_labels", "dim", "shape"):
-        if key not in config:
-            raise ArtifactError(str(root), f"config.json lacks {key!r}")
+    if "params" not in config:  # the shape's own keys are checked by `_shape_of`
+        raise ArtifactError(str(root), "config.json lacks 'params'")
     try:
         params = TrainParams.from_json_dict(config["params"])
     except (OvexError, KeyError, TypeError, ValueError) as exc:

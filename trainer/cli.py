@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from trainer.data import label_name_problem, undecodable_line
 from trainer.errors import DataFormatError, ParamsError
-from trainer.params import TrainParams, given_params, validation_message
+from trainer.params import GROUPS, TrainParams, given_params, group_of, validation_message
 
 
 def _field_type(annotation: Any) -> Any:
@@ -42,8 +42,9 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
     from trainer.losses import LOSSES, load_plugins
 
     load_plugins()
-    group = parser.add_argument_group("training parameters (defaults from TrainParams)")
+    sections = {g: parser.add_argument_group(f"{g.replace('_', ' ')}: {what}") for g, what in GROUPS.items()}
     for name, info in TrainParams.model_fields.items():
+        group = sections[group_of(info)]
         flag = "--" + name.replace("_", "-")
         typ, choices = _field_type(info.annotation)
         if name == "loss":  # a free string in TrainParams (plug-ins may add losses): list what is there

@@ -25,7 +25,7 @@ from safetensors.numpy import load_file, save_file
 
 from trainer.data import Dataset
 from trainer.errors import ArtifactError, DataFormatError, ParamsError
-from trainer.params import TrainParams
+from trainer.params import TrainParams, fields_in
 
 __all__ = ["FEATURIZER_VERSION", "Featurizer", "FeaturizerConfig", "options_to_config", "tokenize"]
 
@@ -86,8 +86,7 @@ class FeaturizerConfig:
     @classmethod
     def from_params(cls, params: TrainParams) -> FeaturizerConfig:
         """The featurizer a training run with these params fits: every option TrainParams has, set."""
-        return options_to_config(tfidf=params.tfidf, l2=params.l2, hash_size=params.hash_size,
-                                 max_vocab=params.max_vocab, min_df=params.min_df, ngrams=params.ngrams)
+        return options_to_config(**{name: getattr(params, name) for name in fields_in("featurizer")})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FeaturizerConfig:

@@ -75,6 +75,24 @@ def given_params(values: dict[str, Any], continuing: bool) -> TrainParams:
         raise
 
 
+# Each field belongs to one group, written on the field itself: `ovex train --help` lists the flags by group,
+# and a continual run treats a field by its group's role (below).
+GROUPS: dict[str, str] = {
+    "model": "the model's shape and loss",
+    "featurizer": "how rows become features",
+    "objective": "the sampled bound: negatives and their groups",
+    "optimiser": "how the weights learn",
+    "label_texts": "labels' own texts (--label-texts)",
+    "run": "where and how a run computes, its model selection",
+    "continual": "continuing a base model (--init-from)",
+}
+
+
+def _in(group: str) -> dict[str, Any]:
+    assert group in GROUPS, group
+    return {"group": group}
+
+
 class TrainParams(BaseModel):
     """Every knob of a training run, with defaults chosen to work on the XC benchmark sets untuned."""
 
@@ -90,9 +108,11 @@ class TrainParams(BaseModel):
         default="ove",
         description="training objective: ove (grouped one-vs-each bound), softmax (exact, the reference), "
         "ove-subset, sparsemax, evsoftmax, dropmax (trainer.losses.LOSSES)",
+        json_schema_extra=_in("model"),
     )
     negatives: int = Field(
-        default=1024, ge=1, le=MAX_NEGATIVES, description="negatives drawn per step (shared)"
+        default=1024, ge=1, le=MAX_NEGATIVES, description="negatives drawn per step (shared)",
+        json_schema_extra=_in("objective"),
     )
     # groups beat pairs on every set at the same step cost, and groups of 512 beat groups of 128 on WordNet,
     # Bibtex and the planted 10^5-label set while Corel5k loses a little (docs/training.md, with the figures
@@ -103,8 +123,10 @@ class TrainParams(BaseModel):
         le=MAX_NEGATIVES,
         description="ove: compare each positive with groups of this many sampled negatives under a "
         "softmax (a tighter bound of the same family; 1 = the one-vs-each bound over pairs)",
+        json_schema_extra=_in("objective"),
     )
-    sampler: Sampler = Field(default="uniform", description="proposal for negatives (importance-weighted)")
+    sampler: Sampler = Field(default="uniform", description="proposal for negatives (importance-weighted)",
+                             json_schema_extra=_in("objective"))
     hard_negatives: int = Field(
         default=0,
         ge=0,
@@ -112,45 +134,66 @@ class TrainParams(BaseModel):
         description="ove: each positive also takes this many hard negatives, its label's nearest labels by "
         "head row (mined every hard_every epochs from the second on), scored with weight 1 while the "
         "sampled ones that fall among them are left out for it, so the loss stays a bound (0 = off)",
+        json_schema_extra=_in("objective"),
     )
     hard_every: int = Field(
-        default=1, ge=1, le=10_000, description="with hard_negatives: epochs between two minings"
+        default=1, ge=1, le=10_000, description="with hard_negatives: epochs between two minings",
+        json_schema_extra=_in("objective"),
     )
-    alpha: float = Field(default=0.75, ge=0.0, le=2.0, description="exponent of the unigram^alpha proposal")
+    alpha: float = Field(default=0.75, ge=0.0, le=2.0, description="exponent of the unigram^alpha proposal",
+                         json_schema_extra=_in("objective"))
     label_weighting: LabelWeighting = Field(
         default="row",
         description="multi-label rows in ove/ove-subset/softmax: row (each row weighs 1, shared by its "
         "positives) or pair (each positive pair weighs 1)",
+        json_schema_extra=_in("objective"),
     )
     # encoder
-    dim: int = Field(default=512, ge=1, le=16384, description="width d of the representation h(x)")
-    encoder: Encoder = Field(default="linear", description="linear, mlp (ReLU) or maxout")
-    hidden: int = Field(default=0, ge=0, le=8, description="number of hidden layers after the projection")
-    pieces: int = Field(default=2, ge=2, le=16, description="maxout pieces per unit")
-    dropout: float = Field(default=0.6, ge=0.0, lt=1.0, description="dropout on h and hidden layers")
+    dim: int = Field(default=512, ge=1, le=16384, description="width d of the representation h(x)",
+                     json_schema_extra=_in("model"))
+    encoder: Encoder = Field(default="linear", description="linear, mlp (ReLU) or maxout",
+                             json_schema_extra=_in("model"))
+    hidden: int = Field(default=0, ge=0, le=8, description="number of hidden layers after the projection",
+                        json_schema_extra=_in("model"))
+    pieces: int = Field(default=2, ge=2, le=16, description="maxout pieces per unit",
+                        json_schema_extra=_in("model"))
+    dropout: float = Field(default=0.6, ge=0.0, lt=1.0, description="dropout on h and hidden layers",
+                           json_schema_extra=_in("optimiser"))
     # optimisation
     # grouped ove gains little after 7 epochs on Bibtex and over-fits Corel5k's noisy tags after 7;
     # pairwise ove needed 20 (docs/training.md, round v7 of accuracy_sweep.md)
-    epochs: int = Field(default=7, ge=1, le=10_000, description="passes over the training rows")
+    epochs: int = Field(default=7, ge=1, le=10_000, description="passes over the training rows",
+                        json_schema_extra=_in("optimiser"))
     # adagrad steps are cheaper and it leads early at 10^6 labels, but adam ends higher
     # (docs/training.md, bench/results/scale*.md)
-    optimizer: Optimizer = Field(default="adam", description="big tables: adam or adagrad (row-wise)")
-    lr: float = Field(default=0.01, gt=0.0, le=10.0, description="peak learning rate (adagrad: use ~0.1)")
-    dense_lr: float = Field(default=0.002, gt=0.0, le=10.0, description="peak lr of hidden layers (Adam)")
-    warmup: float = Field(default=0.05, ge=0.0, lt=1.0, description="fraction of steps with linear warmup")
-    schedule: Schedule = Field(default="cosine", description="decay after warmup")
-    batch_size: int = Field(default=256, ge=1, le=MAX_BATCH, description="rows per training step")
-    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="decoupled L2 on touched rows")
-    init_scale: float = Field(default=1.0, gt=0.0, le=100.0, description="init scale of input projection")
+    optimizer: Optimizer = Field(default="adam", description="big tables: adam or adagrad (row-wise)",
+                                 json_schema_extra=_in("optimiser"))
+    lr: float = Field(default=0.01, gt=0.0, le=10.0, description="peak learning rate (adagrad: use ~0.1)",
+                      json_schema_extra=_in("optimiser"))
+    dense_lr: float = Field(default=0.002, gt=0.0, le=10.0, description="peak lr of hidden layers (Adam)",
+                            json_schema_extra=_in("optimiser"))
+    warmup: float = Field(default=0.05, ge=0.0, lt=1.0, description="fraction of steps with linear warmup",
+                          json_schema_extra=_in("optimiser"))
+    schedule: Schedule = Field(default="cosine", description="decay after warmup",
+                               json_schema_extra=_in("optimiser"))
+    batch_size: int = Field(default=256, ge=1, le=MAX_BATCH, description="rows per training step",
+                            json_schema_extra=_in("optimiser"))
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="decoupled L2 on touched rows",
+                                json_schema_extra=_in("optimiser"))
+    init_scale: float = Field(default=1.0, gt=0.0, le=100.0, description="init scale of input projection",
+                              json_schema_extra=_in("optimiser"))
     seed: int = Field(
-        default=0, ge=0, le=MAX_SEED, description="seed of initialisation, sampling and shuffling"
+        default=0, ge=0, le=MAX_SEED, description="seed of initialisation, sampling and shuffling",
+        json_schema_extra=_in("optimiser"),
     )
-    device: Device = Field(default="auto", description="auto (a GPU when there is one), cpu or cuda")
+    device: Device = Field(default="auto", description="auto (a GPU when there is one), cpu or cuda",
+                           json_schema_extra=_in("run"))
     precision: Precision = Field(
         default="auto",
         description="fp32, or bf16: a step's score products (its largest matrix products) in bfloat16; "
         "weights, optimizer state and the loss stay float32. auto: bf16 on a CPU with bfloat16 "
         "instructions, fp32 elsewhere (a GPU, or a CPU that would emulate them)",
+        json_schema_extra=_in("run"),
     )
     # ranks: the label head is sharded across them, the encoder data-parallel (trainer.label_shards)
     nproc_per_node: int = Field(
@@ -159,25 +202,33 @@ class TrainParams(BaseModel):
         le=1024,
         description="training processes (ranks) to start on this machine; batch_size is the batch of all "
         "of them together. Under torchrun the ranks come from its environment instead",
+        json_schema_extra=_in("run"),
     )
     # featurizer: trainer.featurize.FeaturizerConfig.from_params maps these onto its options, whose library
     # defaults are these same values but for ngrams.
     # idf + L2: the best weighting measured on both Bibtex and Corel5k for a linear model
     # (bench/results/featurize_defaults.json)
-    tfidf: bool = Field(default=True, description="re-weight features by inverse document frequency")
-    l2: bool = Field(default=True, description="L2-normalise each input row")
-    hash_size: int = Field(default=0, ge=0, le=1 << 26, description="text: hash buckets (0 = vocab)")
-    max_vocab: int = Field(default=200_000, ge=1, le=1 << 26, description="text: vocabulary size cap")
+    tfidf: bool = Field(default=True, description="re-weight features by inverse document frequency",
+                        json_schema_extra=_in("featurizer"))
+    l2: bool = Field(default=True, description="L2-normalise each input row",
+                     json_schema_extra=_in("featurizer"))
+    hash_size: int = Field(default=0, ge=0, le=1 << 26, description="text: hash buckets (0 = vocab)",
+                           json_schema_extra=_in("featurizer"))
+    max_vocab: int = Field(default=200_000, ge=1, le=1 << 26, description="text: vocabulary size cap",
+                           json_schema_extra=_in("featurizer"))
     # word pairs carry what single words miss ("an artist" says which noun a gloss is about): P@1 on the
     # WordNet texts rises with them (docs/training.md); XC feature files are not affected
     ngrams: int = Field(
         default=2, ge=1, le=2, description="text: word n-grams in the vocabulary (1 = words, 2 = words and "
-        "adjacent word pairs)"
+        "adjacent word pairs)",
+        json_schema_extra=_in("featurizer"),
     )
     # a term in one training text (most word pairs) identifies that text, not a label: dropping them costs
     # nothing on WordNet and keeps its words and pairs under the vocabulary cap (docs/training.md)
     min_df: int = Field(
-        default=2, ge=1, le=1_000_000_000, description="text: minimum document frequency of a vocabulary term"
+        default=2, ge=1, le=1_000_000_000,
+        description="text: minimum document frequency of a vocabulary term",
+        json_schema_extra=_in("featurizer"),
     )
     # continual training (`train --init-from`): only used when a run starts from a base model
     continual_epochs: int = Field(
@@ -185,6 +236,7 @@ class TrainParams(BaseModel):
         ge=1,
         le=10_000,
         description="with a base model: epochs of a continual run when `epochs` is not given",
+        json_schema_extra=_in("continual"),
     )
     replay: float = Field(
         default=2.0,
@@ -192,11 +244,13 @@ class TrainParams(BaseModel):
         le=100.0,
         description="with a base model: rows the base already trained on, replayed per epoch, as a "
         "multiple of the rows new to it (0 = train on new rows only)",
+        json_schema_extra=_in("continual"),
     )
     continual_schedule: Schedule = Field(
         default="linear",
         description="with a base model: decay of a continual run when `schedule` is not given (a short run "
         "from a trained model learns more at a linearly decaying rate than under cosine's long tail)",
+        json_schema_extra=_in("continual"),
     )
     continual_lr: float = Field(
         default=1.25,
@@ -204,6 +258,7 @@ class TrainParams(BaseModel):
         le=100.0,
         description="with a base model: peak learning rates (lr and dense_lr) of a continual run, as a "
         "multiple of `lr` and `dense_lr` (the run starts from a trained model and is short)",
+        json_schema_extra=_in("continual"),
     )
     new_label_lr: float = Field(
         default=3.0,
@@ -211,6 +266,7 @@ class TrainParams(BaseModel):
         le=1000.0,
         description="with a base model: learning rate of the head rows of labels new to it, as a multiple "
         "of `lr` (they start from their initialisation, the others from a trained model)",
+        json_schema_extra=_in("continual"),
     )
     new_label_negatives: float = Field(
         default=0.2,
@@ -219,11 +275,13 @@ class TrainParams(BaseModel):
         description="with a base model and the uniform sampler: share of each step's sampled negatives drawn "
         "from the new labels that have rows (when `negatives` < the label count), so a label with few rows "
         "is pushed down on the others' rows in a short run (0 = uniform over all labels)",
+        json_schema_extra=_in("continual"),
     )
     new_label_init: NewLabelInit = Field(
         default="mean",
         description="with a base model: start of the head rows of labels new to it: mean (the mean "
         "encoding of their positive rows, scaled to score them as trained labels score theirs) or random",
+        json_schema_extra=_in("continual"),
     )
     # label texts (`train --label-texts`): w_k = free_k + gain * encoder(featurizer(text_k))
     label_tower_gain: float = Field(
@@ -231,17 +289,20 @@ class TrainParams(BaseModel):
         gt=0.0,
         le=1000.0,
         description="with label texts: initial gain of the label tower's rows (learned during training)",
+        json_schema_extra=_in("label_texts"),
     )
     label_tower_mode: Literal["joint", "apart"] = Field(
         default="joint",
         description="with label texts: joint (a label's row is its free part plus its tower row) or apart "
         "(a label with rows is its free part alone; the tower is trained beside it as a text-only scorer "
         "of the same candidates and gives the rows of labels without training rows)",
+        json_schema_extra=_in("label_texts"),
     )
     label_tower_detach: bool = Field(
         default=False,
         description="with label texts: the tower reads the input encoder without a gradient (only its map "
         "and gain learn from the texts; the encoder learns from the input rows alone)",
+        json_schema_extra=_in("label_texts"),
     )
     label_tower_fade: float = Field(
         default=0.0,
@@ -249,10 +310,12 @@ class TrainParams(BaseModel):
         le=1e9,
         description="with label texts: a label with n training rows gets the tower's row times "
         "fade / (fade + n), so frequent labels rest on their free part (0 = the same tower row for all)",
+        json_schema_extra=_in("label_texts"),
     )
     # evaluation
     eval_every: int = Field(
-        default=1, ge=0, le=10_000, description="evaluate every N epochs (0 = only at the end)"
+        default=1, ge=0, le=10_000, description="evaluate every N epochs (0 = only at the end)",
+        json_schema_extra=_in("optimiser"),
     )
     # model selection on held-out TRAINING rows (never the test split). Off by default: with the short
     # schedule of grouped ove it gains nothing on Bibtex or Corel5k (accuracy_sweep.md rows 149, 161) for
@@ -263,11 +326,13 @@ class TrainParams(BaseModel):
         le=0.5,
         description="hold out this fraction of the training rows (seeded split) to pick the epoch whose "
         "weights are kept: the one with the best P@1 on them (0 = off, keep the last epoch)",
+        json_schema_extra=_in("run"),
     )
     refit: bool = Field(
         default=False,
         description="with valid_fraction > 0: train again on all training rows and stop after the "
         "selected epoch (same schedule); the saved model is that second run",
+        json_schema_extra=_in("run"),
     )
     stop_epoch: int = Field(
         default=0,
@@ -275,6 +340,7 @@ class TrainParams(BaseModel):
         le=10_000,
         description="end training after this epoch while the learning-rate schedule still spans "
         "`epochs` (0 = all epochs; refit sets it)",
+        json_schema_extra=_in("run"),
     )
     patience: int = Field(
         default=0,
@@ -282,6 +348,7 @@ class TrainParams(BaseModel):
         le=10_000,
         description="with valid_fraction > 0: stop after this many epochs without a better validation "
         "P@1 (0 = train every epoch, still keeping the best one)",
+        json_schema_extra=_in("run"),
     )
 
     @field_validator("*", mode="before")
@@ -340,25 +407,31 @@ class TrainParams(BaseModel):
             raise ParamsError(f"invalid training parameters: {validation_message(exc)}") from exc
 
 
-# What a continual run does with each field, given here beside the class so that a new field cannot be
-# forgotten: every field has exactly one role (checked when this module loads).
+def fields_in(*groups: str) -> frozenset[str]:
+    """The TrainParams fields of these groups."""
+    return frozenset(name for name, info in TrainParams.model_fields.items() if group_of(info) in groups)
+
+
+def group_of(info: Any) -> str:
+    extra = info.json_schema_extra
+    return str(extra["group"]) if isinstance(extra, dict) and "group" in extra else ""
+
+
+# What a continual run does with each field, by its group:
 # - the shape of the model or its input rows: taken from the base; a different value given is refused
-ARCHITECTURE_FIELDS = frozenset({"loss", "dim", "encoder", "hidden", "pieces", "tfidf", "l2", "hash_size",
-                                 "max_vocab", "min_df", "ngrams"})
+ARCHITECTURE_FIELDS = fields_in("model", "featurizer")
 # - how a run continues, where and how the base ran, its model selection: none of them part of the model,
 #   so today's defaults apply unless the caller sets them, never the values the base was trained under
-RUN_FIELDS = frozenset({"stop_epoch", "continual_epochs", "continual_schedule", "continual_lr", "replay",
-                        "new_label_lr", "new_label_negatives", "new_label_init", "device", "precision",
-                        "nproc_per_node", "valid_fraction", "refit", "patience"})
+RUN_FIELDS = fields_in("run", "continual")
 # - how the model learns: the base's, unless the caller sets them
-LEARNING_FIELDS = frozenset(TrainParams.model_fields) - ARCHITECTURE_FIELDS - RUN_FIELDS
+LEARNING_FIELDS = fields_in("objective", "optimiser", "label_texts")
 
 
-def _check_roles() -> None:
-    unknown = (ARCHITECTURE_FIELDS | RUN_FIELDS) - set(TrainParams.model_fields)
-    both = ARCHITECTURE_FIELDS & RUN_FIELDS
-    if unknown or both:
-        raise AssertionError(f"TrainParams roles: not fields {sorted(unknown)}, in two roles {sorted(both)}")
+def _check_groups() -> None:
+    """Every field in exactly one group (and so one role): a new field cannot be forgotten."""
+    lost = sorted(name for name, info in TrainParams.model_fields.items() if group_of(info) not in GROUPS)
+    if lost:
+        raise AssertionError(f"TrainParams fields without a group: {lost}")
 
 
-_check_roles()
+_check_groups()
