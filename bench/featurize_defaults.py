@@ -31,10 +31,10 @@ from trainer.featurize import Featurizer, FeaturizerConfig  # noqa: E402
 from trainer.metrics import evaluate_topk, propensities  # noqa: E402
 
 OPTIONS = {
-    "raw": FeaturizerConfig(sparse_idf=False, sparse_l2=False),
-    "l2": FeaturizerConfig(sparse_idf=False, sparse_l2=True),
-    "idf": FeaturizerConfig(sparse_idf=True, sparse_l2=False),
-    "idf+l2": FeaturizerConfig(sparse_idf=True, sparse_l2=True),
+    "raw": FeaturizerConfig(tfidf=False, l2=False),
+    "l2": FeaturizerConfig(tfidf=False, l2=True),
+    "idf": FeaturizerConfig(tfidf=True, l2=False),
+    "idf+l2": FeaturizerConfig(tfidf=True, l2=True),
 }
 
 

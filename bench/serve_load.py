@@ -77,7 +77,7 @@ def build_model(out: Path, n_labels: int, dim: int, clusters: int, seed: int) ->
     with torch.no_grad():
         model.input_bias.zero_()
     fit_x = sp.random(2000, n_features, density=0.01, format="csr", dtype=np.float32, random_state=seed)
-    fz = Featurizer(FeaturizerConfig(sparse_idf=False, sparse_l2=True)).fit(
+    fz = Featurizer(FeaturizerConfig(tfidf=False, l2=True)).fit(
         Dataset(Y=sp.csr_matrix((2000, 1), dtype=np.float32), n_features=n_features, n_labels=1, X=fit_x)
     )
     names = [f"label-{i:07d}" for i in range(n_labels)]

@@ -271,6 +271,13 @@ BENCHES: tuple[Bench, ...] = (
                     "--out", "{results}/hard_negatives"),), quick=(),
           outputs=("hard_negatives.json", "hard_negatives.md"), measures=(*CLI, "bench/real.py"),
           estimate_s=1200, full=False),
+    # the `auto` precision's evidence: the same runs in float32, beside `real.json`'s (bf16 on this CPU)
+    Bench("precision",
+          steps=(_s("bench/real.py", "--sets", "wordnet", "bibtex", "corel5k", "--methods", "ovex",
+                    "--seeds", "0", "1", "2", "--ovex-args=--precision fp32",
+                    "--label", "ovex --precision fp32", "--out", "{results}/precision"),), quick=(),
+          outputs=("precision.json", "precision.md"), measures=(*CLI, "bench/real.py"),
+          estimate_s=420, full=False),
     Bench("objectives", steps=(_s("bench/objectives.py", "--out", "{results}/objectives"),), quick=(),
           outputs=("objectives.json", "objectives.md"), measures=(*TRAINER, "bench/objectives.py"),
           estimate_s=1800, full=False),

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from trainer.data import Dataset
 from trainer.errors import ArtifactError, DataFormatError, ParamsError
-from trainer.featurize import Featurizer, FeaturizerConfig, options_to_config, tokenize
+from trainer.featurize import Featurizer, FeaturizerConfig, tokenize
 
 
 def _texts(texts: list[str]) -> Dataset:
@@ -51,33 +51,30 @@ def test_vocab_tfidf_l2_by_hand() -> None:
     assert np.count_nonzero(X) == 2
 
 
-def test_min_df_and_max_features_shape_the_vocabulary() -> None:
+def test_min_df_and_max_vocab_shape_the_vocabulary() -> None:
     f = Featurizer(FeaturizerConfig(min_df=2)).fit(_texts(DOCS))
     assert f.vocab is not None and set(f.vocab) == {"the", "cat", "sat", "dog"}
-    g = Featurizer(FeaturizerConfig(min_df=1, max_features=2)).fit(_texts(DOCS))
+    g = Featurizer(FeaturizerConfig(min_df=1, max_vocab=2)).fit(_texts(DOCS))
     assert g.n_features == 2
     with pytest.raises(ParamsError, match="empty vocabulary"):
         Featurizer(FeaturizerConfig(min_df=5)).fit(_texts(DOCS))
 
 
 def test_hashing_signed_and_unsigned() -> None:
-    cfg = FeaturizerConfig(text_mode="hash", hash_features=16, text_idf=False, text_l2=False,
-                           sublinear_tf=False)
+    cfg = FeaturizerConfig(hash_size=16, tfidf=False, l2=False, sublinear_tf=False)
     f = Featurizer(cfg).fit(_texts(DOCS))
     assert f.n_features == 16
     row = f.transform_texts(["cat cat cat"])
     assert row.nnz == 1 and abs(float(row.data[0])) == 3.0
-    u = Featurizer(FeaturizerConfig(text_mode="hash", hash_features=16, signed_hash=False, text_idf=False,
-                                    text_l2=False)).fit(_texts(DOCS))
+    u = Featurizer(FeaturizerConfig(hash_size=16, signed_hash=False, tfidf=False, l2=False)).fit(_texts(DOCS))
     many = u.transform_texts([" ".join(f"w{i}" for i in range(200))])
     assert many.data.min() > 0  # unsigned: collisions only add up
-    signed = Featurizer(FeaturizerConfig(text_mode="hash", hash_features=1 << 12, text_idf=False,
-                                         text_l2=False)).fit(_texts(DOCS))
+    signed = Featurizer(FeaturizerConfig(hash_size=1 << 12, tfidf=False, l2=False)).fit(_texts(DOCS))
     assert (signed.transform_texts([" ".join(f"w{i}" for i in range(200))]).data < 0).any()
 
 
 def test_hashing_is_stable_across_instances() -> None:
-    cfg = FeaturizerConfig(text_mode="hash", hash_features=1 << 10)
+    cfg = FeaturizerConfig(hash_size=1 << 10)
     a = Featurizer(cfg).fit(_texts(DOCS)).transform_texts(["a stable hash please"])
     b = Featurizer(cfg).fit(_texts(DOCS)).transform_texts(["a stable hash please"])
     assert (a != b).nnz == 0
@@ -85,12 +82,12 @@ def test_hashing_is_stable_across_instances() -> None:
 
 def test_sparse_idf_and_l2_by_hand() -> None:
     X = sp.csr_matrix(np.array([[1, 0, 2], [1, 1, 0], [0, 0, 3]], dtype=np.float32))
-    f = Featurizer(FeaturizerConfig(sparse_idf=True, sparse_l2=True)).fit(_sparse(X))
+    f = Featurizer(FeaturizerConfig(tfidf=True, l2=True)).fit(_sparse(X))
     idf = [math.log(4 / 3) + 1, math.log(4 / 2) + 1, math.log(4 / 3) + 1]
     out = f.transform_sparse(sp.csr_matrix(np.array([[2, 1, 0]], dtype=np.float32))).toarray()[0]
     raw = np.array([2 * idf[0], 1 * idf[1], 0.0])
     assert out == pytest.approx(raw / np.linalg.norm(raw), rel=1e-6)
-    plain = Featurizer(FeaturizerConfig(sparse_idf=False, sparse_l2=False)).fit(_sparse(X))
+    plain = Featurizer(FeaturizerConfig(tfidf=False, l2=False)).fit(_sparse(X))
     assert (plain.transform_sparse(X) != X).nnz == 0
 
 
@@ -127,22 +124,19 @@ def test_unfitted_featurizer_refuses() -> None:
 
 
 def test_config_round_trip_and_validation() -> None:
-    cfg = FeaturizerConfig(text_mode="hash", ngrams=2, hash_features=99, signed_hash=False)
+    cfg = FeaturizerConfig(ngrams=2, hash_size=99, signed_hash=False)
     assert FeaturizerConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     with pytest.raises(ParamsError, match="unknown featurizer option"):
         FeaturizerConfig.from_dict({"ngram": 2})
     with pytest.raises(ParamsError, match="ngrams must be 1 or 2"):
         FeaturizerConfig(ngrams=3)
-    with pytest.raises(ParamsError, match="text_mode"):
-        FeaturizerConfig(text_mode="bpe")  # type: ignore[arg-type]
+    with pytest.raises(ParamsError, match="hash_size must be in"):
+        FeaturizerConfig(hash_size=-1)
 
 
 def test_class_level_fit_with_trainer_options() -> None:
     f = Featurizer.fit(_texts(DOCS), tfidf=False, l2=True, hash_size=64, max_vocab=10, min_df=1)
-    assert f.config.text_mode == "hash" and f.n_features == 64 and f.idf is None
-    cfg = options_to_config(tfidf=True, l2=False, hash_size=None, max_vocab=5)
-    assert (cfg.text_idf, cfg.sparse_idf, cfg.text_l2, cfg.sparse_l2, cfg.text_mode, cfg.max_features) == (
-        True, True, False, False, "vocab", 5)
+    assert f.config.hashed and f.n_features == 64 and f.idf is None
 
 
 @settings(max_examples=60, deadline=None)
@@ -157,7 +151,7 @@ def test_class_level_fit_with_trainer_options() -> None:
 def test_batch_and_single_row_routes_are_bit_identical(docs: list[str], mode: str, ngrams: int,
                                                        sublinear: bool, buckets: int) -> None:
     """A row featurizes the same alone (dict route, as a request) or inside a batch (numpy route)."""
-    cfg = FeaturizerConfig(text_mode=mode, ngrams=ngrams, min_df=1, hash_features=buckets,  # type: ignore[arg-type]
+    cfg = FeaturizerConfig(ngrams=ngrams, min_df=1, hash_size=buckets if mode == "hash" else 0,
                            sublinear_tf=sublinear)
     f = Featurizer(cfg).fit(_texts([*docs, "ab cd"]))  # "ab cd": the vocabulary is never empty
     batch = f.transform_texts(docs)
@@ -179,8 +173,7 @@ def test_batch_and_single_row_routes_are_bit_identical(docs: list[str], mode: st
 )
 def test_text_save_load_gives_identical_transforms(tmp_path: Path, docs: list[str], mode: str, ngrams: int,
                                                    idf: bool) -> None:
-    cfg = FeaturizerConfig(text_mode=mode, ngrams=ngrams, min_df=1, hash_features=32,  # type: ignore[arg-type]
-                           text_idf=idf)
+    cfg = FeaturizerConfig(ngrams=ngrams, min_df=1, hash_size=32 if mode == "hash" else 0, tfidf=idf)
     # no token of 2+ characters at all: a vocabulary cannot be built (hashing still fits, to empty rows)
     assume(mode == "hash" or any(tokenize(d) for d in docs))
     f = Featurizer(cfg).fit(_texts(docs))
@@ -195,7 +188,7 @@ def test_text_save_load_gives_identical_transforms(tmp_path: Path, docs: list[st
 def test_sparse_save_load_gives_identical_transforms(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     X = sp.random(50, 40, density=0.2, format="csr", dtype=np.float32, random_state=rng)
-    for cfg in (FeaturizerConfig(sparse_idf=True), FeaturizerConfig(sparse_idf=False, sparse_l2=False)):
+    for cfg in (FeaturizerConfig(tfidf=True), FeaturizerConfig(tfidf=False, l2=False)):
         f = Featurizer(cfg).fit(_sparse(X))
         f.save(tmp_path / "s")
         g = Featurizer.load(tmp_path / "s")
@@ -223,3 +216,29 @@ def test_load_rejects_broken_directories(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match=r"unreadable featurizer\.json"):
         Featurizer.load(tmp_path)
     assert not list(tmp_path.glob("*.pkl"))
+
+
+@pytest.mark.parametrize("hashed", [False, True])
+def test_a_featurizer_saved_under_the_earlier_option_names_reads_as_it_was_fit(tmp_path: Path,
+                                                                                hashed: bool) -> None:
+    """Before the options took `TrainParams`' names a featurizer.json said `text_mode`/`hash_features`,
+    `max_features` and a `text_*` and a `sparse_*` of each weighting, of which its kind used one."""
+    cfg = FeaturizerConfig(min_df=1, hash_size=32 if hashed else 0, tfidf=False, l2=True, max_vocab=50)
+    f = Featurizer(cfg).fit(_texts(DOCS))
+    f.save(tmp_path / "fz")
+    path = tmp_path / "fz" / "featurizer.json"
+    meta = json.loads(path.read_text())
+    meta["config"] = {"text_mode": "hash" if hashed else "vocab", "ngrams": 1, "min_df": 1,
+                      "max_features": 50, "hash_features": 32 if hashed else 1 << 18, "signed_hash": True,
+                      "sublinear_tf": True,
+                      "text_idf": False, "text_l2": True, "sparse_idf": True, "sparse_l2": False}
+    path.write_text(json.dumps(meta))
+    g = Featurizer.load(tmp_path / "fz")
+    assert g.config == cfg  # the text options, not the sparse ones the file also held
+    probe = [*DOCS, "the cat and an unseen word"]
+    a, b = f.transform_texts(probe), g.transform_texts(probe)
+    assert np.array_equal(a.indices, b.indices) and np.array_equal(a.data, b.data)
+    meta["config"]["max_features"] = "many"
+    path.write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match=r"invalid featurizer\.json"):
+        Featurizer.load(tmp_path / "fz")

@@ -9,17 +9,10 @@ import scipy.sparse as sp
 
 from trainer.data import Dataset
 from trainer.featurize import FeaturizerConfig
-from trainer.params import TrainParams
+from trainer.params import TrainParams, fields_in
 from trainer.train import fit_featurizer
 
-# TrainParams' name of each featurizer option, and the FeaturizerConfig options it sets
-OPTIONS = {
-    "tfidf": ("text_idf", "sparse_idf"),
-    "l2": ("text_l2", "sparse_l2"),
-    "max_vocab": ("max_features",),
-    "min_df": ("min_df",),
-    "ngrams": ("ngrams",),
-}
+OPTIONS = fields_in("featurizer")  # TrainParams' featurizer options: FeaturizerConfig's, by the same names
 
 TEXTS = ["red apple pie", "red apple tart", "green apple pie", "blue sky"]
 
@@ -32,10 +25,9 @@ def test_default_params_fit_the_featurizer_they_say() -> None:
     params = TrainParams()
     featurizer = fit_featurizer(params, _texts(TEXTS))
     cfg = featurizer.config
-    for name, options in OPTIONS.items():
-        for option in options:
-            assert getattr(cfg, option) == getattr(params, name), (name, option)
-    assert params.hash_size == 0 and cfg.text_mode == "vocab"
+    for name in OPTIONS:
+        assert getattr(cfg, name) == getattr(params, name), name
+    assert params.hash_size == 0 and not cfg.hashed
     # what those options do: word pairs are in (ngrams 2), terms of one text are out (min_df 2)
     assert featurizer.vocab is not None
     assert set(featurizer.vocab) == {"red", "apple", "pie", "red apple", "apple pie"}
@@ -43,13 +35,13 @@ def test_default_params_fit_the_featurizer_they_say() -> None:
 
 def test_every_featurizer_param_reaches_the_featurizer() -> None:
     """A value other than the default, for each option, is the featurizer's: none is dropped on the way."""
-    changed = {"tfidf": False, "l2": False, "max_vocab": 7, "min_df": 1, "ngrams": 1}
+    changed = {"tfidf": False, "l2": False, "max_vocab": 7, "min_df": 1, "ngrams": 1, "hash_size": 64}
+    assert set(changed) == OPTIONS
     for name, value in changed.items():
         assert value != TrainParams.model_fields[name].default, name
         cfg = FeaturizerConfig.from_params(TrainParams(**{name: value}))
-        assert all(getattr(cfg, option) == value for option in OPTIONS[name]), name
-    hashed = FeaturizerConfig.from_params(TrainParams(hash_size=64))
-    assert (hashed.text_mode, hashed.hash_features) == ("hash", 64)
+        assert getattr(cfg, name) == value, name
+    assert FeaturizerConfig.from_params(TrainParams(hash_size=64)).hashed
 
 
 def test_library_defaults_differ_from_training_only_in_ngrams() -> None:

@@ -26,7 +26,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, sp.cs
     x = sp.random(ROWS, N_FEATURES, density=0.3, format="csr", dtype=np.float32, random_state=1)
     y = sp.csr_matrix((np.ones(ROWS, dtype=np.float32), np.arange(ROWS) % N_LABELS, np.arange(ROWS + 1)),
                       shape=(ROWS, N_LABELS))
-    featurizer = Featurizer(FeaturizerConfig(sparse_idf=False)).fit(
+    featurizer = Featurizer(FeaturizerConfig(tfidf=False)).fit(
         Dataset(Y=y, n_features=N_FEATURES, n_labels=N_LABELS, X=x))
     model = XCModel(ModelShape(N_FEATURES, N_LABELS, DIM), seed=2)
     with torch.no_grad():  # peaked scores, so sparsemax keeps a few labels and certifies on k of them

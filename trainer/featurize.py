@@ -27,7 +27,7 @@ from trainer.data import Dataset
 from trainer.errors import ArtifactError, DataFormatError, ParamsError
 from trainer.params import TrainParams, fields_in
 
-__all__ = ["FEATURIZER_VERSION", "Featurizer", "FeaturizerConfig", "options_to_config", "tokenize"]
+__all__ = ["FEATURIZER_VERSION", "Featurizer", "FeaturizerConfig", "tokenize"]
 
 FEATURIZER_VERSION = 1
 _JSON_NAME = "featurizer.json"
@@ -45,56 +45,74 @@ def _training_default(name: str) -> Any:
 
 @dataclass(frozen=True)
 class FeaturizerConfig:
-    """Featurizer options; JSON round trip via `to_dict` / `from_dict` (unknown keys rejected).
+    """Featurizer options, named as `TrainParams`' featurizer group names them, with the same defaults
+    (but `ngrams`: the library keeps to single words, training adds word pairs), plus two that only the
+    library sets. JSON round trip via `to_dict` / `from_dict` (unknown keys rejected; a featurizer saved
+    under the names of earlier versions reads as it was fit). `tfidf` and `l2` apply to whichever input
+    the featurizer is fit on, texts or sparse features."""
 
-    Text options apply to JSONL data sets, `sparse_*` options to XC feature files. A training run sets
-    every option from its `TrainParams` (`from_params`, the one map from its names to these); the
-    defaults here are for a featurizer built directly. Those that `TrainParams` also has are taken from
-    it, except `ngrams`: the library keeps to single words, training adds word pairs (see its field).
-    """
-
-    text_mode: Literal["vocab", "hash"] = "vocab"
     ngrams: int = 1
     min_df: int = _training_default("min_df")
-    max_features: int = _training_default("max_vocab")
-    hash_features: int = 1 << 18  # buckets when text_mode is "hash" (TrainParams.hash_size > 0 sets both)
+    max_vocab: int = _training_default("max_vocab")
+    hash_size: int = _training_default("hash_size")  # 0: a vocabulary; more: that many hash buckets
+    tfidf: bool = _training_default("tfidf")
+    l2: bool = _training_default("l2")
     signed_hash: bool = True
     sublinear_tf: bool = True
-    text_idf: bool = _training_default("tfidf")
-    text_l2: bool = _training_default("l2")
-    sparse_idf: bool = _training_default("tfidf")
-    sparse_l2: bool = _training_default("l2")
 
     def __post_init__(self) -> None:
         problems = []
-        if self.text_mode not in ("vocab", "hash"):
-            problems.append(f"text_mode must be 'vocab' or 'hash', got {self.text_mode!r}")
         if self.ngrams not in (1, 2):
             problems.append(f"ngrams must be 1 or 2, got {self.ngrams}")
         if self.min_df < 1:
             problems.append(f"min_df must be >= 1, got {self.min_df}")
-        if self.max_features < 1:
-            problems.append(f"max_features must be >= 1, got {self.max_features}")
-        if not 1 <= self.hash_features < 2**31:
-            problems.append(f"hash_features must be in [1, 2^31), got {self.hash_features}")
+        if self.max_vocab < 1:
+            problems.append(f"max_vocab must be >= 1, got {self.max_vocab}")
+        if not 0 <= self.hash_size < 2**31:
+            problems.append(f"hash_size must be in [0, 2^31), got {self.hash_size}")
         if problems:
             raise ParamsError("; ".join(problems))
+
+    @property
+    def hashed(self) -> bool:
+        """Texts go to signed hash buckets rather than a vocabulary."""
+        return self.hash_size > 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_params(cls, params: TrainParams) -> FeaturizerConfig:
-        """The featurizer a training run with these params fits: every option TrainParams has, set."""
-        return options_to_config(**{name: getattr(params, name) for name in fields_in("featurizer")})
+        """The featurizer a training run with these params fits: its featurizer group, field by field."""
+        return cls(**{name: getattr(params, name) for name in fields_in("featurizer")})
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FeaturizerConfig:
+    def from_dict(cls, d: dict[str, Any], kind: str | None = None) -> FeaturizerConfig:
+        """Options by name; the names of earlier versions too, read for a featurizer of `kind`."""
+        d = _current_names(d, kind)
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
             raise ParamsError(f"unknown featurizer option(s) {sorted(unknown)}; known: {sorted(known)}")
         return cls(**d)
+
+
+def _current_names(d: dict[str, Any], kind: str | None) -> dict[str, Any]:
+    """Options saved before they took `TrainParams`' names: `max_features`, `text_mode` with
+    `hash_features`, and `text_*`/`sparse_*` pairs of which the featurizer's kind used one."""
+    d = dict(d)
+    if "max_features" in d:
+        d.setdefault("max_vocab", d.pop("max_features"))
+    if "text_mode" in d or "hash_features" in d:
+        mode, buckets = d.pop("text_mode", "vocab"), d.pop("hash_features", 1 << 18)
+        d.setdefault("hash_size", buckets if mode == "hash" else 0)
+    for old, new in (("idf", "tfidf"), ("l2", "l2")):
+        text, sparse = d.pop(f"text_{old}", None), d.pop(f"sparse_{old}", None)
+        used = (sparse if kind == "sparse" else text) if kind else None
+        value = used if used is not None else (text if text is not None else sparse)
+        if value is not None:
+            d.setdefault(new, value)
+    return d
 
 
 def tokenize(text: str, ngrams: int = 1) -> list[str]:
@@ -118,26 +136,6 @@ def _l2_rows(X: sp.csr_matrix) -> None:
     X.data = (X.data * np.repeat(scale, counts)).astype(np.float32)
 
 
-def options_to_config(tfidf: bool | None = None, l2: bool | None = None, hash_size: int | None = None,
-                      max_vocab: int | None = None, **fields_: Any) -> FeaturizerConfig:
-    """Build a config from the trainer's flat options (`tfidf`, `l2` apply to text and sparse data;
-    `hash_size` > 0 selects hashing with that many buckets; `max_vocab` caps the vocabulary), plus
-    any `FeaturizerConfig` field by name."""
-    opts: dict[str, Any] = dict(fields_)
-    if tfidf is not None:
-        opts.setdefault("text_idf", tfidf)
-        opts.setdefault("sparse_idf", tfidf)
-    if l2 is not None:
-        opts.setdefault("text_l2", l2)
-        opts.setdefault("sparse_l2", l2)
-    if hash_size:
-        opts.setdefault("text_mode", "hash")
-        opts.setdefault("hash_features", hash_size)
-    if max_vocab is not None:
-        opts.setdefault("max_features", max_vocab)
-    return FeaturizerConfig.from_dict(opts)
-
-
 class _FitMethod:
     """`fit` as an instance method, or on the class as a factory: `Featurizer.fit(ds, **options)`."""
 
@@ -146,7 +144,7 @@ class _FitMethod:
             return obj._fit
 
         def factory(ds: Dataset, config: FeaturizerConfig | None = None, **options: Any) -> Featurizer:
-            cfg = config if config is not None else options_to_config(**options)
+            cfg = config if config is not None else FeaturizerConfig.from_dict(options)
             return cls(cfg)._fit(ds)
         return factory
 
@@ -182,7 +180,7 @@ class Featurizer:
         """Learn the vocabulary / idf from the training split; returns self.
 
         Reached as `featurizer.fit(ds)`, or on the class with options,
-        `Featurizer.fit(ds, tfidf=True, l2=True, ...)` (see `options_to_config`).
+        `Featurizer.fit(ds, tfidf=True, l2=True, ...)` (`FeaturizerConfig`'s options).
         """
         self._hash_cache.clear()
         if ds.is_text:
@@ -198,32 +196,32 @@ class Featurizer:
         cfg = self.config
         self.kind = "text"
         self.n_docs = len(texts)
-        if cfg.text_mode == "vocab":
+        if not cfg.hashed:
             df: Counter[str] = Counter()
             for t in texts:
                 df.update(set(tokenize(t, cfg.ngrams)))
             kept = [(c, term) for term, c in df.items() if c >= cfg.min_df]
             kept.sort(key=lambda ct: (-ct[0], ct[1]))
-            kept = kept[: cfg.max_features]
+            kept = kept[: cfg.max_vocab]
             if not kept:
                 raise ParamsError(f"empty vocabulary: no token occurs in >= min_df={cfg.min_df} of the "
-                                  f"{len(texts)} training texts; lower min_df or use text_mode='hash'")
+                                  f"{len(texts)} training texts; lower min_df or hash them (hash_size > 0)")
             self.vocab = {term: i for i, (_, term) in enumerate(kept)}
             self._n_features = len(self.vocab)
             dfa = np.array([c for c, _ in kept], dtype=np.float64)
         else:
             self.vocab = None
-            self._n_features = cfg.hash_features
+            self._n_features = cfg.hash_size
             counts = self._raw_texts(texts)
             dfa = np.bincount(counts.indices, minlength=self._n_features).astype(np.float64)
-        self.idf = self._idf(dfa, self.n_docs) if cfg.text_idf else None
+        self.idf = self._idf(dfa, self.n_docs) if cfg.tfidf else None
 
     def _fit_sparse(self, X: sp.csr_matrix, n_features: int) -> None:
         self.kind = "sparse"
         self.vocab = None
         self._n_features = int(n_features)
         self.n_docs = int(X.shape[0])
-        if self.config.sparse_idf:
+        if self.config.tfidf:
             Xc = sp.csr_matrix(X)
             Xc.eliminate_zeros()
             dfa = np.bincount(Xc.indices, minlength=self._n_features).astype(np.float64)
@@ -233,7 +231,7 @@ class Featurizer:
 
     def extended(self, texts: Sequence[str]) -> Featurizer:
         """A copy whose vocabulary also holds the terms of `texts` it lacks (same min_df; the total stays
-        within max_features), appended after the old ones.
+        within max_vocab), appended after the old ones.
 
         Why: a continual run on new texts should learn their new words. Old terms keep their columns
         and idf weights, so a text without new words featurizes exactly as before; a new term's idf is
@@ -246,7 +244,7 @@ class Featurizer:
         df: Counter[str] = Counter()
         for t in texts:
             df.update(set(tokenize(t, cfg.ngrams)))
-        room = max(cfg.max_features - len(self.vocab), 0)
+        room = max(cfg.max_vocab - len(self.vocab), 0)
         kept = sorted(((c, term) for term, c in df.items() if c >= cfg.min_df and term not in self.vocab),
                       key=lambda ct: (-ct[0], ct[1]))[:room]
         out = Featurizer(cfg)
@@ -287,7 +285,7 @@ class Featurizer:
             if not isinstance(t, str):
                 raise DataFormatError(source, i + 1, f"text must be a string, got {type(t).__name__}")
         X = self._raw_texts(texts)
-        return self._weight(X, self.config.text_l2)
+        return self._weight(X, self.config.l2)
 
     def transform_sparse(self, X: sp.spmatrix, source: str = "<input>") -> sp.csr_matrix:
         """Sparse rows → float32 CSR (n × n_features) with the fitted weighting; validates ids/values."""
@@ -310,7 +308,7 @@ class Featurizer:
             Xc = sp.csr_matrix((Xc.data, Xc.indices, Xc.indptr), shape=(Xc.shape[0], self._n_features))
         if not Xc.has_canonical_format:
             Xc.sum_duplicates()
-        return self._weight(Xc, self.config.sparse_l2)
+        return self._weight(Xc, self.config.l2)
 
     def _raw_texts(self, texts: Sequence[str]) -> sp.csr_matrix:
         """Term weights before idf: (sublinear) tf per vocabulary column or signed hash bucket.
@@ -427,7 +425,7 @@ class Featurizer:
         hit = self._hash_cache.get(term)
         if hit is None:
             h = _hash64(term)
-            n = self.config.hash_features
+            n = self.config.hash_size
             sign = -1.0 if (self.config.signed_hash and (h >> 63) & 1) else 1.0
             hit = (h % n, sign)
             if len(self._hash_cache) >= _HASH_CACHE_MAX:
@@ -490,8 +488,8 @@ class Featurizer:
             raise ArtifactError(str(path), f"featurizer version {meta.get('version')!r} is not supported "
                                 f"(this ovex reads version {FEATURIZER_VERSION})")
         try:
-            cfg = FeaturizerConfig.from_dict(meta["config"])
             kind = meta["kind"]
+            cfg = FeaturizerConfig.from_dict(meta["config"], kind)
             n_features = int(meta["n_features"])
             n_docs = int(meta["n_docs"])
             has_idf = bool(meta["has_idf"])
@@ -509,7 +507,7 @@ class Featurizer:
                 raise ArtifactError(str(path), f"vocabulary has {len(vocab_list)} entries, expected "
                                     f"n_features={n_features}")
             f.vocab = {term: i for i, term in enumerate(vocab_list)}
-        elif kind == "text" and cfg.text_mode == "vocab":
+        elif kind == "text" and not cfg.hashed:
             raise ArtifactError(str(path), "text featurizer in vocab mode has no vocabulary")
         if has_idf:
             tpath = d / _TENSORS_NAME
