@@ -60,6 +60,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from real import _git, _version, machine  # noqa: E402
+from stamp import dirty  # noqa: E402
 
 import trainer.featurize  # noqa: E402
 import trainer.optim  # noqa: E402
@@ -733,7 +734,7 @@ def main() -> None:
     report: dict[str, Any] = {
         "command": [sys.executable, *sys.argv],
         "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain")),
+        "dirty": dirty(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {**machine(), "cpu_flags": cpu_flags(), "platform": platform.platform()},
         "loadavg_before": load_before,

@@ -69,14 +69,17 @@ def command(argv: list[str] | None = None) -> str:
     return shlex.join([exe, script.as_posix(), *argv[1:]])
 
 
+def dirty() -> bool:
+    """Tracked code differs from the commit. Results written by the run itself (make bench writes one
+    benchmark after another) are no change to the code that made them."""
+    return bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results"))
+
+
 def stamp(argv: list[str] | None = None) -> dict[str, Any]:
     """The stamp at the start of a run; `finish` completes it."""
     return {
         "commit": git("rev-parse", "HEAD") or None,
-        # results written by the run itself (make bench writes one benchmark after another) are no change
-        # to the code that made them
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                          ":(exclude)bench/results")),
+        "dirty": dirty(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
