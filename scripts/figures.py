@@ -219,7 +219,7 @@ def data(results: Path = RESULTS) -> str:
     made = "; ".join(f"{size(g['labels'])} labels × {g['rows']:,} rows in {g['cpu_s']} CPU-seconds"
                      for g in load("synth_scale.json", results)["rows"])
     return wrap(f"Measured: an XC file of {r['rows']:,} rows × {r['nnz_per_row']:.2f} non-zeros "
-                f"({r['file_mb']} MB of text) is read in {r['read_cpu_seconds']} CPU-seconds with a "
+                f"({r['file_mb']} MB of text) is read in {r['read_cpu_seconds']:.3f} CPU-seconds with a "
                 f"{r['read_peak_rss_mb']} MB peak for {r['csr_mb']} MB of CSR "
                 "([`data_read.md`](bench/results/data_read.md), `bench/read_speed.py`); `ovex synth` "
                 "generates "
