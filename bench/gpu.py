@@ -4,9 +4,9 @@ trained with the defaults through `ovex train`; the same rows on the CPU give th
 
 On a device machine (its torch with CUDA; the project's other wheels carried, see /work/.library/device):
     python bench/gpu.py --device cuda --data DIR_WITH_WORDNET --out $OUT/gpu.json
-Here, the CPU rows of the same settings (10^7 labels is refused: it does not fit this machine's memory):
-    python bench/gpu.py --device cpu --labels 100000 1000000 10000000 --extra-batch 2048 8192 \
-        --data ../shared/data --out bench/results/gpu_cpu.json
+Here, the CPU rows of the same settings (`make bench` runs this one; 10^7 labels does not fit here):
+    python bench/gpu.py --device cpu --labels 100000 1000000 --extra-batch 8192 --extra-precision fp32 \
+        --wordnet-runs defaults= --no-profile --data ../shared/data --out bench/results/gpu_cpu.json
 Then `python bench/gpu.py --render bench/results/gpu.json bench/results/gpu_cpu.json` writes gpu.md.
 
 Rates are the second epoch's examples/s (the first pays for CUDA's start and the allocator's warm-up);
@@ -39,11 +39,13 @@ import trainer.train as train_module  # noqa: E402
 from trainer.capacity import run_bytes  # noqa: E402
 from trainer.hooks import QuietHooks  # noqa: E402
 from trainer.params import TrainParams  # noqa: E402
+from trainer.step import low_precision  # noqa: E402
 from trainer.synth import synth_dataset  # noqa: E402
 from trainer.train import train  # noqa: E402
 
 FEATURES = 100_000
 DIM = 256
+BIG_BATCH_RUN = "b8192 e56=--batch-size 8192 --epochs 56 --eval-every 0"  # the GPU's fast extra row
 
 
 def _machine(device: torch.device) -> dict[str, Any]:
@@ -88,8 +90,9 @@ def speed_row(labels: int, rows: int, device: torch.device, batch: int | None, p
     estimate = run_bytes(labels, FEATURES, params)
     row: dict[str, Any] = {
         "labels": labels, "rows": ds.n_rows, "dim": DIM, "batch_size": params.batch_size,
-        "precision": precision, "device": device.type, "inline": inline,
-        "default": batch is None and precision == "fp32" and not inline,
+        "precision": "bf16" if low_precision(precision, device) else "fp32", "requested": precision,
+        "device": device.type, "inline": inline,
+        "default": batch is None and precision == "auto" and not inline,
         "examples_per_s": result.history[-1]["examples_per_s"],
         "examples_per_s_epoch1": result.history[0]["examples_per_s"],
         "steps": result.steps, "wall_s": wall, "final_loss": result.final_loss,
@@ -204,16 +207,23 @@ def wordnet_row(data_dir: Path, device: torch.device, out_dir: Path, extra: list
     wall = time.perf_counter() - t0
     metrics = json.loads(printed.getvalue().strip().splitlines()[-1])
     row = {"set": "wordnet", "device": device.type, "label": label, "args": extra, "wall_s": wall,
-           **{k: metrics[k] for k in ("p@1", "p@3", "p@5") if k in metrics}}
+           **{k: metrics[k] for k in ("p@1", "p@3", "p@5") if k in metrics}, "extra": bool(extra)}
     print(json.dumps(row), flush=True)
     return row
+
+
+def _commit() -> dict[str, Any]:
+    """The commit measured. A device machine gets a copy of the code without its history: there the copy's
+    commit and whether it differed from it come in `OVEX_COMMIT` and `OVEX_DIRTY` (non-empty: dirty)."""
+    if "OVEX_COMMIT" in os.environ:
+        return {"commit": os.environ["OVEX_COMMIT"] or None, "dirty": bool(os.environ.get("OVEX_DIRTY"))}
+    return {"commit": _git("rev-parse", "HEAD") or None, "dirty": bool(_git("status", "--porcelain"))}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     started = time.perf_counter()
-    out: dict[str, Any] = {"command": " ".join(sys.argv), "commit": _git("rev-parse", "HEAD") or None,
-                           "dirty": bool(_git("status", "--porcelain")),
+    out: dict[str, Any] = {"command": " ".join(sys.argv), **_commit(),
                            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_before": os.getloadavg(),
                            "machine": _machine(device), "speed": [], "wordnet": [], "errors": []}
 
@@ -240,9 +250,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 out["wordnet"].append(row)
             save()
     for labels in args.labels:
-        settings = [(None, "fp32", False), *[(b, "fp32", False) for b in args.extra_batch],
+        settings = [(None, "auto", False), *[(b, "auto", False) for b in args.extra_batch],
                     *[(None, p, False) for p in args.extra_precision],
-                    *[(b, "fp32", True) for b in [None, *args.extra_batch] if labels in args.inline_at]]
+                    *[(b, "auto", True) for b in [None, *args.extra_batch] if labels in args.inline_at]]
         for batch, precision, inline in settings:
             row = attempt(f"speed {labels} {batch} {precision}{' inline' if inline else ''}",
                           lambda k=labels, b=batch, p=precision, i=inline:
@@ -280,10 +290,12 @@ def render(paths: list[Path]) -> str:
         m = r["machine"]
         lines.append(f"- `{p.name}`: {_where(r)}, torch {m['torch']}, commit `{(r.get('commit') or '?')[:7]}`"
                      f"{' (dirty tree)' if r.get('dirty') else ''}, {r['date']}; `{r['command']}`")
-    cpu = {(s["labels"], s["batch_size"], s["precision"]): s["examples_per_s"]
+    cpu = {(s["labels"], s["batch_size"], s.get("requested", s["precision"])): s["examples_per_s"]
            for r in runs if "gpu" not in r["machine"] for s in r["speed"] if not s.get("inline")}
     lines += ["", "## Training rate (planted data, 100,000 features, d = 256; second epoch's examples/s)", "",
-              "Rows marked *extra* change one setting from the defaults (batch 256, float32).", "",
+              "Rows marked *extra* change one setting from the defaults (batch 256, `--precision auto`: "
+              "float32 on a GPU, bfloat16 on a CPU that multiplies it natively; the column says which ran).",
+              "",
               "| device | labels | batch | precision | examples/s | × the CPU's | peak device GiB "
               "| peak device bytes / label | estimate / label (weights + Adam, with the input table's "
               "share) |",
@@ -292,7 +304,8 @@ def render(paths: list[Path]) -> str:
         dev = _where(r)
         for s in r["speed"]:
             tag = "" if s["default"] else " (extra, steps inline)" if s.get("inline") else " (extra)"
-            base = cpu.get((s["labels"], s["batch_size"], s["precision"])) if "gpu" in r["machine"] else None
+            key = (s["labels"], s["batch_size"], s.get("requested", s["precision"]))
+            base = cpu.get(key) if "gpu" in r["machine"] else None
             ratio = f"{s['examples_per_s'] / base:.1f}" if base else "–"
             lines.append(f"| {dev}{tag} | {s['labels']:,} | {s['batch_size']} | {s['precision']} | "
                          f"{_fmt(s['examples_per_s'])} | {ratio} | {_gib(s.get('peak_device_bytes'))} | "
@@ -346,11 +359,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=100_000, help="planted training rows per label count")
     ap.add_argument("--extra-batch", type=int, nargs="*", default=[2048],
                     help="extra rows at these batch sizes")
-    ap.add_argument("--extra-precision", nargs="*", default=["bf16"], help="extra rows in these precisions")
+    ap.add_argument("--extra-precision", nargs="*", default=["bf16"],
+                    help="extra rows in these precisions (the default row takes `auto`)")
     ap.add_argument("--inline-at", type=int, nargs="*", default=[],
                     help="at these label counts, extra rows with each step's host part made inline")
     ap.add_argument("--data", help="a folder with wordnet_train.jsonl and wordnet_test.jsonl")
-    ap.add_argument("--wordnet-runs", nargs="*", default=["defaults=", "bf16=--precision bf16"],
+    ap.add_argument("--wordnet-runs", nargs="*", default=["defaults=", BIG_BATCH_RUN],
                     help="WordNet runs, each LABEL=FLAGS (flags given to `ovex train` beside the defaults)")
     ap.add_argument("--scratch", default="/tmp/ovex-gpu-bench")
     ap.add_argument("--no-profile", dest="profile", action="store_false",

@@ -115,12 +115,12 @@ def gpu(results: Path) -> tuple[str, str, str]:
 
     def speed(data: dict[str, Any], labels: int, batch: int = 256) -> dict[str, Any]:
         return next(s for s in data["speed"] if s["labels"] == labels and s["batch_size"] == batch
-                    and s["precision"] == "fp32" and not s.get("inline"))  # the default way a step runs
+                    and s["requested"] == "auto" and not s.get("inline"))  # the default way a step runs
 
     one, big, huge = speed(run, 10**6), speed(run, 10**6, 8192), speed(run, 10**7)
     base = speed(cpu, 10**6)
     wn = next(w for w in run["wordnet"] if w["label"] == "defaults")
-    wn_big = next(w for w in run["wordnet"] if w["label"] == "b8192 lr.01 e56")
+    wn_big = next(w for w in run["wordnet"] if w["label"] == "b8192 e56")
     wn_cpu = next(w for w in cpu["wordnet"] if w["label"] == "defaults")
     gpu_name = run["machine"].get("gpu", "GPU").replace("NVIDIA ", "")
     what = f"training on one GPU ({gpu_name}), planted data, d={one['dim']}, the default batch of 256"
