@@ -30,8 +30,8 @@ test: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
-## bench: rerun the full profile (the README's figures and docs/continual.md's main table, at most 45 minutes)
-##   on the current code, into bench/results; the records of decisions run on demand with ONLY=name
+## bench: rerun the full profile (every results file README.md and docs/ cite, but the GPU's own rows; at most
+##   45 minutes) on the current code, into bench/results; the records of decisions run on demand with ONLY=name
 ##   QUICK=1: the small profile of every script (under 10 minutes) into a scratch directory; STALE=1: only
 ##   stale results; ONLY=a,b: the benchmarks named (`.venv/bin/python bench/suite.py plan [--only a,b]`)
 bench: $(STAMP)

@@ -44,13 +44,17 @@ def test_results_are_one_file_set_per_benchmark() -> None:
 
 
 def test_every_cited_results_file_is_written_by_a_benchmark_or_kept_in_history() -> None:
-    owned = {name for bench in suite.BENCHES for name in bench.outputs}
+    """A figure of today cites what `make bench` writes (or a device run, or a record written outside the
+    suite); a decision's record, run on demand, is cited from git history."""
+    owned = {name for bench in suite.BENCHES if bench.full or bench.device != "cpu" or not bench.steps
+             for name in bench.outputs}
     for doc in DOCS:
         for cite in re.findall(r"bench/results/([\w.*-]+(?:/[\w.*-]+)*(?:@[0-9a-f]{7,40})?)",
                                doc.read_text()):
             if "@" in cite:
                 continue  # checked against git by tests/test_readme.py
-            assert any(Path(name).match(cite) for name in owned), f"{doc.name}: no benchmark writes {cite}"
+            assert any(Path(name).match(cite) for name in owned), \
+                f"{doc.name}: cites {cite}, which `make bench` does not write: cite it as FILE@COMMIT"
 
 
 @pytest.mark.parametrize("bench", [b for b in suite.BENCHES if b.steps], ids=lambda b: b.name)
