@@ -224,7 +224,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     started = time.perf_counter()
     out: dict[str, Any] = {"command": " ".join(sys.argv), **_commit(),
-                           "date": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_before": os.getloadavg(),
+                           "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
+                           "loadavg_before": os.getloadavg(),
                            "machine": _machine(device), "speed": [], "wordnet": [], "errors": []}
 
     def attempt(what: str, fn: Any) -> Any:
