@@ -15,11 +15,11 @@ file also holds runs the profile no longer makes), else the wall time its result
 of the stamp), else the estimate written here.
 
 The full profile fits `BUDGET_S` (45 minutes) on this 2-core machine and reruns every benchmark whose
-results README.md or docs/*.md cite, but two: the GPU rows (`bench/gpu.py` on a device machine, which
-the full profile's `gpu_cpu` renders beside this CPU's) and the Docker test's record (`make
-test-docker`, which needs an engine). So bench/results holds what one `make bench` wrote. The records of
-decisions (A/B runs, screens, profiles) run on demand (`full=False`, `make bench ONLY=name`) and are
-cited in the docs from git history as `FILE@COMMIT`, as are the parts a benchmark no longer runs.
+results README.md or docs/*.md cite, but the GPU's own rows (`bench/gpu.py` on a device machine, which
+the full profile's `gpu_cpu` renders beside this CPU's). So bench/results holds what one `make bench`
+wrote, and the last device run. The records of decisions (A/B runs, screens, profiles) run on demand
+(`full=False`, `make bench ONLY=name`) and are cited in the docs from git history as `FILE@COMMIT`, as
+are the parts a benchmark no longer runs.
 """
 
 from __future__ import annotations
@@ -316,7 +316,6 @@ BENCHES: tuple[Bench, ...] = (
           outputs=("capacity_rss.json", "capacity_rss.md"),
           measures=("trainer/capacity.py", "bench/capacity_rss.py"),
           estimate_s=300, full=False),
-    Bench("docker", steps=(), quick=(), outputs=("docker.json",), measures=(), estimate_s=0, full=False),
 )
 BY_NAME = {b.name: b for b in BENCHES}
 
