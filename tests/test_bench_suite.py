@@ -43,6 +43,15 @@ def test_results_are_one_file_set_per_benchmark() -> None:
     assert not [f for f in files if "/" in f], "A/B or run directories belong in docs/ or git history"
 
 
+def test_every_results_file_records_what_made_it() -> None:
+    """Each results JSON says at its top level which commit, machine, load, torch and command made it."""
+    for path in sorted(RESULTS.glob("*.json")):
+        data = json.loads(path.read_text())
+        missing = [key for key in stamp.STAMP_KEYS if key not in data]
+        assert missing == [], f"{path.name} lacks {missing}"
+        assert isinstance(data["commit"], str) and len(data["commit"]) == 40, path.name
+
+
 def test_every_cited_results_file_is_written_by_a_benchmark_or_kept_in_history() -> None:
     """A figure of today cites what `make bench` writes (or a device run, or a record written outside the
     suite); a decision's record, run on demand, is cited from git history."""
