@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
+from trainer.step import low_precision
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -23,9 +27,11 @@ def test_a_tiny_cpu_run_and_its_report(tmp_path: Path) -> None:
     assert cpu["errors"] == [] and cpu["commit"] and cpu["machine"]["cores"] >= 1
     inline = [s for s in cpu["speed"] if s["inline"]]
     assert sorted(s["batch_size"] for s in inline) == [256, 512] and not any(s["default"] for s in inline)
-    rows = {(s["batch_size"], s["precision"]): s for s in cpu["speed"] if not s["inline"]}
-    assert set(rows) == {(256, "fp32"), (512, "fp32"), (256, "bf16")}
-    assert rows[(256, "fp32")]["default"] and not rows[(512, "fp32")]["default"]
+    rows = {(s["batch_size"], s["requested"]): s for s in cpu["speed"] if not s["inline"]}
+    assert set(rows) == {(256, "auto"), (512, "auto"), (256, "bf16")}
+    assert rows[(256, "auto")]["default"] and not rows[(512, "auto")]["default"]
+    auto = "bf16" if low_precision("auto", torch.device("cpu")) else "fp32"  # what `auto` runs here
+    assert [rows[k]["precision"] for k in sorted(rows)] == [auto, "bf16", auto]
     assert all(s["examples_per_s"] > 0 and s["steps"] == 2 * -(-1500 // s["batch_size"])
                for s in rows.values())
     anatomy = cpu["anatomy"]
@@ -34,7 +40,8 @@ def test_a_tiny_cpu_run_and_its_report(tmp_path: Path) -> None:
     # a GPU run of the same settings (its figures made up here) is set against the CPU's rate
     gpu = {**cpu, "machine": {**cpu["machine"], "gpu": "Test GPU"},
            "errors": [{"what": "speed 10", "error": "e"}],
-           "speed": [{**rows[(256, "fp32")], "examples_per_s": rows[(256, "fp32")]["examples_per_s"] * 3,
+           "speed": [{**rows[(256, "auto")], "precision": "fp32",
+                      "examples_per_s": rows[(256, "auto")]["examples_per_s"] * 3,
                       "peak_device_bytes": 2**30, "peak_bytes_per_label": 2**30 / 20000}],
            "anatomy": None}
     (tmp_path / "gpu.json").write_text(json.dumps(gpu))
@@ -44,5 +51,5 @@ def test_a_tiny_cpu_run_and_its_report(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     md = (tmp_path / "gpu.md").read_text()
     assert "| Test GPU | 20,000 | 256 | fp32 |" in md and "| 3.0 | 1.0 | 53,687 |" in md, md
-    assert "CPU (extra) | 20,000 | 512 | fp32 |" in md
+    assert f"CPU (extra) | 20,000 | 512 | {auto} |" in md
     assert "not measured on the Test GPU (speed 10): e" in md
