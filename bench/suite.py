@@ -307,8 +307,6 @@ BENCHES: tuple[Bench, ...] = (
     Bench("accuracy_sweep", steps=(_s("bench/sweep.py", "--table"),), quick=(),
           outputs=("accuracy_sweep.jsonl", "accuracy_sweep.md"), measures=("bench/sweep.py",),
           estimate_s=0, full=False),
-    Bench("real_defaults", steps=(), quick=(), outputs=("real_defaults.json", "real_defaults.md"),
-          measures=(), estimate_s=0, full=False),
     Bench("real_screens", steps=(_s("bench/screen_real.py", "--out", "{results}/real_screens"),), quick=(),
           outputs=("real_screens.json", "real_screens.md", "real_screens_patched.json",
                    "real_screens_patched.md"), measures=(), estimate_s=0, full=False),
