@@ -286,6 +286,13 @@ BENCHES: tuple[Bench, ...] = (
                     "--out", "{results}/hard_negatives"),), quick=(),
           outputs=("hard_negatives.json", "hard_negatives.md"), measures=(*CLI, "bench/real.py"),
           estimate_s=1200, full=False),
+    # a tighter bound than the default's (one group of 4096 sampled negatives), beside the defaults
+    Bench("groups_4096",
+          steps=(_s("bench/real.py", "--sets", "wordnet", "--methods", "ovex", "--seeds", "0", "1", "2",
+                    "--ovex-args=--negatives 4096 --group-size 4096",
+                    "--label", "ovex --negatives 4096 --group-size 4096", "--out", "{results}/groups_4096"),),
+          quick=(), outputs=("groups_4096.json", "groups_4096.md"), measures=(*CLI, "bench/real.py"),
+          estimate_s=280, full=False),
     # the `auto` precision's evidence: the same runs in float32, beside `real.json`'s (bf16 on this CPU)
     Bench("precision",
           steps=(_s("bench/real.py", "--sets", "wordnet", "bibtex", "corel5k", "--methods", "ovex",
