@@ -33,7 +33,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from real import _git, machine  # noqa: E402
+from real import machine  # noqa: E402
+from stamp import source  # noqa: E402
 
 import trainer.train as train_module  # noqa: E402
 from trainer.capacity import run_bytes  # noqa: E402
@@ -212,18 +213,10 @@ def wordnet_row(data_dir: Path, device: torch.device, out_dir: Path, extra: list
     return row
 
 
-def _commit() -> dict[str, Any]:
-    """The commit measured. A device machine gets a copy of the code without its history: there the copy's
-    commit and whether it differed from it come in `OVEX_COMMIT` and `OVEX_DIRTY` (non-empty: dirty)."""
-    if "OVEX_COMMIT" in os.environ:
-        return {"commit": os.environ["OVEX_COMMIT"] or None, "dirty": bool(os.environ.get("OVEX_DIRTY"))}
-    return {"commit": _git("rev-parse", "HEAD") or None, "dirty": bool(_git("status", "--porcelain"))}
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     started = time.perf_counter()
-    out: dict[str, Any] = {"command": " ".join(sys.argv), **_commit(),
+    out: dict[str, Any] = {"command": " ".join(sys.argv), **source(),
                            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
                            "loadavg_before": os.getloadavg(),
                            "machine": _machine(device), "speed": [], "wordnet": [], "errors": []}
@@ -291,7 +284,7 @@ def render(paths: list[Path]) -> str:
         m = r["machine"]
         lines.append(f"- `{p.name}`: {_where(r)}, torch {m['torch']}, commit `{(r.get('commit') or '?')[:7]}`"
                      f"{' (dirty tree)' if r.get('dirty') else ''}, {r['date']}; `{r['command']}`")
-    cpu = {(s["labels"], s["batch_size"], s.get("requested", s["precision"])): s["examples_per_s"]
+    cpu = {(s["labels"], s["batch_size"], s["requested"]): s["examples_per_s"]
            for r in runs if "gpu" not in r["machine"] for s in r["speed"] if not s.get("inline")}
     lines += ["", "## Training rate (planted data, 100,000 features, d = 256; second epoch's examples/s)", "",
               "Rows marked *extra* change one setting from the defaults (batch 256, `--precision auto`: "
@@ -305,8 +298,7 @@ def render(paths: list[Path]) -> str:
         dev = _where(r)
         for s in r["speed"]:
             tag = "" if s["default"] else " (extra, steps inline)" if s.get("inline") else " (extra)"
-            key = (s["labels"], s["batch_size"], s.get("requested", s["precision"]))
-            base = cpu.get(key) if "gpu" in r["machine"] else None
+            base = cpu.get((s["labels"], s["batch_size"], s["requested"])) if "gpu" in r["machine"] else None
             ratio = f"{s['examples_per_s'] / base:.1f}" if base else "–"
             lines.append(f"| {dev}{tag} | {s['labels']:,} | {s['batch_size']} | {s['precision']} | "
                          f"{_fmt(s['examples_per_s'])} | {ratio} | {_gib(s.get('peak_device_bytes'))} | "

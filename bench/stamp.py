@@ -75,11 +75,18 @@ def dirty() -> bool:
     return bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results"))
 
 
+def source() -> dict[str, Any]:
+    """The commit measured and whether the code differed from it. A device machine gets a copy of the code
+    without its history: there they come in `OVEX_COMMIT` and `OVEX_DIRTY` (non-empty: dirty)."""
+    if "OVEX_COMMIT" in os.environ:
+        return {"commit": os.environ["OVEX_COMMIT"] or None, "dirty": bool(os.environ.get("OVEX_DIRTY"))}
+    return {"commit": git("rev-parse", "HEAD") or None, "dirty": dirty()}
+
+
 def stamp(argv: list[str] | None = None) -> dict[str, Any]:
     """The stamp at the start of a run; `finish` completes it."""
     return {
-        "commit": git("rev-parse", "HEAD") or None,
-        "dirty": dirty(),
+        **source(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],

@@ -290,11 +290,12 @@ commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 dirty=$([ -n "$(git status --porcelain 2>/dev/null)" ] && echo True || echo False)
 python3 - "$REPORT" <<PY
 import json, sys
-json.dump({"commit": "$commit", "dirty": $dirty, "image": "ovex:latest", "image_bytes": $image_bytes, "build_s": $build_s,
+report = {"commit": "$commit", "dirty": $dirty, "image": "ovex:latest", "image_bytes": $image_bytes, "build_s": $build_s,
            "up_to_ready_s": $up_to_ready_s, "train_job_s": $train_s, "train_job_run_s": $run_s,
            "job_state": "$state", "workers": 2, "api_replicas": 2, "follow_activation_s": $follow_s,
            "requests_while_killing_a_replica": $kill_requests, "failed_while_killing_a_replica": $kill_failed,
-           "planted_top_label_ok": "$top" == "2"}, open(sys.argv[1], "w"), indent=2)
+           "planted_top_label_ok": "$top" == "2"}
+open(sys.argv[1], "w").write(json.dumps(report, indent=2))
+print(json.dumps(report))
 PY
-python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$REPORT"
 say "PASS: image $(( image_bytes / 1000000 )) MB, ready ${up_to_ready_s}s after up, training job ${train_s}s (${run_s}s running)"
