@@ -17,7 +17,11 @@ subprocess, its wall time from `os.wait4`); the artifact is loaded back and the 
 steps are the same in number: > 1 means a step with label texts is slower by that factor).
 
     .venv/bin/python bench/label_texts.py [--sets wordnet bibtex corel5k] [--seeds 0 1 2]
-        [--out bench/results/label_texts] [--extra="--label-tower-gain 2"] [--zero-shot-scales]
+        [--out bench/results/label_texts] [--extra="--label-tower-gain 2"] [--also="--label-tower-every 1"]
+        [--zero-shot-scales]
+
+`--also=FLAGS` (repeatable) adds an arm after the label-texts one, trained with its flags and those FLAGS
+after them, named `label-texts FLAGS`: a setting compared side by side with the label-texts arm in one run.
 
 `--zero-shot-scales`: each label-texts model is also scored with its text-only labels' rows rescaled after
 training (`SCALES`), which shows where the trade between P@1 and unseen hit@5 can sit for that tower.
@@ -55,7 +59,8 @@ from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.data import read_xc  # noqa: E402
 
 SETS = ("wordnet", "bibtex", "corel5k")
-ARMS = ("defaults", "label-texts")
+DEFAULTS, TEXTS = "defaults", "label-texts"
+ARMS = (DEFAULTS, TEXTS)
 SHOWN = ("p@1", "p@3", "p@5", "psp@5", "tail_p@1", "tail_p@5", "unseen_hit@5", "train_wall_s",
          "examples_per_s")
 
@@ -150,8 +155,9 @@ def zero_shot_scales(model: Any, h: np.ndarray, to_shared: np.ndarray, y: sp.csr
     return out
 
 
-def run(set_name: str, arm: str, seed: int, data_dir: Path, work: Path, extra: list[str],
+def run(set_name: str, flags: list[str] | None, seed: int, data_dir: Path, work: Path,
         scales: bool = False) -> dict[str, Any]:
+    """One arm's run: `flags` None trains without label texts, a list with them and those flags."""
     from trainer.artifact import load_artifact
     from trainer.data import in_label_space, read_jsonl
 
@@ -167,8 +173,8 @@ def run(set_name: str, arm: str, seed: int, data_dir: Path, work: Path, extra: l
         assert test.label_names is not None
         names = list(test.label_names)
         counts = np.bincount(tr.Y.indices, minlength=tr.n_labels)
-    flags = ["--label-texts", str(texts), *extra] if arm == "label-texts" else []
-    res: dict[str, Any] = ovex_train(train_path, work / "model", seed, flags, work / "train.log")
+    argv = [] if flags is None else ["--label-texts", str(texts), *flags]
+    res: dict[str, Any] = ovex_train(train_path, work / "model", seed, argv, work / "train.log")
     model = load_artifact(work / "model")
     x = model.featurizer.transform(test)
     ids, _ = model.topk(x, K)
@@ -188,11 +194,13 @@ def run(set_name: str, arm: str, seed: int, data_dir: Path, work: Path, extra: l
     return res
 
 
-def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(runs: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
+    """Per set: each arm's mean ± std, and for each arm with texts its step ratio against the defaults
+    and its zero-shot scales (`arms`, `step_ratio` and `zero_shot_scales` keyed by arm name)."""
     out: dict[str, Any] = {}
     for set_name in dict.fromkeys(r["set"] for r in runs):
-        per: dict[str, Any] = {}
-        for arm in ARMS:
+        per: dict[str, Any] = {"arms": {}, "step_ratio": {}, "zero_shot_scales": {}}
+        for arm in arms:
             rs = [r for r in runs if r["set"] == set_name and r["arm"] == arm]
             if not rs:
                 continue
@@ -202,17 +210,17 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 vals = [float(v) for v in vals if v is not None]
                 if vals:
                     s[key] = _stats(vals)
-            per[arm] = s
-        scaled = [r["zero_shot_scales"] for r in runs
-                  if r["set"] == set_name and r["arm"] == "label-texts" and r.get("zero_shot_scales")]
-        if scaled:
-            keys = ("p@1", "p@5", "unseen_hit@5")
-            per["zero_shot_scales"] = [
-                {"a": row["a"], "b": row["b"], **{k: _stats([float(r[i][k]) for r in scaled]) for k in keys}}
-                for i, row in enumerate(scaled[0])]
-        a, b = per.get("defaults", {}), per.get("label-texts", {})
-        if "examples_per_s" in a and "examples_per_s" in b:
-            per["step_ratio"] = a["examples_per_s"]["mean"] / b["examples_per_s"]["mean"]
+            per["arms"][arm] = s
+            scaled = [r["zero_shot_scales"] for r in rs if r.get("zero_shot_scales")]
+            if scaled:
+                keys = ("p@1", "p@5", "unseen_hit@5")
+                per["zero_shot_scales"][arm] = [
+                    {"a": row["a"], "b": row["b"],
+                     **{k: _stats([float(r[i][k]) for r in scaled]) for k in keys}}
+                    for i, row in enumerate(scaled[0])]
+            base = per["arms"].get(DEFAULTS, {})
+            if arm != DEFAULTS and "examples_per_s" in base and "examples_per_s" in s:
+                per["step_ratio"][arm] = base["examples_per_s"]["mean"] / s["examples_per_s"]["mean"]
         out[set_name] = per
     return out
 
@@ -244,16 +252,15 @@ def markdown(result: dict[str, Any]) -> str:
     for set_name, per in result["summary"].items():
         lines += [f"## {set_name}", "", "| arm | " + " | ".join(SHOWN) + " |",
                   "|---" * (len(SHOWN) + 1) + "|"]
-        for arm in ARMS:
-            if arm in per:
-                lines.append(f"| {arm} | " + " | ".join(_cell(per[arm], k) for k in SHOWN) + " |")
-        if "step_ratio" in per:
-            lines += ["", f"Step time ratio (label texts / defaults): {per['step_ratio']:.2f}×"]
-        if per.get("zero_shot_scales"):
+        for arm, stats in per["arms"].items():
+            lines.append(f"| {arm} | " + " | ".join(_cell(stats, k) for k in SHOWN) + " |")
+        for arm, ratio in per["step_ratio"].items():
+            lines += ["", f"Step time ratio ({arm} / defaults): {ratio:.2f}×"]
+        for arm, rows in per["zero_shot_scales"].items():
             lines += ["", "Text-only labels rescaled after training (norm × a, bias + b; a = 1, b = 0 is the "
-                      "model as trained, a = 0 leaves them out), the label-texts arm's models:", "",
+                      f"model as trained, a = 0 leaves them out), the {arm} arm's models:", "",
                       "| a | b | p@1 | p@5 | unseen_hit@5 |", "|---|---|---|---|---|"]
-            for row in per["zero_shot_scales"]:
+            for row in rows:
                 lines.append(f"| {row['a']:g} | {row['b']:g} | "
                              + " | ".join(_cell(row, k) for k in ("p@1", "p@5", "unseen_hit@5")) + " |")
         lines.append("")
@@ -269,11 +276,16 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--extra", default="", help="more `ovex train` flags for the label-texts arm")
+    ap.add_argument("--also", action="append", default=[], metavar="FLAGS",
+                    help="one more arm with label texts: the label-texts arm's flags and these after them")
     ap.add_argument("--out", type=Path, default=RESULTS / "label_texts")
     ap.add_argument("--zero-shot-scales", action="store_true",
                     help="also score the label-texts models with their text-only labels rescaled (SCALES)")
     args = ap.parse_args()
     extra = shlex.split(args.extra)
+    # (name, flags): None trains without label texts
+    arms: list[tuple[str, list[str] | None]] = [(a, None if a == DEFAULTS else extra) for a in args.arms]
+    arms += [(f"{TEXTS} {also}", [*extra, *shlex.split(also)]) for also in args.also]
     runs: list[dict[str, Any]] = []
     st = stamp()
     result: dict[str, Any] = {
@@ -286,19 +298,19 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for set_name in args.sets:
         for seed in args.seeds:
-            for arm in args.arms:
+            for arm, flags in arms:
                 with tempfile.TemporaryDirectory(prefix="ovex-label-texts-") as tmp:
                     t0 = time.perf_counter()
                     row = {"set": set_name, "arm": arm, "seed": seed,
-                           **run(set_name, arm, seed, args.data_dir, Path(tmp), extra,
+                           **run(set_name, flags, seed, args.data_dir, Path(tmp),
                                  scales=args.zero_shot_scales)}
                     row["bench_s"] = time.perf_counter() - t0
                 runs.append(row)
                 mt = row["metrics"]
-                print(f"{set_name:8s} {arm:12s} seed {seed} p@1 {mt['p@1']:.4f} p@5 {mt['p@5']:.4f} "
+                print(f"{set_name:8s} {arm} seed {seed} p@1 {mt['p@1']:.4f} p@5 {mt['p@5']:.4f} "
                       f"unseen {mt['unseen_hit@5']} tail@5 {mt['tail_p@5']} "
                       f"train {row['train_wall_s']:.1f}s {row['examples_per_s']:.0f} ex/s", flush=True)
-                result["summary"] = summarise(runs)
+                result["summary"] = summarise(runs, [a for a, _ in arms])
                 result.update(finish(st))
                 args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
                 args.out.with_suffix(".md").write_text(markdown(result))

@@ -34,13 +34,17 @@ def _trainer_parser() -> tuple[argparse.ArgumentParser, Any]:
     return parser, sub
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_service_commands(sub: Any) -> None:
     from service import serve as serve_cli
     from service.training import worker as jobs_worker
 
-    parser, sub = _trainer_parser()
     jobs_worker.add_command(sub)
     serve_cli.add_commands(sub)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser, sub = _trainer_parser()
+    _add_service_commands(sub)
     return parser
 
 
@@ -49,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # a trainer command never imports the server's modules (the web framework, the job database)
     parser, sub = _trainer_parser()
     if not (argv and argv[0] in sub.choices):
-        parser = build_parser()
+        _add_service_commands(sub)
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)

@@ -228,9 +228,63 @@ def test_step_embeds_only_its_candidate_labels_whatever_k(tmp_path: Path) -> Non
     assert large[0] <= small[0]
 
 
-def test_resume_restores_the_tower(tmp_path: Path) -> None:
+def _embedding_steps(tower: dict[str, object], epochs: int = 2) -> list[tuple[int, bool]]:
+    """(position in its epoch, whether it embedded texts) of each step of a run on 300 planted rows."""
     ds, label_texts = planted(300)
-    params = _params(epochs=2, dropout=0.2)
+    seen: list[tuple[int, bool]] = []
+    original = Stepper.inputs
+
+    def spy(self: Stepper, ep, i, j):  # type: ignore[no-untyped-def]
+        out = original(self, ep, i, j)
+        seen.append((i // self.params.batch_size, out.text_inverse is not None))
+        return out
+
+    Stepper.inputs = spy  # type: ignore[method-assign]
+    try:
+        train(_params(epochs=epochs, **tower), ds, None, out_dir=None, hooks=QuietHooks(),
+              label_texts=label_texts)
+    finally:
+        Stepper.inputs = original  # type: ignore[method-assign]
+    return seen
+
+
+def test_an_apart_tower_trains_on_every_nth_step_of_each_epoch_and_a_joint_one_on_all() -> None:
+    apart = _embedding_steps({"label_tower_mode": "apart", "label_tower_detach": True,
+                              "label_tower_every": 3})
+    per_epoch = -(-300 // 32)
+    assert [pos for pos, _ in apart] == list(range(per_epoch)) * 2
+    assert [pos for pos, embeds in apart if embeds] == [0, 3, 6, 9] * 2
+    joint = _embedding_steps({"label_tower_mode": "joint", "label_tower_every": 3}, epochs=1)
+    assert len(joint) == per_epoch and all(embeds for _, embeds in joint)  # its rows hold the texts
+
+
+def test_label_tower_every_round_trips_and_older_params_read_as_every_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pydantic import ValidationError
+
+    from service.cli import build_parser
+    from trainer.cli import params_from_args
+
+    assert TrainParams().label_tower_every == 16
+    with pytest.raises(ValidationError, match="label_tower_every"):
+        TrainParams(label_tower_every=0)
+    data = json.loads(json.dumps(TrainParams(label_tower_every=5).to_json_dict()))
+    assert TrainParams.from_json_dict(data).label_tower_every == 5
+    del data["label_tower_every"]  # params saved before the field: the tower trained on every step
+    assert TrainParams.from_json_dict(data).label_tower_every == 1
+    args = build_parser().parse_args(["train", "--train", "x.jsonl", "--out", "m",
+                                      "--label-tower-every", "4"])
+    assert params_from_args(args).label_tower_every == 4
+
+
+@pytest.mark.parametrize(
+    "tower", [{}, {"label_tower_mode": "apart", "label_tower_detach": True, "label_tower_every": 4}],
+    ids=["joint", "apart"],
+)
+def test_resume_restores_the_tower(tmp_path: Path, tower: dict[str, object]) -> None:
+    ds, label_texts = planted(300)
+    params = _params(epochs=2, dropout=0.2, **tower)
     train(params, ds, None, out_dir=tmp_path / "full", hooks=Recorder(), label_texts=label_texts)
     ckpt = tmp_path / "ckpt"
     with pytest.raises(TrainingCancelled):

@@ -108,8 +108,9 @@ def _current_names(d: dict[str, Any], kind: str | None) -> dict[str, Any]:
         d.setdefault("hash_size", buckets if mode == "hash" else 0)
     for old, new in (("idf", "tfidf"), ("l2", "l2")):
         text, sparse = d.pop(f"text_{old}", None), d.pop(f"sparse_{old}", None)
-        used = (sparse if kind == "sparse" else text) if kind else None
-        value = used if used is not None else (text if text is not None else sparse)
+        # the featurizer's own kind's option where it was saved, else whichever of the pair was
+        mine = sparse if kind == "sparse" else text if kind else None
+        value = next((v for v in (mine, text, sparse) if v is not None), None)
         if value is not None:
             d.setdefault(new, value)
     return d

@@ -5,13 +5,14 @@ the model's own input encoder (projection and hidden layers, no dropout), P a le
 the start) and γ a learned gain; v_k (with the bias) is the free part, the ordinary head row the optimizer
 updates from k's rows. Two ways of combining them (`label_tower_mode`):
 
-* apart (the default): a label with rows is its free part alone, trained exactly as without texts; the
-  tower is trained beside it, scoring the same candidates by ⟨h, γ·z·P⟩ + b with h and b held, so it learns
-  to rank labels from their texts alone and gives the rows of labels without training rows.
-* joint: w_k = v_k + γ·s_k·enc(φ(text_k))·P, s_k = fade / (fade + rows of k) (1 with fade 0).
+* joint (the default): w_k = v_k + γ·s_k·enc(φ(text_k))·P, s_k = fade / (fade + rows of k) (1 with fade 0).
+* apart: a label with rows is its free part alone, trained exactly as without texts; the tower is trained
+  beside it on every `label_tower_every`-th step, scoring that step's candidates by ⟨h, γ·z·P⟩ + b with h
+  and b held, so it learns to rank labels from their texts alone and gives the rows of labels without
+  training rows.
 
-With `label_tower_detach` (the default) the texts read the encoder without a gradient, so the encoder
-learns from the input rows alone and a step does not back-propagate through its candidates' texts.
+With `label_tower_detach` the texts read the encoder without a gradient, so the encoder learns from the
+input rows alone and a step does not back-propagate through its candidates' texts.
 
 A step embeds the texts of its candidate labels only (positives and sampled negatives), gathered from a
 CSR of every label's featurized text, so its cost does not grow with K; P is applied on the inputs' side
@@ -89,7 +90,8 @@ class LabelTower(nn.Module):
     """The learned part of the tower (γ) and the label texts it embeds; attached as `model.tower`."""
 
     def __init__(self, texts: TextRows, gain: float, text_only: np.ndarray, dim: int,
-                 weight: np.ndarray | None = None, detach: bool = False, apart: bool = False) -> None:
+                 weight: np.ndarray | None = None, detach: bool = False, apart: bool = False,
+                 every: int = 1) -> None:
         super().__init__()
         self.gain = nn.Parameter(torch.tensor([float(gain)]))
         # a learned map from a text's encoding to a row: without it ⟨h(x), enc(text)⟩ is symmetric and peaks
@@ -105,10 +107,18 @@ class LabelTower(nn.Module):
         self.weight = torch.from_numpy(np.where(has, w, 0.0).astype(np.float32))
         # apart: labels with rows are their free part alone; a step trains the tower as a scorer of its own
         self.apart = apart
+        self.every = max(1, int(every))
         self.step_weight = self.weight
         if apart:
             self.step_weight = self.weight.clone()
             self.weight = torch.from_numpy(np.where(self.text_only, w, 0.0).astype(np.float32))
+
+    def embeds_at(self, step: int) -> bool:
+        """Whether the step at this position of its epoch embeds its candidates' texts: every step when
+        joint (the texts are part of the rows it scores), every `every`-th when apart (they only train the
+        tower, a d × d map, which needs few steps and ranks unseen labels better for not fitting the
+        seen ones' rows too closely)."""
+        return not self.apart or step % self.every == 0
 
     def embed(self, model: XCModel, table: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
               values: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

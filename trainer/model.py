@@ -137,7 +137,8 @@ class _ProjectRows(torch.autograd.Function):
     def backward(ctx: Any, grad_h: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         indices, offsets, values = ctx.saved_tensors
         b, n_rows = grad_h.shape[0], ctx.n_rows
-        if row_kernels.usable(grad_h.contiguous(), values) and indices.dtype == offsets.dtype == torch.int64:
+        grad_h = grad_h.contiguous()  # a slice of a wider gradient when h was concatenated
+        if row_kernels.usable(grad_h, values) and indices.dtype == offsets.dtype == torch.int64:
             grad = row_kernels.project_rows_grad(offsets, indices, values, grad_h, n_rows)
         elif grad_h.device.type == "cpu":
             indptr = np.empty(b + 1, dtype=np.int64)

@@ -304,6 +304,14 @@ class TrainParams(BaseModel):
         "and gain learn from the texts; the encoder learns from the input rows alone)",
         json_schema_extra=_in("label_texts"),
     )
+    label_tower_every: int = Field(
+        default=16,
+        ge=1,
+        le=100_000,
+        description="with label texts in the apart mode: train the tower on every N-th step of an epoch only "
+        "(its texts are embedded and scored on those steps alone; the joint mode needs them every step)",
+        json_schema_extra=_in("label_texts"),
+    )
     label_tower_fade: float = Field(
         default=0.0,
         ge=0.0,
@@ -399,10 +407,12 @@ class TrainParams(BaseModel):
         """Parse params of a saved artifact or stored job; turns validation errors into `ParamsError`.
 
         Params written before `group_size` existed describe pairwise OVE, and those written before `ngrams`
-        existed single words, so a missing one reads as 1; before `precision`, every run was float32.
+        existed single words, so a missing one reads as 1; before `precision`, every run was float32, and
+        before `label_tower_every` an apart tower trained on every step.
         """
         try:
-            return cls.model_validate({"group_size": 1, "ngrams": 1, "precision": "fp32", **data})
+            older = {"group_size": 1, "ngrams": 1, "precision": "fp32", "label_tower_every": 1}
+            return cls.model_validate({**older, **data})
         except ValidationError as exc:  # said as `field: what is wrong`, without pydantic's links
             raise ParamsError(f"invalid training parameters: {validation_message(exc)}") from exc
 

@@ -195,7 +195,8 @@ class Stepper:
         x_ind = ep.x_ind[a:b]
         tower = tower_of(self.model)
         text: dict[str, torch.Tensor] = {}
-        if tower is not None:  # the candidates' texts share the step's gather of input rows
+        if tower is not None and tower.embeds_at(i // params.batch_size):
+            # the candidates' texts share the step's gather of input rows
             t_ind, text["text_offsets"], text["text_values"] = tower.texts.gather(cand.label_ids)
             text["text_mask"] = tower.step_weight.index_select(0, cand.label_ids.cpu())
             if tower.detach:  # the texts read the whole table without a gradient: ids as they are

@@ -278,7 +278,8 @@ def _attach_tower(model: XCModel, featurizer: Any, names: list[str], texts: dict
     gain = params.label_tower_gain
     tower = LabelTower(rows, gain, text_only, model.shape.dim,
                        weight=fade_weights(counts, params.label_tower_fade),
-                       detach=params.label_tower_detach, apart=params.label_tower_mode == "apart")
+                       detach=params.label_tower_detach, apart=params.label_tower_mode == "apart",
+                       every=params.label_tower_every)
     if warm is not None and has_label_tower(warm.base.path):  # the base's tower, as it was trained
         with torch.no_grad():
             tower.gain.fill_(load_tower_gain(warm.base.path))
