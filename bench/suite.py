@@ -293,6 +293,20 @@ BENCHES: tuple[Bench, ...] = (
                     "--label", "ovex --negatives 4096 --group-size 4096", "--out", "{results}/groups_4096"),),
           quick=(), outputs=("groups_4096.json", "groups_4096.md"), measures=(*CLI, "bench/real.py"),
           estimate_s=280, full=False),
+    # pairs of default models, scores summed (one model twice as wide), beside single ones
+    Bench("ensemble",
+          steps=(_s("bench/ensemble.py", "--out", "{results}/ensemble"),), quick=(),
+          outputs=("ensemble.json", "ensemble.md"), measures=(*CLI, "bench/ensemble.py", "bench/real.py"),
+          estimate_s=420, full=False),
+    # how often an apart label tower trains: `--label-tower-every` 16 (the default) beside 1, 4 and 64
+    Bench("label_tower_every",
+          steps=(_s("bench/label_texts.py", "--sets", "wordnet",
+                    "--extra=--label-tower-mode apart --label-tower-detach",
+                    "--also=--label-tower-every 1", "--also=--label-tower-every 4",
+                    "--also=--label-tower-every 64", "--zero-shot-scales",
+                    "--out", "{results}/label_tower_every"),), quick=(),
+          outputs=("label_tower_every.json", "label_tower_every.md"),
+          measures=(*CLI, "bench/label_texts.py"), estimate_s=660, full=False),
     # the `auto` precision's evidence: the same runs in float32, beside `real.json`'s (bf16 on this CPU)
     Bench("precision",
           steps=(_s("bench/real.py", "--sets", "wordnet", "bibtex", "corel5k", "--methods", "ovex",
