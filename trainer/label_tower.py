@@ -107,7 +107,7 @@ class LabelTower(nn.Module):
         self.weight = torch.from_numpy(np.where(has, w, 0.0).astype(np.float32))
         # apart: labels with rows are their free part alone; a step trains the tower as a scorer of its own
         self.apart = apart
-        self.every = max(1, int(every))
+        self.every = every
         self.step_weight = self.weight
         if apart:
             self.step_weight = self.weight.clone()
