@@ -247,10 +247,10 @@ BENCHES: tuple[Bench, ...] = (
           quick=(_s("bench/distributed.py", "--part", "traffic", "--ks", "1e4", "--steps", "3"),),
           outputs=("distributed.json", "distributed.md"),
           measures=(*CLI, "bench/distributed.py"), estimate_s=760),
-    # an opt-in feature, measured with the tower settings the docs describe (`apart`, detached; no longer
-    # the defaults)
+    # an opt-in feature: `--label-texts` with the tower's defaults (joint), and the apart, detached tower
+    # beside it
     Bench("label_texts",
-          steps=(_s("bench/label_texts.py", "--extra=--label-tower-mode apart --label-tower-detach",
+          steps=(_s("bench/label_texts.py", "--also=--label-tower-mode apart --label-tower-detach",
                     "--zero-shot-scales", "--out", "{results}/label_texts"),),
           quick=(_s("bench/label_texts.py", "--sets", "bibtex", "--seeds", "0", "--arms", "label-texts",
                     "--out", "{results}/label_texts"),),
