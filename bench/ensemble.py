@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from label_texts import _top  # noqa: E402
 from real import K, _stats, load_set, ovex_train  # noqa: E402
 from stamp import RESULTS, finish, stamp  # noqa: E402
 
@@ -36,15 +37,13 @@ SHOWN = ("p@1", "p@3", "p@5", "psp@5")
 CHUNK = 2048  # test rows scored at a time: a chunk's [rows, K] scores of every member stay small
 
 
-def top_of_sum(members: list[Any], test: Any, to_shared: np.ndarray) -> np.ndarray:
-    """The top K label ids (shared space) of the sum of the members' scores, row by row."""
-    hs = [np.asarray(m.encode(m.featurizer.transform(test))) for m in members]
+def top_of_sum(members: list[tuple[Any, np.ndarray]], to_shared: np.ndarray) -> np.ndarray:
+    """The top K label ids (shared space) of the sum of the members' scores, row by row; each member is
+    (model, its encoding of the test rows)."""
     out = []
-    for s in range(0, hs[0].shape[0], CHUNK):
-        z = sum(h[s:s + CHUNK] @ m.head_weight.T + m.head_bias for h, m in zip(hs, members, strict=True))
-        idx = np.argpartition(-z, K - 1, axis=1)[:, :K]
-        order = np.argsort(-np.take_along_axis(z, idx, 1), axis=1)
-        out.append(np.take_along_axis(idx, order, 1))
+    for s in range(0, members[0][1].shape[0], CHUNK):
+        z = sum(h[s:s + CHUNK] @ m.head_weight.T + m.head_bias for m, h in members)
+        out.append(_top(z, K)[0])
     return to_shared[np.concatenate(out)]
 
 
@@ -55,18 +54,20 @@ def run_set(set_name: str, pairs: int, data_dir: Path, work: Path) -> dict[str, 
     prop = xc_metrics.propensities(b.y_train)
     index = ({n: i for i, n in enumerate(b.names)} if set_name == "wordnet"
              else {str(i): i for i in range(b.n_train_labels)})
-    models, walls = [], []
+    models: list[tuple[Any, np.ndarray]] = []  # (model, its encoding of the test rows), one per seed
+    walls = []
     for seed in range(2 * pairs):
         out = work / f"m{seed}"
         walls.append(ovex_train(b.train_path, out, seed, [], work / "train.log")["train_wall_s"])
-        models.append(load_artifact(out))
+        model = load_artifact(out)
+        models.append((model, np.asarray(model.encode(model.featurizer.transform(b.test)))))
         print(f"{set_name} seed {seed}: {walls[-1]:.1f} s", flush=True)
-    to_shared = np.array([index.get(n, -1) for n in models[0].label_names], dtype=np.int64)
-    for m in models[1:]:
-        assert list(m.label_names) == list(models[0].label_names)
+    names = list(models[0][0].label_names)
+    assert all(list(m.label_names) == names for m, _ in models)
+    to_shared = np.array([index.get(n, -1) for n in names], dtype=np.int64)
 
-    def scored(members: list[Any]) -> dict[str, float]:
-        m = xc_metrics.evaluate_topk(top_of_sum(members, b.test, to_shared), b.y_test, prop)
+    def scored(members: list[tuple[Any, np.ndarray]]) -> dict[str, float]:
+        m = xc_metrics.evaluate_topk(top_of_sum(members, to_shared), b.y_test, prop)
         return {k: float(m[k]) for k in SHOWN}
 
     single = [scored([m]) for m in models]

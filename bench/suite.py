@@ -48,6 +48,7 @@ SERVING = ("trainer/", "service/")
 CLI = ("trainer/", "service/cli.py", "service/serve.py")
 BUDGET_S = 45 * 60  # the full profile's expected time on this 2-core machine, at most
 DATA = str(ROOT.parent / "shared" / "data")
+APART_TOWER = "--label-tower-mode apart --label-tower-detach"  # the label tower measured beside its defaults
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,7 @@ BENCHES: tuple[Bench, ...] = (
     # an opt-in feature: `--label-texts` with the tower's defaults (joint), and the apart, detached tower
     # beside it
     Bench("label_texts",
-          steps=(_s("bench/label_texts.py", "--also=--label-tower-mode apart --label-tower-detach",
+          steps=(_s("bench/label_texts.py", f"--also={APART_TOWER}",
                     "--zero-shot-scales", "--out", "{results}/label_texts"),),
           quick=(_s("bench/label_texts.py", "--sets", "bibtex", "--seeds", "0", "--arms", "label-texts",
                     "--out", "{results}/label_texts"),),
@@ -301,8 +302,7 @@ BENCHES: tuple[Bench, ...] = (
     # how often an apart label tower trains: `--label-tower-every` 16 (the default) beside 1, 4 and 64
     Bench("label_tower_every",
           steps=(_s("bench/label_texts.py", "--sets", "wordnet",
-                    "--extra=--label-tower-mode apart --label-tower-detach",
-                    "--also=--label-tower-every 1", "--also=--label-tower-every 4",
+                    f"--extra={APART_TOWER}", "--also=--label-tower-every 1", "--also=--label-tower-every 4",
                     "--also=--label-tower-every 64", "--zero-shot-scales",
                     "--out", "{results}/label_tower_every"),), quick=(),
           outputs=("label_tower_every.json", "label_tower_every.md"),

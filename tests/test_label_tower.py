@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -197,26 +200,37 @@ def test_label_rows_equal_the_saved_rows_of_labels_without_rows(tmp_path: Path) 
     assert not rows.any()
 
 
+@contextlib.contextmanager
+def _spying(method: str, record: Callable[..., None]) -> Iterator[None]:
+    """Within the block every call of `Stepper.<method>` also calls record(stepper, result, *args)."""
+    original = getattr(Stepper, method)
+
+    def spy(self: Stepper, *args: Any) -> Any:
+        out = original(self, *args)
+        record(self, out, *args)
+        return out
+
+    setattr(Stepper, method, spy)
+    try:
+        yield
+    finally:
+        setattr(Stepper, method, original)
+
+
 def _stepper_embeds(tmp_path: Path, extra_labels: int) -> tuple[int, int]:
     """Labels embedded per step, and the step's candidate count, with `extra_labels` text-only labels."""
     ds, label_texts = planted(200)
     label_texts += [(f"more{i}", f"w{i % N_LABELS}a zetaa") for i in range(extra_labels)]
     seen: list[tuple[int, int]] = []
-    original = Stepper.learn
 
-    def spy(self: Stepper, inp, lr):  # type: ignore[no-untyped-def]
-        out = original(self, inp, lr)
-        tower = tower_of(self.model)
+    def record(stepper: Stepper, out: Any, inp: Any, lr: float) -> None:
+        tower = tower_of(stepper.model)
         assert tower is not None
         seen.append((tower.embedded, int(inp.cand.label_ids.numel())))
-        return out
 
-    Stepper.learn = spy  # type: ignore[method-assign]
-    try:
+    with _spying("learn", record):
         train(_params(epochs=1, negatives=8), ds, None, out_dir=None, hooks=QuietHooks(),
               label_texts=label_texts)
-    finally:
-        Stepper.learn = original  # type: ignore[method-assign]
     return max(e for e, _ in seen), max(c for _, c in seen)
 
 
@@ -232,19 +246,13 @@ def _embedding_steps(tower: dict[str, object], epochs: int = 2) -> list[tuple[in
     """(position in its epoch, whether it embedded texts) of each step of a run on 300 planted rows."""
     ds, label_texts = planted(300)
     seen: list[tuple[int, bool]] = []
-    original = Stepper.inputs
 
-    def spy(self: Stepper, ep, i, j):  # type: ignore[no-untyped-def]
-        out = original(self, ep, i, j)
-        seen.append((i // self.params.batch_size, out.text_inverse is not None))
-        return out
+    def record(stepper: Stepper, out: Any, ep: Any, i: int, j: int) -> None:
+        seen.append((i // stepper.params.batch_size, out.text_inverse is not None))
 
-    Stepper.inputs = spy  # type: ignore[method-assign]
-    try:
+    with _spying("inputs", record):
         train(_params(epochs=epochs, **tower), ds, None, out_dir=None, hooks=QuietHooks(),
               label_texts=label_texts)
-    finally:
-        Stepper.inputs = original  # type: ignore[method-assign]
     return seen
 
 
