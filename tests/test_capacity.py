@@ -47,6 +47,13 @@ def test_run_bytes_count_the_model_tables_their_state_and_the_per_label_arrays(o
     grown = capacity.run_bytes(7, 11, params, base_labels=3)
     assert grown.tables == tables + 4 * 7 * 7
     assert grown.host == host + 4 * (3 * 7 + 11 * 6)
+    # an ensemble merges its members after training: the merged model with one member beside it, when
+    # that is more than a member's training holds
+    model_floats = 7 * 7 + 11 * 6
+    for n in (2, 4):
+        merge = 4 * (n + 1) * model_floats + per_row * (7 + 11)
+        ens = TrainParams(dim=6, optimizer=optimizer, ensemble=n)  # type: ignore[arg-type]
+        assert capacity.run_bytes(7, 11, ens).tables == max(tables, merge)
 
 
 # the peak RSS of this process's memory (VmHWM: ru_maxrss would start from the forking parent's)

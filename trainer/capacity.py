@@ -63,8 +63,9 @@ def run_bytes(labels: int, features: int, params: TrainParams, extra_heads: int 
 
     Its share of the label head (and loss-owned heads) and the whole input projection, each weight and
     row with its optimizer state and, with model selection (`valid_fraction`), the kept best epoch's copy;
-    every label's name and arrays, every feature's. A continual run (`base_labels`: its base's label
-    count) also holds the base's head and projection and draws its new head rows before copying them in."""
+    every label's name and arrays, every feature's; an ensemble's merged model, if larger. A continual run
+    (`base_labels`: its base's label count) also holds the base's head and projection and draws its new
+    head rows before copying them in."""
     d = params.dim
     shard = -(-labels // max(ranks, 1))
     rows = shard * (1 + extra_heads) + features
@@ -74,6 +75,8 @@ def run_bytes(labels: int, features: int, params: TrainParams, extra_heads: int 
     if base_labels is not None:
         floats += shard * (d + 1)  # the drawn rows, copied into the head
         host += 4 * (base_labels * (d + 1) * (1 + extra_heads) + features * d)
+    if params.ensemble > 1:  # after its members trained: the merged model with one member loaded beside it
+        floats = max(floats, (params.ensemble + 1) * (labels * (d + 1) + features * d))
     return RunBytes(tables=4 * floats + _BYTES_PER_ROW[params.optimizer] * rows, host=host)
 
 
@@ -205,6 +208,8 @@ def _refuse(ds: Dataset, params: TrainParams, labels: int, features: int, needed
     what = (f"a model of {labels:,} labels and {features:,} input features at dim {params.dim} needs "
             f"{_size(needed)}{ranks} for {parts} alone, and {where} has {_size(free)} free")
     options = [] if continual else ["lower --dim"]
+    if params.ensemble > 1:
+        options.append("lower --ensemble")
     if params.optimizer == "adam":
         options.append("use --optimizer adagrad")
     head, projection = labels * (params.dim + 1), features * params.dim

@@ -74,6 +74,8 @@ def continual_params(base: TrainParams, given: TrainParams, base_name: str,
     and `schedule` default to `continual_epochs` and `continual_schedule` when the caller did not set them
     (the learning rates stay the base's; `continual_lr` scales them at run time).
     """
+    if base.ensemble > 1:  # the members side by side are one model of their full width (trainer.ensemble)
+        base = base.model_copy(update={"dim": base.dim * base.ensemble, "ensemble": 1})
     set_fields = given.model_fields_set
     unused = _unused_by(base, featurizer_kind)
     for name in ARCHITECTURE_FIELDS:
@@ -283,6 +285,8 @@ def _check_base(base: Any, name: str) -> None:
     from trainer.losses import get_loss
 
     shape, params = base.model.shape, base.params
+    if params.ensemble > 1:  # saved as one model of its members' widths together
+        params = params.model_copy(update={"dim": params.dim * params.ensemble})
     for field in ("dim", "encoder", "hidden", "pieces"):
         if getattr(params, field) != getattr(shape, field):
             raise ArtifactError(name, f"config.json: params give {field}={getattr(params, field)!r} but the "

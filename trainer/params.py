@@ -27,6 +27,8 @@ NewLabelInit = Literal["mean", "random"]
 MAX_BATCH = 65_536
 MAX_NEGATIVES = 262_144
 MAX_SEED = (1 << 32) - 1
+MAX_ENSEMBLE = 8
+DIM_MAX = 16384  # the widest model, an ensemble's members side by side included
 
 
 def validation_message(exc: Any, flags: bool = False) -> str:
@@ -149,7 +151,7 @@ class TrainParams(BaseModel):
         json_schema_extra=_in("objective"),
     )
     # encoder
-    dim: int = Field(default=512, ge=1, le=16384, description="width d of the representation h(x)",
+    dim: int = Field(default=512, ge=1, le=DIM_MAX, description="width d of the representation h(x)",
                      json_schema_extra=_in("model"))
     encoder: Encoder = Field(default="linear", description="linear, mlp (ReLU) or maxout",
                              json_schema_extra=_in("model"))
@@ -202,6 +204,17 @@ class TrainParams(BaseModel):
         le=1024,
         description="training processes (ranks) to start on this machine; batch_size is the batch of all "
         "of them together. Under torchrun the ranks come from its environment instead",
+        json_schema_extra=_in("run"),
+    )
+    # a "run" field, not a "model" one: the saved model is one linear model of ensemble·dim, and a continual
+    # run continues it as that (trainer.ensemble)
+    ensemble: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_ENSEMBLE,
+        description="train this many models one after another (seeds seed, seed+1, ...) and save them as one "
+        "model ensemble·dim wide that scores their sum: ensemble times the training time and the served "
+        "width (linear encoder only)",
         json_schema_extra=_in("run"),
     )
     # featurizer: trainer.featurize.FeaturizerConfig.from_params maps these onto its options, whose library
@@ -383,11 +396,35 @@ class TrainParams(BaseModel):
         if self.hard_negatives > 0 and self.nproc_per_node > 1:
             raise ValueError(f"hard_negatives {self.hard_negatives} trains on one process; set "
                              f"nproc_per_node 1 or hard_negatives 0")
+        if self.ensemble > 1:
+            self._check_ensemble()
         if self.group_size > 1 and self.sampler != "uniform" and get_loss(self.loss).grouped:
             raise ValueError(
                 f"group_size {self.group_size} needs sampler 'uniform' (grouped negatives are only unbiased "
                 f"with equal inclusion probabilities); set group_size 1 to use sampler {self.sampler!r}"
             )
+
+    def _check_ensemble(self) -> None:
+        from trainer.losses import get_loss
+
+        n = self.ensemble
+        if self.encoder != "linear" or self.hidden > 0:
+            raise ValueError(f"ensemble {n} needs encoder 'linear' without hidden layers (only linear "
+                             "members sum as one model); set ensemble 1 to train this encoder")
+        if get_loss(self.loss).extra_heads:
+            raise ValueError(f"ensemble {n} cannot merge the extra heads of loss {self.loss!r}; "
+                             "set ensemble 1")
+        if self.nproc_per_node > 1:
+            raise ValueError(f"ensemble {n} trains its members on one process; set nproc_per_node 1")
+        if self.valid_fraction > 0 and not self.refit:
+            raise ValueError(f"ensemble {n} with valid_fraction {self.valid_fraction} would fit each member "
+                             "on other rows (and so another vocabulary); add refit or set valid_fraction 0")
+        if n * self.dim > DIM_MAX:
+            raise ValueError(f"ensemble {n} of dim {self.dim} makes a model {n * self.dim} wide, over the "
+                             f"{DIM_MAX} a model may have; lower dim or ensemble")
+        if self.seed + n - 1 > MAX_SEED:
+            raise ValueError(f"ensemble {n} from seed {self.seed} needs seeds up to {self.seed + n - 1}, "
+                             f"over {MAX_SEED}; lower seed")
 
     @field_validator("loss")
     @classmethod

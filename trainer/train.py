@@ -36,6 +36,7 @@ from trainer.continual import (
     warm_start,
 )
 from trainer.data import Dataset, check_compatible, label_counts, label_names_of, unseen_labels_note
+from trainer.ensemble import check_ensemble, train_ensemble
 from trainer.errors import ParamsError, TrainingCancelled
 from trainer.hard_negatives import HardNegatives
 from trainer.hooks import LoggingHooks, Progress, TrainHooks, TrainResult, _Muted
@@ -163,6 +164,20 @@ def evaluate_model(
     return out
 
 
+def train_propensities(y: sp.csr_matrix, test_labels: int | None = None) -> np.ndarray:
+    """Propensities from the training rows' labels, over the test set's labels too when it has more (one
+    the model lacks counts as a label without training rows)."""
+    width = y.shape[1] if test_labels is None else max(y.shape[1], test_labels)
+    return xc_metrics.propensities(sp.csr_matrix((y.data, y.indices, y.indptr), shape=(y.shape[0], width)))
+
+
+def evaluate_test(model: XCModel, featurizer: Any, train_ds: Dataset, test_ds: Dataset) -> dict[str, float]:
+    """A trained model's metrics on a test set already in the training label space (`check_compatible`)."""
+    yt = _as_csr32(test_ds.Y)
+    prop = train_propensities(_as_csr32(train_ds.Y), yt.shape[1])
+    return evaluate_model(model, _as_csr32(featurizer.transform(test_ds)), yt, prop)
+
+
 # ------------------------------------------------------------------------------------ train
 
 
@@ -196,12 +211,17 @@ def train(
     `params.refit` as well, a second run on all training rows stops at that epoch (same schedule) and
     is the one saved: the held-out rows then only choose how long to train, and are not lost.
 
+    With `params.ensemble` N > 1 it trains N models from seeds seed..seed+N-1 (`trainer.ensemble`) and
+    writes one model N·dim wide that scores their sum.
+
     With `label_texts` ((name, text) pairs, `trainer.label_texts.read_label_texts`) every named label joins
     the label space, with training rows or not, and the model learns a label tower (`trainer.label_tower`);
     a base trained with label texts keeps its tower and texts, the given ones added (a name's new text
     replaces its old one).
     """
     hooks = hooks or LoggingHooks()
+    if params.ensemble > 1:
+        check_ensemble(base=base, label_texts=label_texts)
     if replay_ds is not None and base is None:
         raise ParamsError("replay_ds needs a base model (it holds rows the base trained on)")
     if out_dir is not None:  # before any step: a wrong output directory should not cost a run
@@ -231,6 +251,9 @@ def train(
         note = unseen_labels_note(test_ds, "the test set")
         if note:
             hooks.on_log(note)
+    if params.ensemble > 1:
+        return train_ensemble(train, evaluate_test, params, train_ds, test_ds, out_dir=out_dir,
+                              hooks=hooks, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     if params.valid_fraction > 0 and params.refit:
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         # the selection run never sees the test split, not even to report it
@@ -354,8 +377,7 @@ def _fit(
     if valid_ds is not None:
         xv, yv = _as_csr32(featurizer.transform(valid_ds)), _as_csr32(valid_ds.Y)
     # over the test set's labels too: one the model lacks is scored as a label without training rows
-    width = k if yt is None else max(k, yt.shape[1])
-    prop = xc_metrics.propensities(sp.csr_matrix((y.data, y.indices, y.indptr), shape=(n, width)))
+    prop = train_propensities(y, None if yt is None else yt.shape[1])
     label_names = train_ds.label_names or [str(i) for i in range(k)]
 
     shape = ModelShape(
