@@ -294,11 +294,11 @@ BENCHES: tuple[Bench, ...] = (
                     "--label", "ovex --negatives 4096 --group-size 4096", "--out", "{results}/groups_4096"),),
           quick=(), outputs=("groups_4096.json", "groups_4096.md"), measures=(*CLI, "bench/real.py"),
           estimate_s=280, full=False),
-    # pairs of default models, scores summed (one model twice as wide), beside single ones
+    # `--ensemble 2` beside the defaults and one model as wide (`--dim 1024`)
     Bench("ensemble",
           steps=(_s("bench/ensemble.py", "--out", "{results}/ensemble"),), quick=(),
           outputs=("ensemble.json", "ensemble.md"), measures=(*CLI, "bench/ensemble.py", "bench/real.py"),
-          estimate_s=420, full=False),
+          estimate_s=660, full=False),
     # how often an apart label tower trains: `--label-tower-every` 16 (the default) beside 1, 4 and 64
     Bench("label_tower_every",
           steps=(_s("bench/label_texts.py", "--sets", "wordnet",
