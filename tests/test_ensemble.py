@@ -62,7 +62,7 @@ def test_the_saved_model_scores_the_sum_of_its_members(trained: dict[str, object
     p1 = float(np.mean([y[i, top[i, 0]] for i in range(y.shape[0])]))
     assert ens.metrics["p@1"] == pytest.approx(p1)
     # the members trained beside the model, in a directory that is gone; their checkpoints each in its own
-    assert not list(root.glob(".ensemble-*"))
+    assert not (root / ".ens.members").exists()
     assert sorted(p.name for p in (root / "ckpt").iterdir()) == ["member-0", "member-1"]
 
 
@@ -160,7 +160,12 @@ def test_a_stop_in_the_second_member_leaves_neither_model_nor_members(
         train(TrainParams(**SMALL, ensemble=2), data[0], None, out_dir=tmp_path / "m",
               hooks=Recorder(stop_after=member_steps + 2))
     assert not (tmp_path / "m").exists()
-    assert not list(tmp_path.glob(".ensemble-*"))
+    assert list(tmp_path.iterdir()) == []
+    # a killed run's members (no `finally` ran) are cleared by the next run to that model
+    (tmp_path / ".m.members" / "member-0").mkdir(parents=True)
+    (tmp_path / ".m.members" / "member-0" / "weights.safetensors").write_bytes(b"partial")
+    train(TrainParams(**{**SMALL, "epochs": 1}, ensemble=2), data[0], None, out_dir=tmp_path / "m")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
 
 
 def test_a_model_saved_from_an_ensemble_continues_as_one_model_of_its_width(

@@ -66,15 +66,19 @@ def check_ensemble(*, base: Any, label_texts: Any) -> None:
 def train_ensemble(train_one: TrainOne, evaluate: Evaluate, params: TrainParams, train_ds: Dataset,
                    test_ds: Dataset | None, *, out_dir: str | Path | None, hooks: TrainHooks,
                    checkpoint_dir: str | Path | None, checkpoint_every: int) -> TrainResult:
-    """Train the members (each in a directory beside `out_dir`, its checkpoints under
+    """Train the members (each into `.NAME.members/member-i` beside `out_dir`, its checkpoints under
     `checkpoint_dir`/member-i), then write the merged model to `out_dir` and score it on `test_ds`."""
     from trainer.capacity import check_fits
     from trainer.collectives import resolve_device
 
     n = params.ensemble
     check_fits(train_ds, params, resolve_device(params.device))  # the merged model too, before any member
-    parent = Path(out_dir).parent if out_dir is not None else None
-    work = Path(tempfile.mkdtemp(prefix=".ensemble-", dir=parent))
+    if out_dir is None:
+        work = Path(tempfile.mkdtemp(prefix="ovex-ensemble-"))
+    else:  # beside the model, named by it: a killed run's members are cleared by the next run to that model
+        work = Path(out_dir).parent / f".{Path(out_dir).name}.members"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
     try:
         results = []
         for i in range(n):
