@@ -34,7 +34,8 @@ SETS = ("wordnet", "bibtex", "corel5k")
 SHOWN = ("p@1", "p@3", "p@5", "psp@5")
 COSTS = ("train_wall_s", "model_mb")
 # (label, extra flags): the defaults, the option, and one model as wide as the option's
-ARMS = (("defaults", []), ("--ensemble 2", ["--ensemble", "2"]), ("--dim 1024", ["--dim", "1024"]))
+ARMS: tuple[tuple[str, list[str]], ...] = (
+    ("defaults", []), ("--ensemble 2", ["--ensemble", "2"]), ("--dim 1024", ["--dim", "1024"]))
 
 
 def run_set(set_name: str, seeds: list[int], data_dir: Path, work: Path) -> dict[str, Any]:
