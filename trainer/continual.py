@@ -75,7 +75,7 @@ def continual_params(base: TrainParams, given: TrainParams, base_name: str,
     (the learning rates stay the base's; `continual_lr` scales them at run time).
     """
     if base.ensemble > 1:  # the members side by side are one model of their full width (trainer.ensemble)
-        base = base.model_copy(update={"dim": base.dim * base.ensemble, "ensemble": 1})
+        base = base.model_copy(update={"dim": base.model_dim, "ensemble": 1})
     set_fields = given.model_fields_set
     unused = _unused_by(base, featurizer_kind)
     for name in ARCHITECTURE_FIELDS:
@@ -285,8 +285,7 @@ def _check_base(base: Any, name: str) -> None:
     from trainer.losses import get_loss
 
     shape, params = base.model.shape, base.params
-    if params.ensemble > 1:  # saved as one model of its members' widths together
-        params = params.model_copy(update={"dim": params.dim * params.ensemble})
+    params = params.model_copy(update={"dim": params.model_dim})  # an ensemble's members side by side
     for field in ("dim", "encoder", "hidden", "pieces"):
         if getattr(params, field) != getattr(shape, field):
             raise ArtifactError(name, f"config.json: params give {field}={getattr(params, field)!r} but the "

@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.artifact import load_artifact, save_artifact
+from trainer.capacity import check_fits
+from trainer.collectives import resolve_device
 from trainer.data import Dataset
 from trainer.errors import ParamsError
 from trainer.hooks import Progress, TrainHooks, TrainResult
@@ -68,9 +71,6 @@ def train_ensemble(train_one: TrainOne, evaluate: Evaluate, params: TrainParams,
                    checkpoint_dir: str | Path | None, checkpoint_every: int) -> TrainResult:
     """Train the members (each into `.NAME.members/member-i` beside `out_dir`, its checkpoints under
     `checkpoint_dir`/member-i), then write the merged model to `out_dir` and score it on `test_ds`."""
-    from trainer.capacity import check_fits
-    from trainer.collectives import resolve_device
-
     n = params.ensemble
     check_fits(train_ds, params, resolve_device(params.device))  # the merged model too, before any member
     if out_dir is None:
@@ -97,8 +97,6 @@ def train_ensemble(train_one: TrainOne, evaluate: Evaluate, params: TrainParams,
 def _merged_result(results: list[TrainResult], dirs: list[Path], params: TrainParams, train_ds: Dataset,
                    test_ds: Dataset | None, out_dir: str | Path | None, hooks: TrainHooks,
                    evaluate: Evaluate) -> TrainResult:
-    from trainer.artifact import load_artifact, save_artifact
-
     if len({featurizer_digest(d / "featurizer") for d in dirs}) != 1:  # fitted from the same rows and params
         raise RuntimeError("ensemble members fitted different featurizers")
     first = load_artifact(dirs[0])
@@ -111,9 +109,9 @@ def _merged_result(results: list[TrainResult], dirs: list[Path], params: TrainPa
     metrics = {} if test_ds is None else evaluate(model, featurizer, train_ds, test_ds)
     seconds = sum(r.seconds for r in results)
     steps = sum(r.steps for r in results)
-    examples = sum(r.examples_per_s * r.seconds for r in results)
     summary = {**metrics, "train_loss": float(np.mean([r.final_loss for r in results])),
-               "examples_per_s": float(examples / max(seconds, 1e-9)), "train_seconds": float(seconds),
+               "examples_per_s": float(np.mean([r.examples_per_s for r in results])),
+               "train_seconds": float(seconds),
                "steps": float(steps), "ensemble": float(len(dirs))}
     out_path = None
     if out_dir is not None:

@@ -28,7 +28,7 @@ MAX_BATCH = 65_536
 MAX_NEGATIVES = 262_144
 MAX_SEED = (1 << 32) - 1
 MAX_ENSEMBLE = 8
-DIM_MAX = 16384  # the widest model, an ensemble's members side by side included
+MAX_DIM = 16384  # the widest model, an ensemble's members side by side included
 
 
 def validation_message(exc: Any, flags: bool = False) -> str:
@@ -151,7 +151,7 @@ class TrainParams(BaseModel):
         json_schema_extra=_in("objective"),
     )
     # encoder
-    dim: int = Field(default=512, ge=1, le=DIM_MAX, description="width d of the representation h(x)",
+    dim: int = Field(default=512, ge=1, le=MAX_DIM, description="width d of the representation h(x)",
                      json_schema_extra=_in("model"))
     encoder: Encoder = Field(default="linear", description="linear, mlp (ReLU) or maxout",
                              json_schema_extra=_in("model"))
@@ -404,6 +404,11 @@ class TrainParams(BaseModel):
                 f"with equal inclusion probabilities); set group_size 1 to use sampler {self.sampler!r}"
             )
 
+    @property
+    def model_dim(self) -> int:
+        """The width of the model these params save: an ensemble's members side by side."""
+        return self.dim * self.ensemble
+
     def _check_ensemble(self) -> None:
         from trainer.losses import get_loss
 
@@ -419,9 +424,9 @@ class TrainParams(BaseModel):
         if self.valid_fraction > 0 and not self.refit:
             raise ValueError(f"ensemble {n} with valid_fraction {self.valid_fraction} would fit each member "
                              "on other rows (and so another vocabulary); add refit or set valid_fraction 0")
-        if n * self.dim > DIM_MAX:
-            raise ValueError(f"ensemble {n} of dim {self.dim} makes a model {n * self.dim} wide, over the "
-                             f"{DIM_MAX} a model may have; lower dim or ensemble")
+        if self.model_dim > MAX_DIM:
+            raise ValueError(f"ensemble {n} of dim {self.dim} makes a model {self.model_dim} wide, over the "
+                             f"{MAX_DIM} a model may have; lower dim or ensemble")
         if self.seed + n - 1 > MAX_SEED:
             raise ValueError(f"ensemble {n} from seed {self.seed} needs seeds up to {self.seed + n - 1}, "
                              f"over {MAX_SEED}; lower seed")
