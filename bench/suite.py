@@ -299,6 +299,11 @@ BENCHES: tuple[Bench, ...] = (
           steps=(_s("bench/ensemble.py", "--out", "{results}/ensemble"),), quick=(),
           outputs=("ensemble.json", "ensemble.md"), measures=(*CLI, "bench/ensemble.py", "bench/real.py"),
           estimate_s=660, full=False),
+    # `--logit-adjust τ` beside the defaults: the defaults' models rescored over a grid of τ
+    Bench("logit_adjust",
+          steps=(_s("bench/logit_adjust.py", "--out", "{results}/logit_adjust"),), quick=(),
+          outputs=("logit_adjust.json", "logit_adjust.md"),
+          measures=(*CLI, "bench/logit_adjust.py", "bench/real.py"), estimate_s=600, full=False),
     # how often an apart label tower trains: `--label-tower-every` 16 (the default) beside 1, 4 and 64
     Bench("label_tower_every",
           steps=(_s("bench/label_texts.py", "--sets", "wordnet",

@@ -27,6 +27,7 @@ from trainer.collectives import resolve_device
 from trainer.data import Dataset
 from trainer.errors import ParamsError
 from trainer.hooks import Progress, TrainHooks, TrainResult
+from trainer.logit_adjust import shift_biases
 from trainer.model import XCModel
 from trainer.params import TrainParams
 
@@ -82,7 +83,8 @@ def train_ensemble(train_one: TrainOne, evaluate: Evaluate, params: TrainParams,
     try:
         results = []
         for i in range(n):
-            member = params.model_copy(update={"ensemble": 1, "seed": params.seed + i})
+            # the merged model's biases take the logit adjustment once, not once per member
+            member = params.model_copy(update={"ensemble": 1, "seed": params.seed + i, "logit_adjust": 0.0})
             hooks.on_log(f"ensemble member {i + 1}/{n} (seed {member.seed})")
             ckpt = None if checkpoint_dir is None else Path(checkpoint_dir) / f"member-{i}"
             results.append(train_one(member, train_ds, test_ds, out_dir=work / f"member-{i}",
@@ -105,6 +107,8 @@ def _merged_result(results: list[TrainResult], dirs: list[Path], params: TrainPa
     n_rows = int(first.config.get("n_train_rows", 0))
     model = merge_models(itertools.chain([first.model], (load_artifact(d).model for d in dirs[1:])),
                          len(dirs))
+    if counts is not None:
+        shift_biases(model, counts, params.logit_adjust)
     del first
     metrics = {} if test_ds is None else evaluate(model, featurizer, train_ds, test_ds)
     seconds = sum(r.seconds for r in results)

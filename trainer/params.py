@@ -150,6 +150,15 @@ class TrainParams(BaseModel):
         "positives) or pair (each positive pair weighs 1)",
         json_schema_extra=_in("objective"),
     )
+    # off by default: it gains on WordNet and Bibtex and loses on Corel5k (docs/training.md)
+    logit_adjust: float = Field(
+        default=0.0,
+        ge=-2.0,
+        le=2.0,
+        description="add this times log(the label's training rows) to each label's bias in the saved model "
+        "(and its evaluations): below 0 lowers the frequent labels against the rare ones, 0 = off",
+        json_schema_extra=_in("objective"),
+    )
     # encoder
     dim: int = Field(default=512, ge=1, le=MAX_DIM, description="width d of the representation h(x)",
                      json_schema_extra=_in("model"))

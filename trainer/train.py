@@ -7,13 +7,14 @@ state plus the position in the epoch, so a resumed run continues the same step s
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ from trainer.label_tower import (
     save_tower,
 )
 from trainer.launch import train_on_ranks
+from trainer.logit_adjust import adjusted
 from trainer.losses import get_loss
 from trainer.model import ModelShape, XCModel
 from trainer.negatives import NegativeSampler
@@ -319,6 +321,15 @@ def _attach_tower(model: XCModel, featurizer: Any, names: list[str], texts: dict
     return tower
 
 
+@contextlib.contextmanager
+def served(model: XCModel, counts: np.ndarray, logit_adjust: float,
+           lo: int) -> Iterator[tuple[float, float] | None]:
+    """Within the block `model` scores as it is saved and served: its label tower's rows materialized and its
+    biases logit-adjusted (`trainer.logit_adjust`); what it learns, after. Yields the tower's scale."""
+    with materialized(model, counts) as scale, adjusted(model, counts, logit_adjust, lo):
+        yield scale
+
+
 def _fit(
     params: TrainParams,
     train_ds: Dataset,
@@ -527,12 +538,12 @@ def _fit(
             is_last = epoch + 1 == last_epoch
             due = params.eval_every > 0 and (epoch + 1) % params.eval_every == 0
             if xt is not None and yt is not None and (due or is_last):
-                with materialized(model, model_counts):
+                with served(model, model_counts, params.logit_adjust, shard.lo):
                     evaluated = evaluate_model(model, xt, yt, prop, shard, group, new_labels)
                 last_metrics = evaluated
                 record["metrics"] = evaluated
             if xv is not None and yv is not None:
-                with materialized(model, model_counts):
+                with served(model, model_counts, params.logit_adjust, shard.lo):
                     valid = evaluate_model(model, xv, yv, None, shard, group)
                 record["valid"] = valid
                 best.update(epoch + 1, valid["p@1"], model)
@@ -558,7 +569,7 @@ def _fit(
         if best.epoch != epochs_run or not history or "metrics" not in history[-1]:
             best.restore(model)
             if xt is not None and yt is not None:
-                with materialized(model, model_counts):
+                with served(model, model_counts, params.logit_adjust, shard.lo):
                     last_metrics = evaluate_model(model, xt, yt, prop, shard, group, new_labels)
         hooks.on_log(f"kept the weights of epoch {best.epoch} (valid p@1 {best.score:.4f})")
     seconds = time.perf_counter() - t_start
@@ -580,7 +591,7 @@ def _fit(
     if out_dir is not None:
         counts, n_rows, hashes = (label_counts(y), n, row_fingerprints(train_ds)) if warm is None \
             else warm.artifact_stats(y)
-        with materialized(model, model_counts) as scale:
+        with served(model, model_counts, params.logit_adjust, shard.lo) as scale:
             extra = None if tower is None or texts is None or scale is None else \
                 functools.partial(save_tower, tower=tower, scale=scale, names=label_names, texts=texts)
             out_path = _save_model(

@@ -1,0 +1,145 @@
+"""`--logit-adjust τ` (the saved biases plus τ·log of each label's training rows) beside the defaults.
+
+For each set and seed one model is trained by `ovex train` with the defaults (real.py's `run_ovex`) and its
+test rows are scored again with every τ of the grid applied to its biases, exactly what `--logit-adjust τ`
+saves (the shift does not touch training: tests/test_logit_adjust.py checks that the weights are the same
+to the bit). For seed 0 one more model is trained through `ovex train --logit-adjust` itself, and its P@1
+is shown beside the rescored one. One scorer and label space as real.py; test-only labels count as misses.
+A record of a decision, not a figure of today's defaults: `make bench ONLY=logit_adjust`.
+
+    .venv/bin/python bench/logit_adjust.py [--sets wordnet bibtex corel5k] [--seeds 0 1 2]
+        [--taus 0 -0.1 ...] [--out bench/results/logit_adjust]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from real import BUCKETS, K, _stats, load_set, run_ovex, tail_metrics  # noqa: E402
+from stamp import RESULTS, finish, stamp  # noqa: E402
+
+from trainer import metrics as xc_metrics  # noqa: E402
+from trainer.logit_adjust import bias_shift  # noqa: E402
+
+SETS = ("wordnet", "bibtex", "corel5k")
+TAUS = (0.0, -0.1, -0.2, -0.3, -0.4, -0.5, 0.1)
+CHECK_TAU = -0.3  # trained through `ovex train --logit-adjust` for seed 0
+SHOWN = ("p@1", "p@5", "psp@5", *(f"p@1[{b}]" for b, _, _ in BUCKETS))
+
+
+def rescored(model: Any, x: Any, to_shared: np.ndarray, taus: tuple[float, ...]) -> dict[float, np.ndarray]:
+    """Top-K ids in the shared space for each τ: the model's scores with its biases shifted by τ·log n_k."""
+    h = model.encode(x)
+    w, b = model.head_weight, model.head_bias
+    counts = np.asarray(model.label_counts)
+    tops: dict[float, list[np.ndarray]] = {t: [] for t in taus}
+    for s in range(0, h.shape[0], 2048):
+        base = h[s:s + 2048] @ w.T + b
+        for t in taus:
+            scores = base + bias_shift(counts, t)
+            idx = np.argpartition(-scores, K - 1, axis=1)[:, :K]
+            idx = np.take_along_axis(idx, np.argsort(-np.take_along_axis(scores, idx, 1), 1), 1)
+            tops[t].append(to_shared[idx])
+    return {t: np.concatenate(v) for t, v in tops.items()}
+
+
+def _metrics(top: np.ndarray, b: Any, prop: np.ndarray, counts: np.ndarray) -> dict[str, float]:
+    m = dict(xc_metrics.evaluate_topk(top, b.y_test, prop))
+    m.update({k: v for k, v in tail_metrics(top, b.y_test, counts).items() if k.startswith("p@1[")})
+    return {k: float(m[k]) for k in SHOWN if m.get(k) is not None}
+
+
+def run_set(set_name: str, seeds: list[int], taus: tuple[float, ...], data_dir: Path,
+            work: Path) -> dict[str, Any]:
+    from trainer.artifact import load_artifact
+
+    b = load_set(set_name, data_dir)
+    prop = xc_metrics.propensities(b.y_train)
+    counts = np.asarray(b.y_train.sum(axis=0)).ravel()[: b.n_train_labels]
+    index = {name: i for i, name in enumerate(b.names)}
+    runs: dict[float, list[dict[str, float]]] = {t: [] for t in taus}
+    check: dict[str, float] = {}
+    for seed in seeds:
+        res = run_ovex(b, set_name, "ovex", seed, [], work)
+        model = load_artifact(work / "model")
+        to_shared = np.array([index.get(n, -1) for n in model.label_names], dtype=np.int64)
+        x = model.featurizer.transform(b.test)
+        for t, top in rescored(model, x, to_shared, taus).items():
+            runs[t].append(_metrics(top, b, prop, counts))
+        shown = ", ".join(f"τ {t:+.1f} p@1 {runs[t][-1]['p@1']:.4f}" for t in taus)
+        print(f"{set_name} seed {seed}: {shown}", flush=True)
+        if seed == seeds[0]:
+            trained = run_ovex(b, set_name, "ovex", seed, ["--logit-adjust", str(CHECK_TAU)], work)
+            check = {"seed": seed, "tau": CHECK_TAU,
+                     "p@1 trained": _metrics(trained["top"], b, prop, counts)["p@1"],
+                     "p@1 rescored": runs[CHECK_TAU][-1]["p@1"] if CHECK_TAU in runs else float("nan"),
+                     "p@1 defaults as trained": _metrics(res["top"], b, prop, counts)["p@1"]}
+    return {"taus": {str(t): {k: _stats([r[k] for r in rs if k in r]) for k in SHOWN if k in rs[0]}
+                     for t, rs in runs.items()},
+            "runs": {str(t): rs for t, rs in runs.items()}, "check": check}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    lines = [
+        "# `--logit-adjust τ`: the defaults' models with their biases shifted by τ·log(training rows)",
+        "",
+        f"Command: `{result['command']}`  ",
+        f"Commit {result['commit'][:12]}{' (dirty)' if result['dirty'] else ''}, {result['date']}; "
+        f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']:.1f} GiB; torch {result['torch']}.  ",
+        f"Seeds {result['seeds']}: mean ± sample std. τ = 0 is the defaults. Each seed's model is trained "
+        "once by `ovex train` and rescored with every τ (the shift leaves training as it is). p@1[b]: P@1 "
+        "over the test rows whose rarest label has b training rows.",
+        "",
+        "| set | τ | " + " | ".join(SHOWN) + " |",
+        "|---" * (len(SHOWN) + 2) + "|",
+    ]
+    for set_name, r in result["sets"].items():
+        for t, a in r["taus"].items():
+            cells = " | ".join(f"{a[k]['mean']:.4f} ± {a[k]['std']:.4f}" if k in a else "–" for k in SHOWN)
+            lines.append(f"| {set_name} | {float(t):+.1f} | {cells} |")
+    lines += ["", "Through the entry point (`ovex train --logit-adjust`, one seed) beside the rescored one:",
+              "", "| set | seed | τ | P@1 trained with the flag | P@1 rescored | P@1 defaults |",
+              "|---|---|---|---|---|---|"]
+    for set_name, r in result["sets"].items():
+        c = r["check"]
+        if c:
+            lines.append(f"| {set_name} | {c['seed']} | {c['tau']:+.1f} | {c['p@1 trained']:.4f} | "
+                         f"{c['p@1 rescored']:.4f} | {c['p@1 defaults as trained']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--taus", nargs="+", type=float, default=list(TAUS))
+    ap.add_argument("--out", type=Path, default=RESULTS / "logit_adjust")
+    args = ap.parse_args()
+    st = stamp()
+    result: dict[str, Any] = {**finish(st), "seeds": args.seeds, "sets": {}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for set_name in args.sets:
+        with tempfile.TemporaryDirectory(prefix="ovex-logit-adjust-") as tmp:
+            result["sets"][set_name] = run_set(set_name, args.seeds, tuple(args.taus), args.data_dir,
+                                               Path(tmp))
+        result.update(finish(st))
+        args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+        args.out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
