@@ -121,3 +121,19 @@ def test_bounds_and_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
                  "--quiet"]) != 0
     assert "--logit-adjust: Input should be less than or equal to 2" in capsys.readouterr().err
     assert not (tmp_path / "m2").exists()
+
+
+def test_two_ranks_shift_the_rows_each_holds(tmp_path: Path) -> None:
+    """Label-sharded ranks each shift their own rows by their labels' counts: the merged model is the
+    unshifted one's with the biases shifted, and its metrics are its own."""
+    ds, test = synth_dataset(30, 200, 600, seed=1), synth_dataset(30, 200, 150, seed=1, part=1)
+    small = {"dim": 8, "epochs": 1, "batch_size": 64, "negatives": 8, "group_size": 4, "nproc_per_node": 2,
+             "device": "cpu"}
+    for name, tau in (("plain", 0.0), ("adj", TAU)):
+        train(TrainParams(**small, logit_adjust=tau), ds, test, out_dir=tmp_path / name)
+    a, b = load_artifact(tmp_path / "plain"), load_artifact(tmp_path / "adj")
+    torch.testing.assert_close(b.model.head[:, :-1], a.model.head[:, :-1], rtol=0, atol=0)
+    np.testing.assert_allclose(b.head_bias - a.head_bias, _shift(tmp_path / "adj"), rtol=1e-5, atol=1e-5)
+    top, _ = b.topk(b.featurizer.transform(test), 1)
+    y = sp.csr_matrix(test.Y)
+    assert b.metrics["p@1"] == pytest.approx(float(np.mean([y[i, top[i, 0]] for i in range(y.shape[0])])))

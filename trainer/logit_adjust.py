@@ -1,10 +1,11 @@
 """Logit adjustment (`logit_adjust` τ): the served bias of label k is its learned bias plus τ·log n_k, n_k
 its training rows (at least 1, so labels without rows keep theirs).
 
-Trained with uniform negatives, the bound leaves frequent labels scored high against rare ones; a shift by
-the log of the label's frequency trades between them after training, at no cost to a step. Only the saved
-model (and every evaluation of it) carries the shift: training updates the learned biases, and a continual
-run takes the shift off its base first (`unapplied`) so that it is never applied twice.
+On some sets a trained model scores its frequent labels too high against its rare ones for P@1 (on others
+not: docs/training.md); a shift by the log of each label's frequency trades between them after training, at
+no cost to a step. Only the saved model (and every evaluation of it) carries the shift: training updates the
+learned biases, and a continual run takes the shift off its base first (`unapplied`) so that it is never
+applied twice.
 """
 
 from __future__ import annotations
