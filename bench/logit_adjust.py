@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from real import BUCKETS, K, _stats, load_set, run_ovex, tail_metrics  # noqa: E402
-from stamp import RESULTS, finish, stamp  # noqa: E402
+from stamp import RESULTS, finish, markdown_line, stamp  # noqa: E402
 
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.logit_adjust import bias_shift  # noqa: E402
@@ -91,13 +91,10 @@ def run_set(set_name: str, seeds: list[int], taus: tuple[float, ...], data_dir: 
 
 
 def markdown(result: dict[str, Any]) -> str:
-    m = result["machine"]
     lines = [
         "# `--logit-adjust τ`: the defaults' models with their biases shifted by τ·log(training rows)",
         "",
-        f"Command: `{result['command']}`  ",
-        f"Commit {result['commit'][:12]}{' (dirty)' if result['dirty'] else ''}, {result['date']}; "
-        f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']:.1f} GiB; torch {result['torch']}.  ",
+        markdown_line(result) + "  ",
         f"Seeds {result['seeds']}: mean ± sample std. τ = 0 is the defaults. Each seed's model is trained "
         "once by `ovex train` and rescored with every τ (the shift leaves training as it is). p@1[b]: P@1 "
         "over the test rows whose rarest label has b training rows.",
