@@ -15,7 +15,6 @@ single model of that width. A record of a decision, not a figure of today's defa
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -26,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from real import _stats, load_set, run_ovex  # noqa: E402
-from stamp import RESULTS, finish, stamp  # noqa: E402
+from stamp import RESULTS, finish, stamp, write_results  # noqa: E402
 
 from trainer import metrics as xc_metrics  # noqa: E402
 
@@ -93,9 +92,7 @@ def main() -> None:
     for set_name in args.sets:
         with tempfile.TemporaryDirectory(prefix="ovex-ensemble-") as tmp:
             result["sets"][set_name] = run_set(set_name, args.seeds, args.data_dir, Path(tmp))
-        result.update(finish(st))
-        args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-        args.out.with_suffix(".md").write_text(markdown(result))
+        write_results(args.out, result, st, markdown)
     print(markdown(result))
 
 

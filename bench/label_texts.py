@@ -53,7 +53,7 @@ from real import (  # noqa: E402
     ovex_train,
     tail_metrics,
 )
-from stamp import RESULTS, finish, stamp  # noqa: E402
+from stamp import RESULTS, finish, stamp, write_results  # noqa: E402
 
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.data import read_xc  # noqa: E402
@@ -313,9 +313,7 @@ def main() -> None:
                       f"unseen {mt['unseen_hit@5']} tail@5 {mt['tail_p@5']} "
                       f"train {row['train_wall_s']:.1f}s {row['examples_per_s']:.0f} ex/s", flush=True)
                 result["summary"] = summarise(runs, [a for a, _ in arms])
-                result.update(finish(st))
-                args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-                args.out.with_suffix(".md").write_text(markdown(result))
+                write_results(args.out, result, st, markdown)
     print(markdown(result))
 
 

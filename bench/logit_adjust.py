@@ -14,7 +14,6 @@ A record of a decision, not a figure of today's defaults: `make bench ONLY=logit
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -27,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from real import BUCKETS, K, _stats, load_set, run_ovex, tail_metrics  # noqa: E402
-from stamp import RESULTS, finish, markdown_line, stamp  # noqa: E402
+from stamp import RESULTS, finish, markdown_line, stamp, write_results  # noqa: E402
 
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.logit_adjust import bias_shift  # noqa: E402
@@ -42,12 +41,12 @@ def rescored(model: Any, x: Any, to_shared: np.ndarray, taus: tuple[float, ...])
     """Top-K ids in the shared space for each τ: the model's scores with its biases shifted by τ·log n_k."""
     h = model.encode(x)
     w, b = model.head_weight, model.head_bias
-    counts = np.asarray(model.label_counts)
+    shifts = {t: bias_shift(np.asarray(model.label_counts), t) for t in taus}
     tops: dict[float, list[np.ndarray]] = {t: [] for t in taus}
     for s in range(0, h.shape[0], 2048):
         base = h[s:s + 2048] @ w.T + b
         for t in taus:
-            scores = base + bias_shift(counts, t)
+            scores = base + shifts[t]
             idx = np.argpartition(-scores, K - 1, axis=1)[:, :K]
             idx = np.take_along_axis(idx, np.argsort(-np.take_along_axis(scores, idx, 1), 1), 1)
             tops[t].append(to_shared[idx])
@@ -132,9 +131,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="ovex-logit-adjust-") as tmp:
             result["sets"][set_name] = run_set(set_name, args.seeds, tuple(args.taus), args.data_dir,
                                                Path(tmp))
-        result.update(finish(st))
-        args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-        args.out.with_suffix(".md").write_text(markdown(result))
+        write_results(args.out, result, st, markdown)
     print(markdown(result))
 
 

@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from stamp import finish, machine, stamp  # noqa: E402, F401  (machine, _git: imported from here by others)
+from stamp import finish, machine, stamp, write_results  # noqa: E402, F401  (machine, _git: imported from here by others)
 from stamp import git as _git  # noqa: E402, F401
 
 from trainer import metrics as xc_metrics  # noqa: E402
@@ -588,9 +588,7 @@ def main() -> None:
             else:
                 print(f"{name:8s} {label:16s} seed {seed} {row['status']}", flush=True)
             result["summary"] = summarise(runs)
-            result.update(finish(st))
-            args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-            args.out.with_suffix(".md").write_text(markdown(result))
+            write_results(args.out, result, st, markdown)
     print(markdown(result))
 
 

@@ -12,11 +12,13 @@ a scratch directory, never over the committed files).
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -127,3 +129,12 @@ def under_title(md: str, st: dict[str, Any]) -> str:
     """A results Markdown text with the stamp's line under its title."""
     head, _, rest = md.partition("\n")
     return f"{head}\n\n{markdown_line(st)}\n{rest}"
+
+
+def write_results(out: Path, result: dict[str, Any], st: dict[str, Any],
+                  markdown: Callable[[dict[str, Any]], str]) -> None:
+    """`out`.json and `out`.md under the stamp finished now: written after each unit of work, so a run cut
+    short keeps what it measured."""
+    result.update(finish(st))
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    out.with_suffix(".md").write_text(markdown(result))
