@@ -257,6 +257,8 @@ def train(
         return train_ensemble(train, evaluate_test, params, train_ds, test_ds, out_dir=out_dir,
                               hooks=hooks, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     if params.valid_fraction > 0 and params.refit:
+        # one batch for both runs: the refit stops at an epoch the selection run counted
+        params = params.model_copy(update={"batch_size": params.batch_rows(train_ds.n_rows)})
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         # the selection run never sees the test split, not even to report it
         select = _fit(params, train_ds, None, out_dir=None, hooks=hooks, warm=warm,
@@ -440,6 +442,8 @@ def _fit(
         sampler = SubsetSampler(NegativeSampler(
             keep.size, params.sampler, params.alpha, counts[keep], seed=seed,
             focus=None if focus is None else focus[keep], focus_share=share), keep)
+    n_epoch = n if warm is None else warm.epoch_size(params.replay)  # rows trained on per epoch
+    params = params.model_copy(update={"batch_size": params.batch_rows(n_epoch)})
     stepper = Stepper(model, spec, params, sampler, group, shard)
     if params.hard_negatives > 0:
         if tower is not None:
@@ -451,7 +455,6 @@ def _fit(
 
     bs = params.batch_size
     ahead = steps_made_ahead(device, group)
-    n_epoch = n if warm is None else warm.epoch_size(params.replay)  # rows trained on per epoch
     lr_scale = 1.0 if warm is None else params.continual_lr
     steps_per_epoch = math.ceil(n_epoch / bs)
     total = steps_per_epoch * params.epochs
