@@ -1,12 +1,11 @@
 """`batch_size` 0 (the default): 256 rows a step, 512 once an epoch holds 64 batches of 512; a given size
-is used as it is. A run trains, counts its steps and records the batch it used; the CLI and the API take 0
-and refuse a negative size naming the field."""
+is used as it is. A run steps by the batch its data gives; the artifact keeps the 0 asked for (a continual
+run adapts it to its own epoch) and its metrics the batch used; the CLI takes 0 and refuses a negative size
+naming the flag."""
 
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,8 @@ def test_a_run_steps_and_records_the_batch_its_epoch_size_gives(
     batch = SMALL_BATCH if threshold_steps == AUTO_BATCH_STEPS else LARGE_BATCH
     result = train(TrainParams(**SMALL), ds, None, out_dir=tmp_path / "m")
     assert result.steps == math.ceil(1000 / batch) * SMALL["epochs"]
-    assert load_artifact(tmp_path / "m").params.batch_size == batch
+    saved = load_artifact(tmp_path / "m")
+    assert saved.params.batch_size == 0 and saved.metrics["batch_size"] == batch
 
 
 def test_refit_selects_and_refits_with_one_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,22 +64,37 @@ def test_refit_selects_and_refits_with_one_batch(tmp_path: Path, monkeypatch: py
     assert len(select) == SMALL["epochs"]
     stop = int(result.best_epoch or 0)
     assert result.steps == math.ceil(1000 / 475) * stop
-    assert load_artifact(tmp_path / "m").params.batch_size == 475
+    saved = load_artifact(tmp_path / "m")
+    assert saved.params.batch_size == 0 and saved.metrics["batch_size"] == 475
 
 
-def test_the_cli_takes_zero_and_refuses_a_negative_size(tmp_path: Path) -> None:
-    data = tmp_path / "train.txt"
-    write_synth(data, 10, 50, 300, seed=1)
-    base = [sys.executable, "-m", "service.cli", "train", "--train", str(data), "--dim", "8", "--epochs", "1",
-            "--negatives", "8", "--quiet"]
-    ok = subprocess.run([*base, "--out", str(tmp_path / "m"), "--batch-size", "0"], capture_output=True,
-                        text=True, timeout=300, check=False)
-    assert ok.returncode == 0, ok.stderr
-    assert load_artifact(tmp_path / "m").params.batch_size == SMALL_BATCH
-    bad = subprocess.run([*base, "--out", str(tmp_path / "bad"), "--batch-size", "-1"], capture_output=True,
-                         text=True, timeout=300, check=False)
-    assert bad.returncode == 2
-    assert "--batch-size" in bad.stderr and "Traceback" not in bad.stderr
+def test_a_continual_run_adapts_the_batch_to_its_own_epoch(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A base trained on 1,000 rows at 512 a step keeps 0: a continual run on 300 new rows steps by 256."""
+    monkeypatch.setattr(params_module, "AUTO_BATCH_STEPS", 1)
+    train(TrainParams(**SMALL), synth_dataset(20, 100, 1000, seed=2), None, out_dir=tmp_path / "base")
+    assert load_artifact(tmp_path / "base").metrics["batch_size"] == LARGE_BATCH
+    more = synth_dataset(20, 100, 300, seed=2, part=1)
+    result = train(TrainParams(**SMALL), more, None, out_dir=tmp_path / "next", base=tmp_path / "base")
+    saved = load_artifact(tmp_path / "next")
+    assert saved.params.batch_size == 0 and saved.metrics["batch_size"] == SMALL_BATCH
+    assert result.steps == math.ceil(300 / SMALL_BATCH) * SMALL["epochs"]
+
+
+def test_the_cli_takes_zero_and_refuses_a_negative_size(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from service.cli import main
+
+    rows = tmp_path / "train.txt"
+    write_synth(rows, 10, 50, 300, seed=1)
+    flags = ["--dim", "8", "--epochs", "1", "--negatives", "8", "--device", "cpu", "--quiet"]
+    assert main(["train", "--train", str(rows), "--out", str(tmp_path / "m"), "--batch-size", "0",
+                 *flags]) == 0
+    assert load_artifact(tmp_path / "m").metrics["batch_size"] == SMALL_BATCH
+    assert main(["train", "--train", str(rows), "--out", str(tmp_path / "bad"), "--batch-size", "-1",
+                 *flags]) != 0
+    assert "--batch-size: Input should be greater than or equal to 0" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
 
 
 def test_params_refuse_a_negative_size_naming_the_field() -> None:
