@@ -25,8 +25,6 @@ NewLabelInit = Literal["mean", "random"]
 
 # upper bounds of the per-step sizes: a step holds batch × (negatives + positives) scores
 MAX_BATCH = 65_536
-# `batch_size` 0: SMALL_BATCH rows a step, LARGE_BATCH once an epoch holds AUTO_BATCH_STEPS batches of that
-SMALL_BATCH, LARGE_BATCH, AUTO_BATCH_STEPS = 256, 512, 64
 MAX_NEGATIVES = 262_144
 MAX_SEED = (1 << 32) - 1
 MAX_ENSEMBLE = 8
@@ -189,12 +187,8 @@ class TrainParams(BaseModel):
                           json_schema_extra=_in("optimiser"))
     schedule: Schedule = Field(default="cosine", description="decay after warmup",
                                json_schema_extra=_in("optimiser"))
-    batch_size: int = Field(
-        default=0, ge=0, le=MAX_BATCH,
-        description=f"rows per training step; 0: {SMALL_BATCH}, or {LARGE_BATCH} when an epoch trains on "
-        f"{AUTO_BATCH_STEPS * LARGE_BATCH:,} rows or more",
-        json_schema_extra=_in("optimiser"),
-    )
+    batch_size: int = Field(default=256, ge=1, le=MAX_BATCH, description="rows per training step",
+                            json_schema_extra=_in("optimiser"))
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="decoupled L2 on touched rows",
                                 json_schema_extra=_in("optimiser"))
     init_scale: float = Field(default=1.0, gt=0.0, le=100.0, description="init scale of input projection",
@@ -418,16 +412,6 @@ class TrainParams(BaseModel):
                 f"group_size {self.group_size} needs sampler 'uniform' (grouped negatives are only unbiased "
                 f"with equal inclusion probabilities); set group_size 1 to use sampler {self.sampler!r}"
             )
-
-    def batch_rows(self, epoch_rows: int | None = None) -> int:
-        """The rows a step trains on, for an epoch of `epoch_rows` rows (None: the most `batch_size` 0 may
-        mean, for sizing memory). Why 0 grows with the data: a large set gains from steps over more rows
-        (less noisy moves of its frequent rows, half the steps' overhead), a small one needs the steps."""
-        if self.batch_size > 0:
-            return self.batch_size
-        if epoch_rows is None or epoch_rows >= AUTO_BATCH_STEPS * LARGE_BATCH:
-            return LARGE_BATCH
-        return SMALL_BATCH
 
     @property
     def model_dim(self) -> int:

@@ -257,8 +257,6 @@ def train(
         return train_ensemble(train, evaluate_test, params, train_ds, test_ds, out_dir=out_dir,
                               hooks=hooks, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     if params.valid_fraction > 0 and params.refit:
-        asked = params  # one batch for both runs: the refit stops at an epoch the selection run counted
-        params = params.model_copy(update={"batch_size": params.batch_rows(train_ds.n_rows)})
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         # the selection run never sees the test split, not even to report it
         select = _fit(params, train_ds, None, out_dir=None, hooks=hooks, warm=warm,
@@ -271,7 +269,7 @@ def train(
         )
         result = _fit(refit, train_ds, test_ds, out_dir=out_dir, hooks=hooks, warm=warm,
                       checkpoint_dir=None if ckpt is None else ckpt / "refit",
-                      checkpoint_every=checkpoint_every, artifact_params=asked,
+                      checkpoint_every=checkpoint_every, artifact_params=params,
                       extra_summary={"best_epoch": float(select.best_epoch),
                                      "valid_p@1": float(select.metrics_valid_p1)}, texts=texts)
         result.best_epoch = select.best_epoch
@@ -442,9 +440,7 @@ def _fit(
         sampler = SubsetSampler(NegativeSampler(
             keep.size, params.sampler, params.alpha, counts[keep], seed=seed,
             focus=None if focus is None else focus[keep], focus_share=share), keep)
-    n_epoch = n if warm is None else warm.epoch_size(params.replay)  # rows trained on per epoch
-    bs = params.batch_rows(n_epoch)  # the artifact keeps the batch_size asked for (0 adapts to its data)
-    stepper = Stepper(model, spec, params.model_copy(update={"batch_size": bs}), sampler, group, shard)
+    stepper = Stepper(model, spec, params, sampler, group, shard)
     if params.hard_negatives > 0:
         if tower is not None:
             raise ParamsError("hard_negatives does not train with label texts yet; set hard_negatives 0")
@@ -453,7 +449,9 @@ def _fit(
     if focus is not None:
         stepper.head_lr = WarmStart.label_lr(focus, params.new_label_lr, device)
 
+    bs = params.batch_size
     ahead = steps_made_ahead(device, group)
+    n_epoch = n if warm is None else warm.epoch_size(params.replay)  # rows trained on per epoch
     lr_scale = 1.0 if warm is None else params.continual_lr
     steps_per_epoch = math.ceil(n_epoch / bs)
     total = steps_per_epoch * params.epochs
@@ -587,7 +585,6 @@ def _fit(
             "examples_per_s": float(overall_rate),
             "train_seconds": float(seconds),
             "steps": float(step),
-            "batch_size": float(bs),
         }
     )
     out_path: Path | None = None

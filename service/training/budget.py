@@ -102,7 +102,7 @@ def input_features(params: TrainParams, features: int | None) -> int:
 
 def estimate(params: TrainParams, labels: int, features: int | None) -> MemoryEstimate:
     """The memory of one process: the whole run with one rank, the largest rank's with several."""
-    d, batch, ranks = params.dim, params.batch_rows(), params.nproc_per_node
+    d, batch, ranks = params.dim, params.batch_size, params.nproc_per_node
     n_in = input_features(params, features)
     width = d * (params.pieces if params.encoder == "maxout" else 1)
     hidden = params.hidden * (d * width + width)
