@@ -163,6 +163,7 @@ class Stepper:
         self.exhaustive = spec.needs_all_labels
         self.dense = model.dense_parameters()
         self.best = BestEpoch()  # used when params.valid_fraction > 0; saved with checkpoints
+        self.input_scale = 1.0  # the input table's lr as a multiple of the step's (train.input_lr_scale)
         self.head_lr: torch.Tensor | None = None  # per-label lr multiplier of the head (continual runs)
         self.hard: HardNegatives | None = None  # with params.hard_negatives: the mined table
         self.low_precision = low_precision(params.precision, model.head.device)
@@ -287,7 +288,7 @@ class Stepper:
             self._sum_dense_grads()
         else:
             e_grad = e_rows.grad
-        opt.step("input", model.input_weight, e_grad, lr, rows=uf, weight_decay=wd)
+        opt.step("input", model.input_weight, e_grad, lr * self.input_scale, rows=uf, weight_decay=wd)
         with _row_lr(self.head_lr, [model.head, *model.extra.values()], rows):
             opt.step("head", model.head, head_rows.grad, lr, rows=rows, weight_decay=wd)
             for name, t in extra.items():

@@ -132,6 +132,17 @@ def lr_at(params: TrainParams, step: int, total: int) -> float:
     return params.lr * 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
 
 
+INPUT_LR_STEPS = 512  # runs up to this many steps train the input table at `lr`
+
+
+def input_lr_scale(params: TrainParams, total: int) -> float:
+    """The input table's peak learning rate as a multiple of `lr`, for a run of `total` steps: `input_lr`
+    when given, else 1 up to INPUT_LR_STEPS steps and √(INPUT_LR_STEPS / total) beyond (docs/training.md)."""
+    if params.input_lr > 0.0:
+        return params.input_lr / params.lr
+    return min(1.0, math.sqrt(INPUT_LR_STEPS / max(total, 1)))
+
+
 # ------------------------------------------------------------------------------------ featurizing
 
 
@@ -455,6 +466,7 @@ def _fit(
     lr_scale = 1.0 if warm is None else params.continual_lr
     steps_per_epoch = math.ceil(n_epoch / bs)
     total = steps_per_epoch * params.epochs
+    stepper.input_scale = input_lr_scale(params, total)
     step, start_epoch, start_pos = 0, 0, 0
     resumed: int | None = None
     ckpt_path = Path(checkpoint_dir) if checkpoint_dir is not None else None
