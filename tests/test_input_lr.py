@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from trainer.artifact import load_artifact
+from trainer.hooks import QuietHooks
 from trainer.params import TrainParams
 from trainer.synth import synth_dataset
 from trainer.train import INPUT_LR_STEPS, input_lr_scale, train
@@ -75,11 +76,22 @@ def test_the_rate_moves_the_input_table_alone(tmp_path: Path) -> None:
     np.testing.assert_array_equal(h1, h4)
 
 
+class _Logs(QuietHooks):
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def on_log(self, message: str) -> None:
+        self.messages.append(message)
+
+
 def test_a_long_run_takes_the_default_rule(tmp_path: Path) -> None:
     # 40 rows a step of 1 for 14 epochs: 560 steps, so the table runs at lr·√(512/560)
     ds = synth_dataset(12, 80, 40, seed=6)
     common = {**TINY, "epochs": 14, "batch_size": 1}
-    train(TrainParams(**common), ds, out_dir=tmp_path / "auto")
+    hooks = _Logs()
+    train(TrainParams(**common), ds, out_dir=tmp_path / "auto", hooks=hooks)
+    said = "560 steps on cpu, the input table at 0.956x the lr"
+    assert any(said in m for m in hooks.messages), hooks.messages
     explicit = 0.01 * math.sqrt(INPUT_LR_STEPS / 560)
     train(TrainParams(**common, input_lr=explicit), ds, out_dir=tmp_path / "explicit")
     train(TrainParams(**common, input_lr=0.01), ds, out_dir=tmp_path / "full")

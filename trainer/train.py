@@ -479,6 +479,7 @@ def _fit(
     hooks.on_log(
         f"training {params.loss} on {n_epoch} rows per epoch, {shape.n_features} features, {k} labels; "
         f"d={params.dim}, {total} steps on {device}"
+        + (f", the input table at {stepper.input_scale:.3g}x the lr" if stepper.input_scale != 1.0 else "")
         + (f", {group.world} ranks of {shard.size} labels each" if group.world > 1 else "")
     )
 
