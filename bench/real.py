@@ -11,7 +11,8 @@ Methods (each (set, method, seed) in its own child process, so peak RSS and cras
 
 * `ovex`: the console command `ovex train --train FILE --out DIR --seed S --quiet` (defaults; no `--test`, so
   no per-epoch evaluation is timed) as a subprocess, on the JSONL for wordnet (ovex's own featurizer) and
-  the XC file otherwise; the artifact is loaded back and the test rows scored with `model.topk`;
+  the XC file otherwise; the artifact is loaded back and the test rows scored with `model.topk`; one
+  untimed run of a small planted set first loads (on a fresh checkout, compiles) ovex's numba kernels;
 * `ovex-tfidf` (wordnet only): the same command on the peers' TF-IDF features written as an XC file;
 * `omikuji`: Parabel-style trees, default hyper-parameters, all cores, on the peers' features;
 * `napkinxc-plt`: napkinXC's probabilistic label tree, default settings, on the peers' features;
@@ -283,6 +284,23 @@ def run_ovex(b: Bench, set_name: str, method: str, seed: int, extra: list[str], 
     return res
 
 
+def warm_ovex() -> float:
+    """One untimed `ovex train` of a small planted set, before the timed runs; its wall seconds.
+
+    Why: the first run of an install compiles ovex's numba kernels into their on-disk cache (tens of
+    seconds on a small CPU), which every later run loads; without this the first timed seed pays it alone.
+    """
+    from trainer.synth import write_synth
+
+    work = Path(tempfile.mkdtemp(prefix="ovex-real-warm-"))
+    try:
+        write_synth(work / "rows.txt", 50, 500, 2000, seed=0)
+        return ovex_train(work / "rows.txt", work / "model", 0, ["--epochs", "1"], work / "train.log")[
+            "train_wall_s"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def run_omikuji(b: Bench, set_name: str, seed: int, work: Path) -> dict[str, Any]:
     """Omikuji's defaults on all cores, trained from an XC file (the given one for XC sets)."""
     import omikuji
@@ -476,6 +494,11 @@ def markdown(result: dict[str, Any]) -> str:
         "(ovex) or the whole run's process (peers); predict rows/s: top-5 from already featurized test rows.",
         "",
     ]
+    if "warmup_s" in result:
+        lines += [f"Before the timed runs, one untimed `ovex train` of a small planted set "
+                  f"({result['warmup_s']:.1f} s) loaded ovex's numba kernels, compiling them into their "
+                  "cache on a fresh checkout, as any earlier run of the install would have: every timed "
+                  "seed measures the same warm install.", ""]
     head = ["method", "P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@5", "tail P@1", "tail P@5",
             "train wall s", "train CPU s", "peak RSS MB", "predict rows/s"]
     for name, by_label in result["summary"].items():
@@ -575,6 +598,9 @@ def main() -> None:
         "summary": {},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if any(method in OVEX_METHODS for _, method, _, _ in plan):
+        result["warmup_s"] = warm_ovex()
+        print(f"warm-up (untimed) ovex train: {result['warmup_s']:.1f}s", flush=True)
     for name, method, label, flags in plan:
         for seed in args.seeds:
             row = {"set": name, "method": method, "label": label, "seed": seed, "ovex_args": flags,

@@ -127,4 +127,5 @@ def test_bibtex_end_to_end_through_ovex_train(tmp_path: Path) -> None:
     assert set(result["summary"]["bibtex"]) == {"popularity", "ovex", *peers}
     for key in ("commit", "dirty", "date", "machine", "loadavg_before", "loadavg_after", "torch", "command"):
         assert key in result
+    assert result["warmup_s"] > 0  # ovex's kernels were loaded before the timed run
     assert "## bibtex" in out.with_suffix(".md").read_text()
