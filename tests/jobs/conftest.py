@@ -421,6 +421,20 @@ class Server:
         return out
 
 
+TINY_PARAMS: dict[str, Any] = {"dim": 8, "batch_size": 64, "negatives": 16, "epochs": 1, "eval_every": 0}
+
+
+def assert_params_refused(srv: Server, body: dict[str, Any], field: str, bad: tuple[Any, ...]) -> None:
+    """Each value of `field` in `bad` makes `POST /v1/jobs` a 422 naming `params.<field>`, and no job is
+    queued: the check every job option's test makes."""
+    n_jobs = len(srv.client.get("/v1/jobs").json()["jobs"])
+    for value in bad:
+        r = srv.client.post("/v1/jobs", json={**body, "params": {**body.get("params", {}), field: value}})
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"][:3] == ["body", "params", field], r.text
+    assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs  # nothing queued
+
+
 @contextlib.contextmanager
 def sqlite_server(root: Path, **extra_env: str) -> Iterator[Server]:
     """`ovex serve` on SQLite with its embedded job worker, its files under `root` (`extra_env`: more

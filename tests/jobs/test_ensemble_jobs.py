@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.jobs.conftest import TINY_PARAMS as TINY
 from tests.jobs.conftest import Server, sqlite_server
-
-TINY = {"dim": 8, "batch_size": 64, "negatives": 16, "epochs": 1, "eval_every": 0}
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs.conftest import Server, sqlite_server
-
-TINY = {"dim": 8, "batch_size": 64, "negatives": 16, "epochs": 1, "eval_every": 0}
+from tests.jobs.conftest import TINY_PARAMS, Server, assert_params_refused, sqlite_server
 
 
 @pytest.fixture(scope="module")
@@ -24,15 +22,9 @@ def test_a_job_saves_its_input_lr_and_refuses_a_value_out_of_bounds(srv: Server,
     from trainer.synth import write_synth
 
     write_synth(tmp_path / "rows.txt", 30, 200, 300, seed=2)
-    rows = srv.upload(tmp_path / "rows.txt")["id"]
-    n_jobs = len(srv.client.get("/v1/jobs").json()["jobs"])
-    for bad in (-0.5, 11, "fast"):
-        r = srv.client.post("/v1/jobs", json={"model": "ilr", "train_dataset": rows,
-                                              "params": {**TINY, "input_lr": bad}})
-        assert r.status_code == 422, r.text
-        assert r.json()["detail"][0]["loc"][:3] == ["body", "params", "input_lr"], r.text
-    assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs  # nothing queued
-    job_id = srv.submit({"model": "ilr", "train_dataset": rows, "params": {**TINY, "input_lr": 0.003}})
+    body = {"model": "ilr", "train_dataset": srv.upload(tmp_path / "rows.txt")["id"], "params": TINY_PARAMS}
+    assert_params_refused(srv, body, "input_lr", (-0.5, 11, "fast"))
+    job_id = srv.submit({**body, "params": {**TINY_PARAMS, "input_lr": 0.003}})
     assert srv.final_state(job_id) == "succeeded", srv.log_tail()
     job = srv.client.get(f"/v1/jobs/{job_id}").json()
     assert job["params"]["input_lr"] == 0.003
