@@ -741,7 +741,9 @@ def test_delete_from_the_console_after_a_confirmation(browser: Any, server: Any)
     if "delete" not in spec["paths"]["/v1/models/{name}"]:
         return  # this server cannot delete a whole model
     open_page(browser, server.url, "models/zz-gone")
-    wait_for(lambda: css(browser, "button[aria-label='Delete model zz-gone']"), what="delete model").click()
+    # found and clicked in one try: the page may draw the model again between the two (a stale element)
+    wait_for(lambda: css(browser, "button[aria-label='Delete model zz-gone']").click() or True,
+             what="delete model")
     browser.switch_to.alert.accept()
     wait_for(lambda: not css_all(browser, "#model-zz-gone"), timeout=30, what="the model to go")
     assert httpx.get(f"{server.url}/v1/models/zz-gone").status_code == 404
