@@ -5,7 +5,7 @@ The run is what `ovex train --train wordnet_train.jsonl --out DIR` does (`traine
 functions the run calls: nothing in trainer/ changes, and the timed code is the code users run. Reports:
 
 1. phases of the whole run, wall and CPU seconds: reading the data, checks before fitting, fitting the
-   featurizer (`fit_featurizer`), transforming the training rows (`Featurizer.transform`), setup (CSR
+   featurizer and featurizing the training rows with it (`fit_featurizer`, one tokenization), setup (CSR
    conversion, propensities, model, sampler, optimizer), the epochs (split into the steps, the per-epoch
    shuffle `EpochData` and the loop's own bookkeeping) and saving the artifact (`_save_model`);
 2. per training step: ms per step (first step apart: it loads or compiles the numba kernels), and over a
@@ -152,7 +152,7 @@ def instrumented(rec: Recorder) -> Iterator[None]:
     """Wrap the functions `trainer.train._fit` calls with timers (patched where `_fit` looks them up,
     restored on exit), so the run is the unmodified training code."""
     tt = trainer.train
-    fit0, transform0, save0 = tt.fit_featurizer, trainer.featurize.Featurizer.transform, tt._save_model
+    fit0, save0 = tt.fit_featurizer, tt._save_model
     epoch_init0, step0, cand0 = tt.EpochData.__init__, tt.Stepper.step, trainer.step.shard_candidates
     adam0, adagrad0 = trainer.optim.RowAdam.step, trainer.optim.RowAdagrad.step
     adam_rows0, adagrad_rows0 = trainer.row_kernels.adam_rows, trainer.row_kernels.adagrad_rows
@@ -228,7 +228,6 @@ def instrumented(rec: Recorder) -> Iterator[None]:
 
     patches = [
         mock.patch.object(tt, "fit_featurizer", marked("fit", fit0)),
-        mock.patch.object(trainer.featurize.Featurizer, "transform", marked("transform", transform0)),
         mock.patch.object(tt, "_save_model", marked("save", save0)),
         mock.patch.object(tt.EpochData, "__init__", epoch_init),
         mock.patch.object(tt.Stepper, "step", step),
@@ -273,18 +272,13 @@ def phases(rec: Recorder) -> dict[str, dict[str, float]]:
     """The run cut at its marks; the epochs split into steps, shuffles and the rest of the loop."""
     names = [
         ("checks", "train_start", "fit_start"),  # out dir, capacity check
-        ("fit_featurizer", "fit_start", "fit_end"),
-        ("transform", "transform_start", "transform_end"),
-        ("setup", "transform_end", "epochs_start"),  # CSR, propensities, model init, sampler, optimizer
+        ("fit_featurizer", "fit_start", "fit_end"),  # and the training rows through it
+        ("setup", "fit_end", "epochs_start"),  # CSR, propensities, model init, sampler, optimizer
         ("epochs", "epochs_start", "save_start"),
         ("save", "save_start", "save_end"),
         ("after_save", "save_end", "train_end"),
     ]
     out = {name: dict(zip(("wall_s", "cpu_s"), _span(rec, a, b), strict=True)) for name, a, b in names}
-    if "fit_end" in rec.marks and "transform_start" in rec.marks:  # nothing expected between them
-        gap = _span(rec, "fit_end", "transform_start")
-        out["setup"]["wall_s"] += gap[0]
-        out["setup"]["cpu_s"] += gap[1]
     steps = sum(rec.step_s)
     shuffles = sum(rec.epoch_data_s)
     epochs = out["epochs"]["wall_s"]
@@ -585,8 +579,9 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         whole = report["data"]["read_s"] + run["train_wall_s"]
         rows = [("read data (read_dataset)", report["data"]["read_s"], report["data"]["read_cpu_s"])]
-        names = {"checks": "checks (out dir, capacity)", "fit_featurizer": "fit featurizer",
-                 "transform": "transform training rows", "setup": "setup (CSR, model, sampler, optimizer)",
+        names = {"checks": "checks (out dir, capacity)",
+                 "fit_featurizer": "fit featurizer, featurize training rows",
+                 "setup": "setup (CSR, model, sampler, optimizer)",
                  "epochs": "epochs", "save": "save artifact", "after_save": "after saving"}
         rows += [(names[k], v["wall_s"], v["cpu_s"]) for k, v in ph.items()]
         for name, wall, cpu in rows:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -159,6 +160,53 @@ def test_batch_and_single_row_routes_are_bit_identical(docs: list[str], mode: st
         one = f.transform_texts([doc])
         assert np.array_equal(one.indices, batch[i].indices)
         assert np.array_equal(one.data, batch[i].data), (doc, one.data, batch[i].data)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    docs=st.lists(st.text(alphabet="abcé dZ", min_size=0, max_size=40), min_size=1, max_size=20),
+    mode=st.sampled_from(["vocab", "hash"]),
+    ngrams=st.sampled_from([1, 2]),
+    min_df=st.integers(1, 3),
+    max_vocab=st.sampled_from([1, 4, 100]),
+    tfidf=st.booleans(),
+    l2=st.booleans(),
+)
+def test_fit_transform_is_fit_then_transform_to_the_bit(docs: list[str], mode: str, ngrams: int, min_df: int,
+                                                        max_vocab: int, tfidf: bool, l2: bool) -> None:
+    """Training featurizes its rows from the fit's one tokenization: the same vocabulary, idf and rows as
+    a fit followed by a transform, through either route (fewer rows than a batch, or a batch)."""
+    docs = [*docs, "ab cd ab"]  # the vocabulary is never empty at min_df 1
+    cfg = FeaturizerConfig(ngrams=ngrams, min_df=min_df, max_vocab=max_vocab, tfidf=tfidf, l2=l2,
+                           hash_size=16 if mode == "hash" else 0)
+    ds = _texts(docs)
+    try:
+        apart = Featurizer(cfg).fit(ds)
+    except ParamsError:  # no term in min_df texts: fit_transform refuses alike
+        with pytest.raises(ParamsError, match="empty vocabulary"):
+            Featurizer(cfg).fit_transform(ds)
+        return
+    one = Featurizer(cfg)
+    x = one.fit_transform(ds)
+    want = apart.transform(ds)
+    assert one.vocab == apart.vocab and one.n_features == apart.n_features and one.n_docs == apart.n_docs
+    if mode == "vocab":  # the vocabulary by its definition: terms of >= min_df texts, most texts first
+        df = Counter(term for doc in docs for term in set(tokenize(doc, ngrams)))
+        ranked = sorted((t for t, c in df.items() if c >= min_df), key=lambda t: (-df[t], t))
+        assert list(one.vocab) == ranked[:max_vocab]
+        assert list(one.vocab.values()) == list(range(one.n_features))
+    assert (one.idf is None) == (apart.idf is None)
+    assert one.idf is None or np.array_equal(one.idf, apart.idf)
+    assert x.shape == want.shape and x.has_sorted_indices
+    assert np.array_equal(x.indptr, want.indptr) and np.array_equal(x.indices, want.indices)
+    assert np.array_equal(x.data, want.data) and x.data.dtype == np.float32
+
+
+def test_fit_transform_of_sparse_rows_is_fit_then_transform() -> None:
+    X = sp.csr_matrix(np.array([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]], dtype=np.float32))
+    apart = Featurizer(FeaturizerConfig(tfidf=True, l2=True)).fit(_sparse(X))
+    x = Featurizer(FeaturizerConfig(tfidf=True, l2=True)).fit_transform(_sparse(X))
+    assert np.array_equal(x.toarray(), apart.transform(_sparse(X)).toarray())
 
 
 # ----------------------------------------------------------------------------- persistence

@@ -23,7 +23,8 @@ def _texts(texts: list[str]) -> Dataset:
 
 def test_default_params_fit_the_featurizer_they_say() -> None:
     params = TrainParams()
-    featurizer = fit_featurizer(params, _texts(TEXTS))
+    featurizer, x = fit_featurizer(params, _texts(TEXTS))
+    assert x.shape == (len(TEXTS), featurizer.n_features)
     cfg = featurizer.config
     for name in OPTIONS:
         assert getattr(cfg, name) == getattr(params, name), name

@@ -193,29 +193,47 @@ class Featurizer:
             self._fit_sparse(sp.csr_matrix(ds.X), ds.n_features)
         return self
 
-    def _fit_texts(self, texts: Sequence[str]) -> None:
+    def fit_transform(self, ds: Dataset) -> sp.csr_matrix:
+        """`fit(ds)`, then `transform(ds)`, to the bit: a text set is tokenized once, not twice."""
+        if not ds.is_text:
+            return self._fit(ds).transform(ds)
+        assert ds.texts is not None
+        self._hash_cache.clear()
+        return self._weight(self._fit_texts(ds.texts), self.config.l2)
+
+    def _fit_texts(self, texts: Sequence[str]) -> sp.csr_matrix:
+        """Learn the vocabulary (or the hash buckets' df) and idf; returns the texts' term weights before
+        idf, in the fitted columns: what `_raw_texts` gives for them, from the one tokenization."""
         cfg = self.config
         self.kind = "text"
-        self.n_docs = len(texts)
-        if not cfg.hashed:
-            df: Counter[str] = Counter()
-            for t in texts:
-                df.update(set(tokenize(t, cfg.ngrams)))
-            kept = [(c, term) for term, c in df.items() if c >= cfg.min_df]
-            kept.sort(key=lambda ct: (-ct[0], ct[1]))
-            kept = kept[: cfg.max_vocab]
-            if not kept:
-                raise ParamsError(f"empty vocabulary: no token occurs in >= min_df={cfg.min_df} of the "
-                                  f"{len(texts)} training texts; lower min_df or hash them (hash_size > 0)")
-            self.vocab = {term: i for i, (_, term) in enumerate(kept)}
-            self._n_features = len(self.vocab)
-            dfa = np.array([c for c, _ in kept], dtype=np.float64)
-        else:
+        self.n_docs = n = len(texts)
+        if cfg.hashed:
             self.vocab = None
             self._n_features = cfg.hash_size
-            counts = self._raw_texts(texts)
-            dfa = np.bincount(counts.indices, minlength=self._n_features).astype(np.float64)
-        self.idf = self._idf(dfa, self.n_docs) if cfg.tfidf else None
+            raw = self._raw_texts(texts)
+            dfa = np.bincount(raw.indices, minlength=self._n_features).astype(np.float64)
+            self.idf = self._idf(dfa, self.n_docs) if cfg.tfidf else None
+            return raw
+        rows, terms, counts, names = self._term_counts(texts)
+        df = np.bincount(terms, minlength=len(names))  # the pairs are distinct: a term's count of texts
+        seen = np.flatnonzero(df >= cfg.min_df)
+        # by count of texts, then term (numpy orders str by code point, as Python does; no token ends in NUL)
+        seen_names = np.array([names[i] for i in seen.tolist()], dtype=str)
+        order = np.lexsort((seen_names, -df[seen]))[: cfg.max_vocab]
+        if not order.size:
+            raise ParamsError(f"empty vocabulary: no token occurs in >= min_df={cfg.min_df} of the "
+                              f"{n} training texts; lower min_df or hash them (hash_size > 0)")
+        kept = seen[order]
+        self.vocab = {names[i]: col for col, i in enumerate(kept.tolist())}
+        self._n_features = len(self.vocab)
+        self.idf = self._idf(df[kept].astype(np.float64), self.n_docs) if cfg.tfidf else None
+        column = np.full(len(names), -1, dtype=np.int64)
+        column[kept] = np.arange(kept.size)
+        cols = column[terms]
+        known = cols >= 0
+        rows, cols, counts = rows[known], cols[known], counts[known]
+        by_cell = np.argsort(rows * np.int64(self._n_features) + cols, kind="stable")
+        return self._csr(rows[by_cell], cols[by_cell], self._tf(counts[by_cell]), n)
 
     def _fit_sparse(self, X: sp.csr_matrix, n_features: int) -> None:
         self.kind = "sparse"
@@ -321,49 +339,60 @@ class Featurizer:
         """
         if len(texts) < _SMALL_BATCH:
             return self._raw_texts_small(texts)
-        cfg = self.config
+        n = len(texts)
+        vocab = self.vocab
+        if vocab is not None:
+            get, ngrams = vocab.get, self.config.ngrams
+            lens = np.zeros(n, dtype=np.int64)
+            flat: list[int] = []
+            for i, text in enumerate(texts):
+                ids = [get(t, -1) for t in tokenize(text, ngrams)]
+                lens[i] = len(ids)
+                flat.extend(ids)
+            terms = np.asarray(flat, dtype=np.int64)
+            rows = np.repeat(np.arange(n, dtype=np.int64), lens)
+            keep = terms >= 0
+            width = np.int64(max(len(vocab), 1))
+            uniq, counts = np.unique(rows[keep] * width + terms[keep], return_counts=True)
+            return self._csr(uniq // width, uniq % width, self._tf(counts), n)
+        r, t, counts, names = self._term_counts(texts)
+        w = self._tf(counts)
+        hashed = [self._hashed(term) for term in names]
+        bucket = np.array([b for b, _ in hashed], dtype=np.int64)[t]
+        signed = w * np.array([sg for _, sg in hashed], dtype=np.float64)[t]
+        cell = r * np.int64(self._n_features) + bucket
+        order = np.lexsort((signed, cell))  # by cell, then ascending value within a cell
+        cell, signed = cell[order], signed[order]
+        starts = np.flatnonzero(np.r_[cell.size > 0, cell[1:] != cell[:-1]])  # none without tokens
+        w = np.bincount(np.repeat(np.arange(starts.size), np.diff(np.r_[starts, cell.size])),
+                        weights=signed, minlength=starts.size)  # adds in array order
+        cells = cell[starts]
+        nonzero = w != 0.0
+        return self._csr(cells[nonzero] // self._n_features, cells[nonzero] % self._n_features, w[nonzero], n)
+
+    def _term_counts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        """Every (text, term) pair of the texts with its count, the terms numbered as the texts first use
+        them: (rows, term ids, counts, the terms), sorted by row, then term id."""
         n = len(texts)
         lens = np.zeros(n, dtype=np.int64)
         flat: list[int] = []
-        vocab = self.vocab
         local: dict[str, int] = {}
-        if vocab is not None:
-            get = vocab.get
-            for i, text in enumerate(texts):
-                ids = [get(t, -1) for t in tokenize(text, cfg.ngrams)]
-                lens[i] = len(ids)
-                flat.extend(ids)
-        else:
-            for i, text in enumerate(texts):
-                ids = [local.setdefault(t, len(local)) for t in tokenize(text, cfg.ngrams)]
-                lens[i] = len(ids)
-                flat.extend(ids)
-        terms = np.asarray(flat, dtype=np.int64)
+        ngrams = self.config.ngrams
+        for i, text in enumerate(texts):
+            ids = [local.setdefault(t, len(local)) for t in tokenize(text, ngrams)]
+            lens[i] = len(ids)
+            flat.extend(ids)
         rows = np.repeat(np.arange(n, dtype=np.int64), lens)
-        if vocab is not None:
-            keep = terms >= 0
-            rows, terms = rows[keep], terms[keep]
-        width = np.int64(max(len(vocab) if vocab is not None else len(local), 1))
-        uniq, counts = np.unique(rows * width + terms, return_counts=True)
-        w = self._tf(counts)
-        r, t = uniq // width, uniq % width
-        if vocab is None:
-            hashed = [self._hashed(term) for term in local]
-            bucket = np.array([b for b, _ in hashed], dtype=np.int64)[t]
-            signed = w * np.array([sg for _, sg in hashed], dtype=np.float64)[t]
-            cell = r * np.int64(self._n_features) + bucket
-            order = np.lexsort((signed, cell))  # by cell, then ascending value within a cell
-            cell, signed = cell[order], signed[order]
-            starts = np.flatnonzero(np.r_[cell.size > 0, cell[1:] != cell[:-1]])  # none without tokens
-            w = np.bincount(np.repeat(np.arange(starts.size), np.diff(np.r_[starts, cell.size])),
-                            weights=signed, minlength=starts.size)  # adds in array order
-            cells = cell[starts]
-            r, t = cells // self._n_features, cells % self._n_features
-            nonzero = w != 0.0
-            r, t, w = r[nonzero], t[nonzero], w[nonzero]
+        width = np.int64(max(len(local), 1))
+        uniq, counts = np.unique(rows * width + np.asarray(flat, dtype=np.int64), return_counts=True)
+        return uniq // width, uniq % width, counts, list(local)
+
+    def _csr(self, rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, n: int) -> sp.csr_matrix:
+        """Cells sorted by row, then column, as an n-row float32 CSR in this featurizer's columns."""
         indptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(r, minlength=n), out=indptr[1:])
-        X = sp.csr_matrix((w.astype(np.float32), t.astype(np.int32), indptr), shape=(n, self._n_features))
+        np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
+        X = sp.csr_matrix((weights.astype(np.float32), cols.astype(np.int32), indptr),
+                          shape=(n, self._n_features))
         X.has_sorted_indices = True
         return X
 

@@ -146,11 +146,13 @@ def input_lr_scale(params: TrainParams, total: int) -> float:
 # ------------------------------------------------------------------------------------ featurizing
 
 
-def fit_featurizer(params: TrainParams, ds: Dataset) -> Any:
-    """Fit the featurizer the params ask for on the training set (saved with the model)."""
+def fit_featurizer(params: TrainParams, ds: Dataset) -> tuple[Any, sp.csr_matrix]:
+    """Fit the featurizer the params ask for on the training set (saved with the model); with the set's
+    rows through it, from one reading of its texts."""
     from trainer.featurize import Featurizer, FeaturizerConfig
 
-    return Featurizer(FeaturizerConfig.from_params(params)).fit(ds)
+    featurizer = Featurizer(FeaturizerConfig.from_params(params))
+    return featurizer, featurizer.fit_transform(ds)
 
 
 # ------------------------------------------------------------------------------------ evaluation
@@ -381,13 +383,14 @@ def _fit(
     if warm is not None:
         featurizer = warm.featurizer_for(train_ds)  # the fit rows' words: before replay rows join them
         train_ds = warm.training_rows(train_ds)
+        x_train = featurizer.transform(train_ds)
         if warm.forgets():
             hooks.on_log(f"warning: no training or replay row is one {warm.name} trained on: none of its "
                          "rows is replayed, so labels learned from them will be forgotten (give the base's "
                          "training rows with --replay-data; over the API, base.replay_dataset)")
     else:
-        featurizer = fit_featurizer(params, train_ds)
-    x = _as_csr32(featurizer.transform(train_ds))
+        featurizer, x_train = fit_featurizer(params, train_ds)
+    x = _as_csr32(x_train)
     y = _as_csr32(train_ds.Y)
     n, k = x.shape[0], train_ds.n_labels
     if n == 0:
