@@ -124,6 +124,8 @@ def test_bibtex_end_to_end_through_ovex_train(tmp_path: Path) -> None:
     for method in ("ovex", *peers):
         assert runs[method]["metrics"]["p@1"] > runs["popularity"]["metrics"]["p@1"] + 0.3, method
     assert runs["ovex"]["unmapped_model_labels"] == 0 and runs["ovex"]["train_wall_s"] > 0
+    for method in peers:  # a peer's training time ends with its model on disk, as ovex's does
+        assert 0 < runs[method]["save_s"] < runs[method]["train_wall_s"]
     assert set(result["summary"]["bibtex"]) == {"popularity", "ovex", *peers}
     for key in ("commit", "dirty", "date", "machine", "loadavg_before", "loadavg_after", "torch", "command"):
         assert key in result
