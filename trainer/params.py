@@ -116,11 +116,11 @@ class TrainParams(BaseModel):
         default=1024, ge=1, le=MAX_NEGATIVES, description="negatives drawn per step (shared)",
         json_schema_extra=_in("objective"),
     )
-    # groups beat pairs on every set at the same step cost, and groups of 512 beat groups of 128 on WordNet,
-    # Bibtex and the planted 10^5-label set while Corel5k loses a little (docs/training.md, with the figures
-    # and their bench/results files)
+    # groups beat pairs on every set at the same step cost, and larger groups beat smaller ones on WordNet
+    # and the planted 10^5-label set, up to one group of all the step's negatives; Bibtex and Corel5k, whose
+    # labels all fit in one group, train as before (docs/training.md, with the figures and their files)
     group_size: int = Field(
-        default=512,
+        default=1024,
         ge=1,
         le=MAX_NEGATIVES,
         description="ove: compare each positive with groups of this many sampled negatives under a "
