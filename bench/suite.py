@@ -249,14 +249,14 @@ BENCHES: tuple[Bench, ...] = (
           outputs=("distributed.json", "distributed.md"),
           measures=(*CLI, "bench/distributed.py"), estimate_s=760),
     # an opt-in feature: `--label-texts` with the tower's defaults (joint), and the apart, detached tower
-    # beside it
+    # beside it; on demand, so that the full profile fits its budget (docs cite its last run from history)
     Bench("label_texts",
           steps=(_s("bench/label_texts.py", f"--also={APART_TOWER}",
                     "--zero-shot-scales", "--out", "{results}/label_texts"),),
           quick=(_s("bench/label_texts.py", "--sets", "bibtex", "--seeds", "0", "--arms", "label-texts",
                     "--out", "{results}/label_texts"),),
           outputs=("label_texts.json", "label_texts.md"), measures=(*CLI, "bench/label_texts.py"),
-          estimate_s=1340),
+          estimate_s=1340, full=False),
     # the records of decisions: rerun on demand (ONLY=name), not by every `make bench`
     # continual learning's choices: the variant rows and the 40,000-row synthetic set (the full command
     # with every variant, into its own file), 10^6 labels, the old-label rows, direct-I/O saves
