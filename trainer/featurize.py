@@ -183,7 +183,6 @@ class Featurizer:
         Reached as `featurizer.fit(ds)`, or on the class with options,
         `Featurizer.fit(ds, tfidf=True, l2=True, ...)` (`FeaturizerConfig`'s options).
         """
-        self._hash_cache.clear()
         if ds.is_text:
             assert ds.texts is not None
             self._fit_texts(ds.texts)
@@ -198,7 +197,6 @@ class Featurizer:
         if not ds.is_text:
             return self._fit(ds).transform(ds)
         assert ds.texts is not None
-        self._hash_cache.clear()
         return self._weight(self._fit_texts(ds.texts), self.config.l2)
 
     def _fit_texts(self, texts: Sequence[str]) -> sp.csr_matrix:
@@ -207,6 +205,7 @@ class Featurizer:
         cfg = self.config
         self.kind = "text"
         self.n_docs = n = len(texts)
+        self._hash_cache.clear()
         if cfg.hashed:
             self.vocab = None
             self._n_features = cfg.hash_size
@@ -342,19 +341,9 @@ class Featurizer:
         n = len(texts)
         vocab = self.vocab
         if vocab is not None:
-            get, ngrams = vocab.get, self.config.ngrams
-            lens = np.zeros(n, dtype=np.int64)
-            flat: list[int] = []
-            for i, text in enumerate(texts):
-                ids = [get(t, -1) for t in tokenize(text, ngrams)]
-                lens[i] = len(ids)
-                flat.extend(ids)
-            terms = np.asarray(flat, dtype=np.int64)
-            rows = np.repeat(np.arange(n, dtype=np.int64), lens)
-            keep = terms >= 0
-            width = np.int64(max(len(vocab), 1))
-            uniq, counts = np.unique(rows[keep] * width + terms[keep], return_counts=True)
-            return self._csr(uniq // width, uniq % width, self._tf(counts), n)
+            get = vocab.get
+            rows, cols, counts = self._pair_counts(texts, lambda term: get(term, -1))
+            return self._csr(rows, cols, self._tf(counts), n)
         r, t, counts, names = self._term_counts(texts)
         w = self._tf(counts)
         hashed = [self._hashed(term) for term in names]
@@ -371,21 +360,29 @@ class Featurizer:
         return self._csr(cells[nonzero] // self._n_features, cells[nonzero] % self._n_features, w[nonzero], n)
 
     def _term_counts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
-        """Every (text, term) pair of the texts with its count, the terms numbered as the texts first use
-        them: (rows, term ids, counts, the terms), sorted by row, then term id."""
+        """`_pair_counts` over the texts' own terms, numbered as the texts first use them; with the terms."""
+        local: dict[str, int] = {}
+        rows, ids, counts = self._pair_counts(texts, lambda term: local.setdefault(term, len(local)))
+        return rows, ids, counts, list(local)
+
+    def _pair_counts(self, texts: Sequence[str], term_id: Callable[[str], int]
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every (text, term id) pair of the texts with its count, sorted by row, then id: (rows, ids,
+        counts). Tokens whose id is below 0 (not in a vocabulary) are left out."""
         n = len(texts)
         lens = np.zeros(n, dtype=np.int64)
         flat: list[int] = []
-        local: dict[str, int] = {}
         ngrams = self.config.ngrams
         for i, text in enumerate(texts):
-            ids = [local.setdefault(t, len(local)) for t in tokenize(text, ngrams)]
+            ids = [term_id(t) for t in tokenize(text, ngrams)]
             lens[i] = len(ids)
             flat.extend(ids)
+        terms = np.asarray(flat, dtype=np.int64)
         rows = np.repeat(np.arange(n, dtype=np.int64), lens)
-        width = np.int64(max(len(local), 1))
-        uniq, counts = np.unique(rows * width + np.asarray(flat, dtype=np.int64), return_counts=True)
-        return uniq // width, uniq % width, counts, list(local)
+        keep = terms >= 0
+        width = np.int64(max(int(terms.max(initial=0)) + 1, 1))
+        uniq, counts = np.unique(rows[keep] * width + terms[keep], return_counts=True)
+        return uniq // width, uniq % width, counts
 
     def _csr(self, rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, n: int) -> sp.csr_matrix:
         """Cells sorted by row, then column, as an n-row float32 CSR in this featurizer's columns."""
