@@ -113,14 +113,14 @@ class TrainParams(BaseModel):
         json_schema_extra=_in("model"),
     )
     negatives: int = Field(
-        default=1536, ge=1, le=MAX_NEGATIVES, description="negatives drawn per step (shared)",
+        default=1024, ge=1, le=MAX_NEGATIVES, description="negatives drawn per step (shared)",
         json_schema_extra=_in("objective"),
     )
     # groups beat pairs on every set at the same step cost, and larger groups beat smaller ones on WordNet
     # and the planted 10^5-label set, up to one group of all the step's negatives; Bibtex and Corel5k, whose
     # labels all fit in one group, train as before (docs/training.md, with the figures and their files)
     group_size: int = Field(
-        default=1536,
+        default=1024,
         ge=1,
         le=MAX_NEGATIVES,
         description="ove: compare each positive with groups of this many sampled negatives under a "
