@@ -204,6 +204,8 @@ def test_deleting_a_version_on_a_full_or_read_only_disk_is_refused_and_the_versi
     train = _dataset(srv, synth_files["train"])
     job_id = srv.submit({"model": "d", "train_dataset": train, "params": TINY})
     assert srv.final_state(job_id) == "succeeded", srv.log_tail()
+    # pinned before version 2 appears: a never-activated model serves its highest version once it loads
+    assert srv.client.post("/v1/models/d/versions/1/activate").status_code == 200
     shutil.copytree(srv.models_dir / "d" / "1", srv.models_dir / "d" / "2")
     deadline = time.monotonic() + 60
     while '"2"' not in srv.client.get("/v1/models/d/versions").text:
