@@ -25,7 +25,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check trainer service tests bench clients
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache  # its cache once went stale and reported cycles long gone
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile  # a test file a worker: its module-scoped servers start once
+	$(VENV)/bin/pytest -q -n 2 --dist worksteal  # two workers; an idle one takes tests queued for the other
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
