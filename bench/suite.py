@@ -304,6 +304,11 @@ BENCHES: tuple[Bench, ...] = (
           steps=(_s("bench/logit_adjust.py", "--out", "{results}/logit_adjust"),), quick=(),
           outputs=("logit_adjust.json", "logit_adjust.md"),
           measures=(*CLI, "bench/logit_adjust.py", "bench/real.py"), estimate_s=600, full=False),
+    # a design probe for labels known by their text: test-only labels scored by their texts' tf-idf cosine
+    Bench("lexical_channel",
+          steps=(_s("bench/lexical_channel.py", "--out", "{results}/lexical_channel"),), quick=(),
+          outputs=("lexical_channel.json", "lexical_channel.md"),
+          measures=(*CLI, "bench/lexical_channel.py", "bench/real.py"), estimate_s=480, full=False),
     # how often an apart label tower trains: `--label-tower-every` 16 (the default) beside 1, 4 and 64
     Bench("label_tower_every",
           steps=(_s("bench/label_texts.py", "--sets", "wordnet",
