@@ -68,6 +68,21 @@ def test_learns_planted_labels_far_above_chance(
     assert loaded.metrics["p@1"] == pytest.approx(result.metrics["p@1"])
 
 
+def test_each_step_is_reported_once_however_often_progress_is_due(
+    data: tuple[Dataset, Dataset], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow step makes the timed report due on an epoch's last step, which the epoch's own report (with
+    its metrics) also covers: a job's progress must still rise step by step, never repeat one."""
+    import trainer.train as train_module
+
+    monkeypatch.setattr(train_module, "PROGRESS_EVERY_S", -1.0)  # due after every step
+    rec = Recorder()
+    result = train(_params(epochs=2), data[0], None, out_dir=tmp_path / "m", hooks=rec)
+    steps = [p.step for p in rec.progress]
+    assert steps == list(range(1, result.steps + 1))
+    assert [p.epoch for p in rec.progress if p.step in (15, 30)] == [1, 2]
+
+
 def test_should_stop_cancels(data: tuple[Dataset, Dataset], tmp_path: Path) -> None:
     rec = Recorder(stop_after=4)
     with pytest.raises(TrainingCancelled, match=r"stopped at step 4$"):  # asked before every step

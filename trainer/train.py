@@ -533,7 +533,8 @@ def _fit(
                     if bar is not None:
                         bar.update(1)
                     now = time.perf_counter()
-                    if now - last_report > PROGRESS_EVERY_S:
+                    # the epoch's last step is reported by the epoch's own report, just below
+                    if now - last_report > PROGRESS_EVERY_S and made.pos + 1 < steps_per_epoch:
                         last_report = now
                         loss_ema = losses.read()
                         rate = epoch_examples / max(time.perf_counter() - t_epoch, 1e-9)

@@ -783,9 +783,13 @@ def test_versions_say_where_they_come_from_and_a_model_can_stop_serving(
     sparse = {"inputs": [{"features": {"indices": [1], "values": [1.0]}}]}
     r = httpx.post(f"{server.url}/v1/models/kin/predict", json=sparse)
     assert r.status_code == 409, r.text
-    card = css(browser, "#model-kin").find_element("xpath", "ancestor::article")
-    assert "deactivated" in card.text
-    assert not card.find_elements("css selector", "button[aria-label='Deactivate kin']")
+
+    def deactivated_card() -> bool:  # the list re-renders after the flash: read it whole, again if stale
+        card = css(browser, "#model-kin").find_element("xpath", "ancestor::article")
+        return "deactivated" in card.text and not card.find_elements(
+            "css selector", "button[aria-label='Deactivate kin']")
+
+    wait_for(deactivated_card, what="kin's card, deactivated and without its Deactivate button")
 
 
 def test_the_default_model_stays_when_a_newer_one_appears(browser: Any, server: Any, tmp_path: Path) -> None:
