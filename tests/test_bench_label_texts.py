@@ -3,35 +3,18 @@ without them the trained labels' alone, and more weight never lowers unseen hit@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.bench_scripts import load_bench
 from trainer import metrics as xc_metrics
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "label_texts.py"
-
-
-def _load() -> ModuleType:
-    name = "ovex_bench_label_texts"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPT)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-bench = _load()
+bench = load_bench("label_texts")
 
 
 @dataclass

@@ -1,34 +1,15 @@
-"""bench/lexical_channel.py: its top-K merge and its metrics against plain-Python oracles (bench/ is not a
-package, so the script is loaded by path)."""
+"""bench/lexical_channel.py: its top-K merge and its metrics against plain-Python oracles."""
 
 from __future__ import annotations
-
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_scripts import load_bench
 
-
-def _load() -> ModuleType:
-    name = "ovex_bench_lexical_channel"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "lexical_channel.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-lc = _load()
+lc = load_bench("lexical_channel")
 
 
 @settings(max_examples=50, deadline=None)

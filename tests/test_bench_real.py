@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -17,24 +16,14 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.bench_scripts import load_bench
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "real.py"
 DATA = ROOT.parent / "shared" / "data"
 
 
-def _load() -> ModuleType:
-    name = "ovex_bench_real"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-real = _load()
+real = load_bench("real")
 
 
 def oracle(top: list[list[int]], rows: list[set[int]], counts: list[int], n_labels: int) -> dict[str, Any]:

@@ -4,35 +4,23 @@ suite writes, and a smoke of the quick profile runs end to end into a scratch di
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.bench_scripts import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def _load(name: str) -> ModuleType:
-    key = f"ovex_bench_{name}"
-    if key in sys.modules:
-        return sys.modules[key]
-    spec = importlib.util.spec_from_file_location(key, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[key] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-suite = _load("suite")
-stamp = _load("stamp")
+suite = load_bench("suite")
+stamp = load_bench("stamp")
 
 
 def test_results_are_one_file_set_per_benchmark() -> None:
