@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from real import K, _stats, load_set, run_ovex  # noqa: E402
+from real import K, _cell, _stats, load_set, run_ovex  # noqa: E402
 from stamp import RESULTS, finish, markdown_line, stamp, write_results  # noqa: E402
 
 from trainer import metrics as xc_metrics  # noqa: E402
@@ -49,45 +50,54 @@ def _best(scores: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(scores, idx, 1), top
 
 
-def _metrics(top: np.ndarray, y_test: sp.csr_matrix, prop: np.ndarray, first_unseen: int) -> dict[str, float]:
+@dataclass(frozen=True)
+class Truth:
+    """Each test row's labels in the shared space, and which rows carry a test-only label (read once)."""
+
+    gold: list[set[int]]
+    unseen: np.ndarray  # bool [rows]
+
+    @classmethod
+    def of(cls, y_test: sp.csr_matrix, first_unseen: int) -> Truth:
+        y = sp.csr_matrix(y_test)
+        gold = [set(y.indices[y.indptr[i]:y.indptr[i + 1]].tolist()) for i in range(y.shape[0])]
+        return cls(gold, np.array([any(g >= first_unseen for g in labels) for labels in gold]))
+
+
+def _metrics(top: np.ndarray, y_test: sp.csr_matrix, prop: np.ndarray, truth: Truth,
+             first_unseen: int) -> dict[str, float]:
     m = xc_metrics.evaluate_topk(top, y_test, prop)
-    y = sp.csr_matrix(y_test)
-    gold = [set(y.indices[y.indptr[i]:y.indptr[i + 1]].tolist()) for i in range(y.shape[0])]
-    unseen = np.array([any(g >= first_unseen for g in labels) for labels in gold])
-    rows = list(zip(top.tolist(), gold, strict=True))
+    rows = list(zip(top.tolist(), truth.gold, strict=True))
     found = np.array([any(t >= first_unseen and t in g for t in row) for row, g in rows])
     first_right = np.array([row[0] in g for row, g in rows])
     return {"p@1": float(m["p@1"]), "p@5": float(m["p@5"]),
-            "p@1 trained rows": float(first_right[~unseen].mean()),
-            "unseen hit@5": float(found[unseen].mean())}
+            "p@1 trained rows": float(first_right[~truth.unseen].mean()),
+            "unseen hit@5": float(found[truth.unseen].mean())}
 
 
 def rescored(model: Any, x: sp.csr_matrix, texts: sp.csr_matrix, to_shared: np.ndarray, first_unseen: int,
-             grid: list[tuple[str, float, float]], widths: tuple[int, ...],
-             seed: int) -> dict[str, np.ndarray]:
-    """Top-K shared ids for the model alone and for each (channel, α, β) of the grid."""
+             alphas: list[float], betas: list[float], widths: list[int], seed: int) -> dict[str, np.ndarray]:
+    """Top-K shared ids for the model alone and for each channel, α and β."""
     rng = np.random.default_rng(seed)
-    proj = {m: rng.standard_normal((x.shape[1], m)).astype(np.float32) / np.sqrt(m) for m in widths}
-    texts_of = {"exact": texts, **{f"projected {m}": texts @ p for m, p in proj.items()}}
+    channels: list[tuple[str, np.ndarray | None, Any]] = [("exact", None, texts)]
+    for m in widths:  # the input side's projection, and the texts already projected
+        proj = rng.standard_normal((x.shape[1], m)).astype(np.float32) / np.sqrt(m)
+        channels.append((f"projected {m}", proj, texts @ proj))
     unseen_ids = first_unseen + np.arange(texts.shape[0])
     h = model.encode(x)
     tops: dict[str, list[np.ndarray]] = {"model alone": []}
     for s in range(0, x.shape[0], 2048):
-        scores = h[s:s + 2048] @ model.head_weight.T + model.head_bias
-        own_scores, own = _best(scores, to_shared)
+        own_scores, own = _best(h[s:s + 2048] @ model.head_weight.T + model.head_bias, to_shared)
         tops["model alone"].append(own)
         rows = x[s:s + 2048]
-        for channel, t in texts_of.items():
-            xs = rows if channel == "exact" else rows @ proj[int(channel.split()[1])]
-            cos = xs @ t.T
-            cos = cos.toarray() if sp.issparse(cos) else np.asarray(cos)
-            best_cos, best = _best(cos, unseen_ids)
-            for ch, a, b in grid:
-                if ch != channel:
-                    continue
-                both = np.concatenate([own_scores, a * best_cos + b], 1)
-                ids = np.concatenate([own, best], 1)
-                tops.setdefault(f"{ch} α {a:g} β {b:g}", []).append(_best(both, ids)[1])
+        for name, proj, t in channels:
+            cos = rows @ t.T if proj is None else (rows @ proj) @ t.T
+            best_cos, best = _best(cos.toarray() if sp.issparse(cos) else np.asarray(cos), unseen_ids)
+            ids = np.concatenate([own, best], 1)
+            for a in alphas:
+                for b in betas:
+                    both = np.concatenate([own_scores, a * best_cos + b], 1)
+                    tops.setdefault(f"{name} α {a:g} β {b:g}", []).append(_best(both, ids)[1])
     return {k: np.concatenate(v) for k, v in tops.items()}
 
 
@@ -109,8 +119,7 @@ def main() -> None:
     with open(args.data_dir / "wordnet_label_texts.jsonl") as fh:
         label_text = {(r := json.loads(line))["name"]: r["text"] for line in fh}
     unseen_texts = [label_text.get(name, "") for name in b.names[first:]]
-    channels = ["exact", *(f"projected {m}" for m in args.widths)]
-    grid = [(c, a, bb) for c in channels for a in args.alphas for bb in args.betas]
+    truth = Truth.of(b.y_test, first)
     runs: dict[str, list[dict[str, float]]] = {}
     index = {name: i for i, name in enumerate(b.names)}
     for seed in args.seeds:
@@ -120,8 +129,9 @@ def main() -> None:
         to_shared = np.array([index.get(n, -1) for n in model.label_names], dtype=np.int64)
         x = model.featurizer.transform(b.test)
         texts = model.featurizer.transform_texts(unseen_texts)
-        for name, top in rescored(model, x, texts, to_shared, first, grid, tuple(args.widths), seed).items():
-            runs.setdefault(name, []).append(_metrics(top, b.y_test, prop, first))
+        tops = rescored(model, x, texts, to_shared, first, args.alphas, args.betas, args.widths, seed)
+        for name, top in tops.items():
+            runs.setdefault(name, []).append(_metrics(top, b.y_test, prop, truth, first))
         print(f"seed {seed}: model alone {runs['model alone'][-1]}", flush=True)
     result: dict[str, Any] = {
         **finish(st), "seeds": args.seeds, "unseen_labels": len(unseen_texts),
@@ -145,7 +155,7 @@ def markdown(result: dict[str, Any]) -> str:
         "|---" * (len(SHOWN) + 1) + "|",
     ]
     for name, a in result["rows"].items():
-        cells = " | ".join(f"{a[k]['mean']:.4f} ± {a[k]['std']:.4f}" for k in SHOWN)
+        cells = " | ".join(_cell(a, k, std=True) for k in SHOWN)
         lines.append(f"| {name} | {cells} |")
     return "\n".join(lines) + "\n"
 

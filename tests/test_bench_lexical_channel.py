@@ -35,7 +35,9 @@ def test_metrics_count_unseen_hits_and_the_rows_the_model_could_answer() -> None
                     [3, 4, 5, 0, 6],    # its unseen label fifth
                     [1, 2, 3, 4, 5],    # its unseen label absent
                     [6, 2, 1, 0, 3]])   # an unseen label first on a trained row: a miss at 1
-    m = lc._metrics(top, y, np.ones(8), first_unseen)
+    truth = lc.Truth.of(y, first_unseen)
+    assert truth.gold == gold and truth.unseen.tolist() == [False, True, True, False]
+    m = lc._metrics(top, y, np.ones(8), truth, first_unseen)
     assert m["p@1"] == 1 / 4
     assert m["p@1 trained rows"] == 1 / 2  # rows 0 and 3
     assert m["unseen hit@5"] == 1 / 2  # rows 1 and 2
@@ -57,8 +59,7 @@ def test_a_label_known_by_its_text_wins_only_when_its_channel_outscores_the_mode
     n = 8
     x = sp.csr_matrix(np.eye(n, dtype=np.float32)[[2, 5]] * 0.6)  # row 0 is word 2, row 1 word 5
     texts = sp.csr_matrix(np.eye(n, dtype=np.float32)[[5, 7, 0, 1, 3]])  # unseen label 8 says word 5, ...
-    grid = [("exact", 0.0, -10.0), ("exact", 10.0, 0.0)]
-    tops = lc.rescored(_Linear(n), x, texts, np.arange(n), n, grid, (), seed=0)
+    tops = lc.rescored(_Linear(n), x, texts, np.arange(n), n, [0.0, 10.0], [-10.0, 0.0], [], seed=0)
     assert tops["model alone"][:, 0].tolist() == [2, 5]
     assert tops["exact α 0 β -10"][:, 0].tolist() == [2, 5]  # the channel is off: the model's answers
     # on: the row that says word 5 puts label 8 (cosine 0.6, score 6) above its own best (0.6)

@@ -533,7 +533,7 @@ def _fit(
                     if bar is not None:
                         bar.update(1)
                     now = time.perf_counter()
-                    # the epoch's last step is reported by the epoch's own report, just below
+                    # the epoch's last step is reported once, by the epoch's own report after the loop
                     if now - last_report > PROGRESS_EVERY_S and made.pos + 1 < steps_per_epoch:
                         last_report = now
                         loss_ema = losses.read()
