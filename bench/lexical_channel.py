@@ -4,14 +4,17 @@ A head row can only score ⟨h(x), v⟩, and the encoder keeps little of the wor
 shares with an input (`docs/training.md`, label texts). This asks what a channel that keeps them would give:
 each WordNet test-only label is scored α·cos(x, text) + β, the tf-idf cosine of the input row and the
 label's text under the model's own featurizer, and competes with the trained labels' scores as trained.
-The `projected` rows compute the cosine through a fixed random projection of width m (Gaussian, seeded),
-which a served model could hold as m more input columns and head columns, so it would stay an ordinary
-linear head. Each seed's model is trained once by `ovex train` with the defaults (real.py's `run_ovex`) and
-rescored over the grid; one scorer and label space as real.py. A record of a design probe, not a feature:
+The `sketch` rows compute the cosine through a fixed sparse sign projection of width m (seeded), which a
+served model could hold as m more input columns and head columns, so it would stay an ordinary linear
+head. Two diagnostics beside them: the exact channel with each row's own text set aside (a WordNet noun is
+often itself the label of its hyponyms, and its text then matches the row's almost word for word, though
+it is never the row's label), and the exact channel with the trained labels reading their texts too.
+Each seed's model is trained once by `ovex train` with the defaults (real.py's `run_ovex`) and rescored
+over the grid; one scorer and label space as real.py. A record of a design probe, not a feature:
 `make bench ONLY=lexical_channel`.
 
     .venv/bin/python bench/lexical_channel.py [--seeds 0 1 2] [--alphas 10 20 ...] [--betas 2 4 ...]
-        [--widths 512 1024] [--out bench/results/lexical_channel]
+        [--widths 512 1024 2048] [--out bench/results/lexical_channel]
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from trainer import metrics as xc_metrics  # noqa: E402
 
 ALPHAS = (10.0, 20.0, 30.0, 40.0)
 BETAS = (2.0, 3.0, 4.0, 5.0, 6.0)
-WIDTHS = (512, 1024)
+WIDTHS = (512, 1024, 2048)
+TRAINED_ALPHAS = (2.0, 5.0)
 SHOWN = ("p@1", "p@5", "p@1 trained rows", "unseen hit@5")
 
 
@@ -75,30 +79,75 @@ def _metrics(top: np.ndarray, y_test: sp.csr_matrix, prop: np.ndarray, truth: Tr
             "unseen hit@5": float(found[truth.unseen].mean())}
 
 
-def rescored(model: Any, x: sp.csr_matrix, texts: sp.csr_matrix, to_shared: np.ndarray, first_unseen: int,
-             alphas: list[float], betas: list[float], widths: list[int], seed: int) -> dict[str, np.ndarray]:
-    """Top-K shared ids for the model alone and for each channel, α and β."""
+SELF = 0.9  # a cosine this high is the row's own text: WordNet's nouns are labels of their hyponyms
+SKETCH_NNZ = 8  # each term's nonzeros in a sketch column: spread thin, so no term can pass for another
+
+
+def sketch(n_features: int, m: int, seed: int) -> sp.csr_matrix:
+    """A sparse sign projection (n_features × m, SKETCH_NNZ entries ±1/√SKETCH_NNZ a term, seeded): what a
+    served model would hold as m fixed input columns; ⟨xS, zS⟩ estimates ⟨x, z⟩ without bias."""
     rng = np.random.default_rng(seed)
-    channels: list[tuple[str, np.ndarray | None, Any]] = [("exact", None, texts)]
+    nnz = min(SKETCH_NNZ, m)
+    cols = rng.integers(0, m, size=(n_features, nnz))
+    while (dup := (np.diff(np.sort(cols, axis=1), axis=1) == 0).any(axis=1)).any():  # distinct columns a term
+        cols[dup] = rng.integers(0, m, size=(int(dup.sum()), nnz))
+    signs = rng.choice([-1.0, 1.0], size=cols.shape) / np.sqrt(cols.shape[1])
+    rows = np.repeat(np.arange(n_features), cols.shape[1])
+    return sp.csr_matrix((signs.ravel().astype(np.float32), (rows, cols.ravel())), shape=(n_features, m))
+
+
+def rescored(model: Any, x: sp.csr_matrix, texts: sp.csr_matrix, to_shared: np.ndarray, first_unseen: int,
+             alphas: list[float], betas: list[float], widths: list[int], seed: int,
+             trained_texts: sp.csr_matrix | None = None,
+             trained_alphas: tuple[float, ...] = ()) -> dict[str, np.ndarray]:
+    """Top-K shared ids for the model alone and for each channel, α and β; with `trained_texts` (the
+    trained labels' texts, in the model's order), also the exact channel with each trained label scoring
+    α_t·cos(x, its text) more."""
+    channels: list[tuple[str, sp.csr_matrix | None, Any]] = [("exact", None, texts),
+                                                             ("exact, own text set aside", None, texts)]
     for m in widths:  # the input side's projection, and the texts already projected
-        proj = rng.standard_normal((x.shape[1], m)).astype(np.float32) / np.sqrt(m)
-        channels.append((f"projected {m}", proj, texts @ proj))
+        proj = sketch(x.shape[1], m, seed)
+        channels.append((f"sketch {m}", proj, (texts @ proj).toarray()))
     unseen_ids = first_unseen + np.arange(texts.shape[0])
     h = model.encode(x)
     tops: dict[str, list[np.ndarray]] = {"model alone": []}
     for s in range(0, x.shape[0], 2048):
-        own_scores, own = _best(h[s:s + 2048] @ model.head_weight.T + model.head_bias, to_shared)
+        own_full = h[s:s + 2048] @ model.head_weight.T + model.head_bias
+        own_scores, own = _best(own_full, to_shared)
         tops["model alone"].append(own)
         rows = x[s:s + 2048]
+        trained = [] if trained_texts is None else [
+            (a_t, _best(own_full + a_t * (rows @ trained_texts.T).toarray(), to_shared))
+            for a_t in trained_alphas]
         for name, proj, t in channels:
-            cos = rows @ t.T if proj is None else (rows @ proj) @ t.T
-            best_cos, best = _best(cos.toarray() if sp.issparse(cos) else np.asarray(cos), unseen_ids)
-            ids = np.concatenate([own, best], 1)
-            for a in alphas:
-                for b in betas:
-                    both = np.concatenate([own_scores, a * best_cos + b], 1)
-                    tops.setdefault(f"{name} α {a:g} β {b:g}", []).append(_best(both, ids)[1])
+            cos = (rows @ t.T).toarray() if proj is None else (rows @ proj).toarray() @ t.T
+            if name.endswith("set aside"):
+                cos[cos > SELF] = 0.0
+            best_cos, best = _best(cos, unseen_ids)
+            heads = [("", own_scores, own)] + ([(f", trained labels α_t {a_t:g}", *b) for a_t, b in trained]
+                                                if name == "exact" else [])
+            for tag, head_scores, head in heads:
+                ids = np.concatenate([head, best], 1)
+                for a in alphas:
+                    for b in betas:
+                        both = np.concatenate([head_scores, a * best_cos + b], 1)
+                        tops.setdefault(f"{name} α {a:g} β {b:g}{tag}", []).append(_best(both, ids)[1])
     return {k: np.concatenate(v) for k, v in tops.items()}
+
+
+def near_identical(x: sp.csr_matrix, texts: sp.csr_matrix, truth: Truth) -> dict[str, float]:
+    """How many test rows have a label whose text is nearly their own (cosine above SELF), and how often
+    such a label is one of the row's own: a channel that reads texts ranks it first, rightly or not."""
+    rows, gold = 0, 0
+    for s in range(0, x.shape[0], 2048):
+        cos = (x[s:s + 2048] @ texts.T).tocsr()
+        cos.data[cos.data <= SELF] = 0.0
+        cos.eliminate_zeros()
+        for i in range(cos.shape[0]):
+            near = cos.indices[cos.indptr[i]:cos.indptr[i + 1]]
+            rows += near.size > 0
+            gold += any(int(k) in truth.gold[s + i] for k in near)
+    return {"rows": rows / x.shape[0], "rows_where_one_is_gold": gold / max(rows, 1)}
 
 
 def main() -> None:
@@ -121,6 +170,7 @@ def main() -> None:
     unseen_texts = [label_text.get(name, "") for name in b.names[first:]]
     truth = Truth.of(b.y_test, first)
     runs: dict[str, list[dict[str, float]]] = {}
+    near: list[dict[str, float]] = []
     index = {name: i for i, name in enumerate(b.names)}
     for seed in args.seeds:
         with tempfile.TemporaryDirectory(prefix="ovex-lexical-") as tmp:
@@ -129,12 +179,17 @@ def main() -> None:
         to_shared = np.array([index.get(n, -1) for n in model.label_names], dtype=np.int64)
         x = model.featurizer.transform(b.test)
         texts = model.featurizer.transform_texts(unseen_texts)
-        tops = rescored(model, x, texts, to_shared, first, args.alphas, args.betas, args.widths, seed)
+        trained_texts = model.featurizer.transform_texts([label_text.get(n, "") for n in model.label_names])
+        every_text = model.featurizer.transform_texts([label_text.get(n, "") for n in b.names])
+        near.append(near_identical(x, every_text, truth))
+        tops = rescored(model, x, texts, to_shared, first, args.alphas, args.betas, args.widths, seed,
+                        trained_texts, TRAINED_ALPHAS)
         for name, top in tops.items():
             runs.setdefault(name, []).append(_metrics(top, b.y_test, prop, truth, first))
         print(f"seed {seed}: model alone {runs['model alone'][-1]}", flush=True)
     result: dict[str, Any] = {
         **finish(st), "seeds": args.seeds, "unseen_labels": len(unseen_texts),
+        "near_identical": {k: _stats([n[k] for n in near]) for k in near[0]},
         "rows": {k: {m: _stats([r[m] for r in rs]) for m in SHOWN} for k, rs in runs.items()}, "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_results(args.out, result, st, markdown)
@@ -149,7 +204,14 @@ def markdown(result: dict[str, Any]) -> str:
         f"Seeds {result['seeds']}: mean ± sample std. Each of the {result['unseen_labels']:,} test-only "
         "labels scores α·cos(x, its text) + β beside the trained labels' scores as trained. p@1 trained "
         "rows: P@1 over the test rows that carry no test-only label; unseen hit@5: the share of the rows "
-        "that carry one whose top 5 holds one.",
+        "that carry one whose top 5 holds one. `sketch m`: the cosine through a sparse sign projection of "
+        f"width m ({SKETCH_NNZ} nonzeros a term). `own text set aside`: a diagnostic, not a linear head: the "
+        f"exact channel with each test-only label whose text has cosine above {SELF} with the row left out. "
+        "`trained labels α_t`: every trained label also scores α_t·cos(x, its text).",
+        "",
+        f"Test rows with a label (of every label) whose text has cosine above {SELF} with theirs: "
+        f"{result['near_identical']['rows']['mean']:.4f}; of those rows, the share where such a label is one "
+        f"of the row's own: {result['near_identical']['rows_where_one_is_gold']['mean']:.4f}.",
         "",
         "| scoring | " + " | ".join(SHOWN) + " |",
         "|---" * (len(SHOWN) + 1) + "|",

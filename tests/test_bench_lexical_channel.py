@@ -64,3 +64,50 @@ def test_a_label_known_by_its_text_wins_only_when_its_channel_outscores_the_mode
     assert tops["exact α 0 β -10"][:, 0].tolist() == [2, 5]  # the channel is off: the model's answers
     # on: the row that says word 5 puts label 8 (cosine 0.6, score 6) above its own best (0.6)
     assert tops["exact α 10 β 0"][:, 0].tolist() == [2, 8]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 200), st.integers(1, 64), st.integers(0, 2**31 - 1))
+def test_a_sketch_gives_each_term_distinct_columns_and_unit_length(n: int, m: int, seed: int) -> None:
+    s = lc.sketch(n, m, seed)
+    nnz = min(lc.SKETCH_NNZ, m)
+    assert s.shape == (n, m) and (np.diff(s.indptr) == nnz).all()  # distinct columns: none summed away
+    np.testing.assert_allclose(np.asarray(s.multiply(s).sum(1)).ravel(), 1.0, rtol=1e-6)
+    assert (lc.sketch(n, m, seed) != s).nnz == 0  # seeded
+
+
+def test_a_sketch_estimates_the_cosine_without_bias() -> None:
+    rng = np.random.default_rng(0)
+    x, z = rng.random(50), rng.random(50)
+    x[rng.random(50) < 0.5] = 0
+    exact = float(x @ z)
+    est = [float((x @ lc.sketch(50, 16, seed)) @ (z @ lc.sketch(50, 16, seed))) for seed in range(2000)]
+    assert abs(np.mean(est) - exact) < 4 * np.std(est) / np.sqrt(len(est))
+    assert np.std(est) > 0  # a real estimate, not the exact product
+
+
+def test_a_label_whose_text_is_the_rows_own_is_set_aside_and_counted() -> None:
+    n = 8
+    x = sp.csr_matrix(np.eye(n, dtype=np.float32)[[2]])  # the row says word 2 only
+    texts = sp.csr_matrix(np.array([[0, 0, 1, 0, 0, 0, 0, 0],              # label 8: the row's own text
+                                    [0, 0, 0.6, 0.8, 0, 0, 0, 0],          # label 9: shares word 2
+                                    *[[0, 0, 0, 0, 0, 0, 0, 1]] * 3], np.float32))  # 10-12: other words
+    tops = lc.rescored(_Linear(n), x, texts, np.arange(n), n, [10.0], [0.0], [], seed=0)
+    assert tops["exact α 10 β 0"][0, 0] == 8
+    assert tops["exact, own text set aside α 10 β 0"][0, 0] == 9
+    y = sp.csr_matrix(([1.0], ([0], [9])), shape=(1, 13))
+    truth = lc.Truth.of(y, n)
+    every = sp.vstack([sp.csr_matrix((n, n), dtype=np.float32), texts]).tocsr()
+    assert lc.near_identical(x, every, truth) == {"rows": 1.0, "rows_where_one_is_gold": 0.0}
+
+
+def test_trained_labels_reading_their_texts_move_by_alpha_t_times_the_cosine() -> None:
+    n = 8
+    x = sp.csr_matrix(np.eye(n, dtype=np.float32)[[0]] * 0.5)  # the row says word 0
+    trained_texts = sp.csr_matrix(np.eye(n, dtype=np.float32)[[1, 1, 1, 0, 1, 1, 1, 1]])  # 3's says word 0
+    texts = sp.csr_matrix(np.zeros((5, n), np.float32))
+    tops = lc.rescored(_Linear(n), x, texts, np.arange(n), n, [1.0], [-5.0], [], seed=0,
+                       trained_texts=trained_texts, trained_alphas=(0.1, 2.0))
+    assert tops["exact α 1 β -5"][0, 0] == 0  # the model alone: label 0 (score 0.5)
+    assert tops["exact α 1 β -5, trained labels α_t 0.1"][0, 0] == 0  # 0.5 against 0.1 · 0.5
+    assert tops["exact α 1 β -5, trained labels α_t 2"][0, 0] == 3  # 0.5 against 2 · 0.5 + 0
