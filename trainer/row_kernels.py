@@ -192,7 +192,7 @@ def _launch(work: int) -> Iterator[Any]:
         try:
             yield adam, adagrad, project_grad
         finally:
-            # numba's OpenMP layer shares libgomp with torch, and a launch resets its thread count
+            # where numba's OpenMP layer and torch load the same libgomp, a launch resets torch's thread count
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
 
