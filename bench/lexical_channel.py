@@ -44,6 +44,8 @@ BETAS = (2.0, 3.0, 4.0, 5.0, 6.0)
 WIDTHS = (512, 1024, 2048)
 TRAINED_ALPHAS = (2.0, 5.0)
 SHOWN = ("p@1", "p@5", "p@1 trained rows", "unseen hit@5")
+SELF = 0.9  # a cosine this high is the row's own text: WordNet's nouns are labels of their hyponyms
+SKETCH_NNZ = 8  # each term's nonzeros in a sketch column: spread thin, so no term can pass for another
 
 
 def _best(scores: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -77,10 +79,6 @@ def _metrics(top: np.ndarray, y_test: sp.csr_matrix, prop: np.ndarray, truth: Tr
     return {"p@1": float(m["p@1"]), "p@5": float(m["p@5"]),
             "p@1 trained rows": float(first_right[~truth.unseen].mean()),
             "unseen hit@5": float(found[truth.unseen].mean())}
-
-
-SELF = 0.9  # a cosine this high is the row's own text: WordNet's nouns are labels of their hyponyms
-SKETCH_NNZ = 8  # each term's nonzeros in a sketch column: spread thin, so no term can pass for another
 
 
 def sketch(n_features: int, m: int, seed: int) -> sp.csr_matrix:
@@ -167,7 +165,7 @@ def main() -> None:
     first = b.n_train_labels
     with open(args.data_dir / "wordnet_label_texts.jsonl") as fh:
         label_text = {(r := json.loads(line))["name"]: r["text"] for line in fh}
-    unseen_texts = [label_text.get(name, "") for name in b.names[first:]]
+    every_name_text = [label_text.get(name, "") for name in b.names]  # the shared label space's order
     truth = Truth.of(b.y_test, first)
     runs: dict[str, list[dict[str, float]]] = {}
     near: list[dict[str, float]] = []
@@ -177,10 +175,10 @@ def main() -> None:
             run_ovex(b, "wordnet", "ovex", seed, [], Path(tmp))
             model = load_artifact(Path(tmp) / "model")
         to_shared = np.array([index.get(n, -1) for n in model.label_names], dtype=np.int64)
+        assert (to_shared >= 0).all(), "every trained label is in the shared label space"
         x = model.featurizer.transform(b.test)
-        texts = model.featurizer.transform_texts(unseen_texts)
-        trained_texts = model.featurizer.transform_texts([label_text.get(n, "") for n in model.label_names])
-        every_text = model.featurizer.transform_texts([label_text.get(n, "") for n in b.names])
+        every_text = model.featurizer.transform_texts(every_name_text)  # featurized once, sliced below
+        texts, trained_texts = every_text[first:], every_text[to_shared]
         near.append(near_identical(x, every_text, truth))
         tops = rescored(model, x, texts, to_shared, first, args.alphas, args.betas, args.widths, seed,
                         trained_texts, TRAINED_ALPHAS)
@@ -188,7 +186,7 @@ def main() -> None:
             runs.setdefault(name, []).append(_metrics(top, b.y_test, prop, truth, first))
         print(f"seed {seed}: model alone {runs['model alone'][-1]}", flush=True)
     result: dict[str, Any] = {
-        **finish(st), "seeds": args.seeds, "unseen_labels": len(unseen_texts),
+        **finish(st), "seeds": args.seeds, "unseen_labels": len(b.names) - first,
         "near_identical": {k: _stats([n[k] for n in near]) for k in near[0]},
         "rows": {k: {m: _stats([r[m] for r in rs]) for m in SHOWN} for k, rs in runs.items()}, "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
