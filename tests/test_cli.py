@@ -137,7 +137,7 @@ def test_bad_artifact_and_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixtur
     unigram = ["train", "--train", str(data), "--out", str(tmp_path / "m"), "--sampler", "unigram"]
     assert main(unigram) == 2
     err = capsys.readouterr().err
-    assert "group_size 1024 needs sampler 'uniform'" in err and "set group_size 1" in err
+    assert "group_size 2048 needs sampler 'uniform'" in err and "set group_size 1" in err
     assert not (tmp_path / "m").exists()
 
 

@@ -90,7 +90,7 @@ def test_a_long_run_takes_the_default_rule(tmp_path: Path) -> None:
     common = {**TINY, "epochs": 14, "batch_size": 1}
     hooks = _Logs()
     train(TrainParams(**common), ds, out_dir=tmp_path / "auto", hooks=hooks)
-    said = "560 steps on cpu, the input table at 0.956x the lr"
+    said = "560 steps (batch 1) on cpu, the input table at 0.956x the lr"
     assert any(said in m for m in hooks.messages), hooks.messages
     explicit = 0.01 * math.sqrt(INPUT_LR_STEPS / 560)
     train(TrainParams(**common, input_lr=explicit), ds, out_dir=tmp_path / "explicit")

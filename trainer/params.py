@@ -29,6 +29,15 @@ MAX_NEGATIVES = 262_144
 MAX_SEED = (1 << 32) - 1
 MAX_ENSEMBLE = 8
 MAX_DIM = 16384  # the widest model, an ensemble's members side by side included
+# `batch_size` 0: a batch of 512 rows once an epoch holds this many rows (100 steps of 512), 256 below. More
+# rows a step share the step's negatives; a small set would take too few steps (docs/training.md)
+AUTO_BATCH_ROWS = 51_200
+AUTO_BATCHES = (256, 512)
+
+
+def auto_batch_size(rows: int) -> int:
+    """The rows per step of `batch_size` 0 for an epoch of `rows` rows."""
+    return AUTO_BATCHES[1] if rows >= AUTO_BATCH_ROWS else AUTO_BATCHES[0]
 
 
 def validation_message(exc: Any, flags: bool = False) -> str:
@@ -112,15 +121,17 @@ class TrainParams(BaseModel):
         "ove-subset, sparsemax, evsoftmax, dropmax (trainer.losses.LOSSES)",
         json_schema_extra=_in("model"),
     )
+    # more negatives a step buy P@1 on WordNet and the planted 10^5-label set, shared by the larger batch of
+    # `batch_size` 0 on such epochs; Bibtex and Corel5k, whose labels all fit, train on all of them as before
     negatives: int = Field(
-        default=1024, ge=1, le=MAX_NEGATIVES, description="negatives drawn per step (shared)",
+        default=2048, ge=1, le=MAX_NEGATIVES, description="negatives drawn per step (shared)",
         json_schema_extra=_in("objective"),
     )
     # groups beat pairs on every set at the same step cost, and larger groups beat smaller ones on WordNet
-    # and the planted 10^5-label set, up to one group of all the step's negatives; Bibtex and Corel5k, whose
-    # labels all fit in one group, train as before (docs/training.md, with the figures and their files)
+    # and the planted 10^5-label set, up to one group of all the step's negatives (docs/training.md, with the
+    # figures and their files)
     group_size: int = Field(
-        default=1024,
+        default=2048,
         ge=1,
         le=MAX_NEGATIVES,
         description="ove: compare each positive with groups of this many sampled negatives under a "
@@ -195,8 +206,12 @@ class TrainParams(BaseModel):
                           json_schema_extra=_in("optimiser"))
     schedule: Schedule = Field(default="cosine", description="decay after warmup",
                                json_schema_extra=_in("optimiser"))
-    batch_size: int = Field(default=256, ge=1, le=MAX_BATCH, description="rows per training step",
-                            json_schema_extra=_in("optimiser"))
+    batch_size: int = Field(
+        default=0, ge=0, le=MAX_BATCH,
+        description=f"rows per training step; 0: {AUTO_BATCHES[1]} once an epoch holds {AUTO_BATCH_ROWS:,} "
+        f"rows, {AUTO_BATCHES[0]} below",
+        json_schema_extra=_in("optimiser"),
+    )
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="decoupled L2 on touched rows",
                                 json_schema_extra=_in("optimiser"))
     init_scale: float = Field(default=1.0, gt=0.0, le=100.0, description="init scale of input projection",
@@ -420,6 +435,10 @@ class TrainParams(BaseModel):
                 f"group_size {self.group_size} needs sampler 'uniform' (grouped negatives are only unbiased "
                 f"with equal inclusion probabilities); set group_size 1 to use sampler {self.sampler!r}"
             )
+
+    def batch_for(self, rows: int) -> int:
+        """The rows per step of a run whose epoch holds `rows` rows."""
+        return self.batch_size or auto_batch_size(rows)
 
     @property
     def model_dim(self) -> int:

@@ -395,6 +395,9 @@ def _fit(
     n, k = x.shape[0], train_ds.n_labels
     if n == 0:
         raise ParamsError("the training set has no rows")
+    given = params  # what the artifact records: a `batch_size` 0 stays the rule, for a continual run's epoch
+    n_epoch = n if warm is None else warm.epoch_size(params.replay)  # rows trained on per epoch
+    params = params.model_copy(update={"batch_size": params.batch_for(n_epoch)})
     xt = yt = None
     if test_ds is not None:  # in the training label space (train() checked it), plus its unseen labels
         xt, yt = _as_csr32(featurizer.transform(test_ds)), _as_csr32(test_ds.Y)
@@ -465,7 +468,6 @@ def _fit(
 
     bs = params.batch_size
     ahead = steps_made_ahead(device, group)
-    n_epoch = n if warm is None else warm.epoch_size(params.replay)  # rows trained on per epoch
     lr_scale = 1.0 if warm is None else params.continual_lr
     steps_per_epoch = math.ceil(n_epoch / bs)
     total = steps_per_epoch * params.epochs
@@ -481,7 +483,7 @@ def _fit(
             hooks.on_log(f"resumed from step {step}")
     hooks.on_log(
         f"training {params.loss} on {n_epoch} rows per epoch, {shape.n_features} features, {k} labels; "
-        f"d={params.dim}, {total} steps on {device}"
+        f"d={params.dim}, {total} steps (batch {bs}) on {device}"
         + (f", the input table at {stepper.input_scale:.3g}x the lr" if stepper.input_scale != 1.0 else "")
         + (f", {group.world} ranks of {shard.size} labels each" if group.world > 1 else "")
     )
@@ -602,6 +604,7 @@ def _fit(
             "examples_per_s": float(overall_rate),
             "train_seconds": float(seconds),
             "steps": float(step),
+            "batch_size": float(bs),
         }
     )
     out_path: Path | None = None
@@ -612,7 +615,7 @@ def _fit(
             extra = None if tower is None or texts is None or scale is None else \
                 functools.partial(save_tower, tower=tower, scale=scale, names=label_names, texts=texts)
             out_path = _save_model(
-                Path(out_dir), stepper, featurizer, label_names, artifact_params or params, summary,
+                Path(out_dir), stepper, featurizer, label_names, artifact_params or given, summary,
                 counts, n_rows, hashes, extra,
             )
         hooks.on_log(f"model written to {out_path}")

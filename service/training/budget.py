@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from trainer.capacity import run_bytes
 from trainer.losses import get_loss
-from trainer.params import TrainParams
+from trainer.params import AUTO_BATCHES, TrainParams
 
 BYTES_PER_FLOAT = 4
 # B × C float tensors alive at once in a step: scores, their gradient, the loss's exp/softmax and weights
@@ -102,7 +102,8 @@ def input_features(params: TrainParams, features: int | None) -> int:
 
 def estimate(params: TrainParams, labels: int, features: int | None) -> MemoryEstimate:
     """The memory of one process: the whole run with one rank, the largest rank's with several."""
-    d, batch, ranks = params.dim, params.batch_size, params.nproc_per_node
+    # batch_size 0 takes its batch from the epoch's rows (`auto_batch_size`), never more than the largest
+    d, batch, ranks = params.dim, params.batch_size or max(AUTO_BATCHES), params.nproc_per_node
     n_in = input_features(params, features)
     width = d * (params.pieces if params.encoder == "maxout" else 1)
     hidden = params.hidden * (d * width + width)

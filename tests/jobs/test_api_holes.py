@@ -121,6 +121,7 @@ def test_dropped_event_streams_release_their_handles(srv: Server, train_id: str)
         ({"epochs": True}, "epochs", "valid integer"),
         ({"max_vocab": 10**12}, "max_vocab", "less than or equal"),
         ({"batch_size": 10**6}, "batch_size", "less than or equal"),
+        ({"batch_size": -1}, "batch_size", "greater than or equal to 0"),
         ({"negatives": 10**6}, "negatives", "less than or equal"),
     ],
 )

@@ -226,7 +226,7 @@ def test_params_of_a_continual_job_are_checked_together_with_its_base(
         assert r.status_code == 422, r.text
         detail = r.json()["detail"][0]
         assert detail["loc"] == ["body", "params"], detail
-        assert "group_size 1024 needs sampler 'uniform'" in detail["msg"]
+        assert "group_size 2048 needs sampler 'uniform'" in detail["msg"]
         assert "pydantic" not in detail["msg"]
     r = srv.client.post("/v1/jobs", json={"model": "fresh", "train_dataset": train["id"],
                                           "params": {"stop_epoch": 9}})
