@@ -90,7 +90,7 @@ def speed_row(labels: int, rows: int, device: torch.device, batch: int | None, p
     wall = time.perf_counter() - t0
     estimate = run_bytes(labels, FEATURES, params)
     row: dict[str, Any] = {
-        "labels": labels, "rows": ds.n_rows, "dim": DIM, "batch_size": params.batch_size,
+        "labels": labels, "rows": ds.n_rows, "dim": DIM, "batch_size": params.batch_for(ds.n_rows),
         "precision": "bf16" if low_precision(precision, device) else "fp32", "requested": precision,
         "device": device.type, "inline": inline,
         "default": batch is None and precision == "auto" and not inline,
@@ -135,7 +135,7 @@ def step_anatomy(device: torch.device, data: dict[int, Any], labels: int, steps:
     model = XCModel(ModelShape(FEATURES, labels, DIM, dropout=params.dropout)).to(device)
     stepper = Stepper(model, get_loss(params.loss), params, NegativeSampler(labels, seed=1))
     ep = EpochData(_as_csr32(ds.X), _as_csr32(ds.Y), torch.randperm(ds.n_rows).numpy())
-    bs, lr = params.batch_size, params.lr
+    bs, lr = params.batch_for(ds.n_rows), params.lr
     at = itertools.cycle(range(ds.n_rows // bs))
 
     def run_steps(n: int) -> None:

@@ -709,6 +709,8 @@ def main() -> None:
     ds = read_dataset(args.data)
     read_s, read_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     print(f"read {args.data}: {ds.n_rows:,} rows, {ds.n_labels:,} labels in {read_s:.2f} s", flush=True)
+    # the batch each run takes (`batch_size` 0 is the rule by the epoch's rows), for its step count and shapes
+    all_params = [p.model_copy(update={"batch_size": p.batch_for(ds.n_rows)}) for p in all_params]
 
     runs = []
     for (label, _), params in zip(runs_spec, all_params, strict=True):
