@@ -109,7 +109,7 @@ def test_wrong_types(srv: Server, train_id: str, patch: dict[str, Any], loc: lis
         ({"lr": -0.1}, "lr"),
         ({"negatives": 0}, "negatives"),
         ({"dropout": 1.0}, "dropout"),
-        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": -1}, "batch_size"),
         ({"loss": "no-such-loss"}, "loss"),
         ({"nproc_per_node": (os.cpu_count() or 1) + 1}, "nproc_per_node"),  # more ranks than cores
     ],
