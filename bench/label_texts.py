@@ -49,6 +49,7 @@ from real import (  # noqa: E402
     TAIL_MAX,
     K,
     _stats,
+    _widen,
     load_set,
     ovex_train,
     tail_metrics,
@@ -57,10 +58,13 @@ from stamp import RESULTS, finish, stamp, write_results  # noqa: E402
 
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.data import read_xc  # noqa: E402
+from trainer.twins import drop_excluded  # noqa: E402
 
-SETS = ("wordnet", "bibtex", "corel5k")
+SETS = ("wordnet", "bibtex", "corel5k", "wordnet-valid")
+VALID_SHARE = 0.2  # wordnet-valid: the share of WordNet's training rows held out, as its test split is
 DEFAULTS, TEXTS = "defaults", "label-texts"
 ARMS = (DEFAULTS, TEXTS)
+SCALED = ("p@1", "p@5", "psp@5", "unseen_hit@5")  # the zero-shot scales' columns
 SHOWN = ("p@1", "p@3", "p@5", "psp@5", "tail_p@1", "tail_p@5", "unseen_hit@5", "train_wall_s",
          "examples_per_s")
 
@@ -94,6 +98,20 @@ def render_xc(name: str, data_dir: Path, work: Path) -> tuple[Path, Path, Path]:
     return out[0], out[1], texts
 
 
+def split_training_rows(data_dir: Path, work: Path) -> tuple[Path, Path]:
+    """WordNet's training rows split as its test split was made (a seeded 80/20 by row): the labels of the
+    held-out rows alone stand for labels a model meets by their text only. Defaults that concern those
+    labels are chosen here, never on the test split."""
+    lines = (data_dir / "wordnet_train.jsonl").read_text().splitlines()
+    held = np.random.default_rng(0).random(len(lines)) < VALID_SHARE
+    out = []
+    for name, keep in (("fit", ~held), ("valid", held)):
+        path = work / f"wordnet_{name}.jsonl"
+        path.write_text("\n".join(line for line, k in zip(lines, keep, strict=True) if k) + "\n")
+        out.append(path)
+    return out[0], out[1]
+
+
 def unseen_hit(top: np.ndarray, y: sp.csr_matrix, counts: np.ndarray) -> tuple[float | None, int]:
     """Over the rows carrying a label without training rows: the share whose top 5 holds such a label of
     theirs; and the number of those rows."""
@@ -115,7 +133,9 @@ def unseen_hit(top: np.ndarray, y: sp.csr_matrix, counts: np.ndarray) -> tuple[f
 SCALES = ((1.0, 0.0), (0.0, 0.0), (0.75, 0.0), (0.75, 1.0), (0.75, 2.0), (1.0, 0.5), (1.0, 1.0), (1.0, 2.0),
           (1.1, 1.0), (1.1, 2.0), (1.25, 0.0), (1.25, 0.5), (1.25, 1.0), (1.5, 0.0), (1.5, 1.0), (2.0, 0.0),
           # shorter rows with higher biases: a text-only label enters where the trained ones score low
-          (0.5, 4.0), (0.5, 5.0), (0.6, 4.5), (0.75, 3.0), (0.75, 4.0))
+          (0.5, 4.0), (0.5, 5.0), (0.6, 4.5), (0.75, 3.0), (0.75, 4.0),
+          # the bias alone, finer (how `label_tower_zero_bias` is chosen, on wordnet-valid)
+          (1.0, 1.5), (1.0, 2.5), (1.0, 3.0), (1.0, 3.5), (1.0, 4.0))
 
 
 def _top(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -126,33 +146,38 @@ def _top(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(idx, order, 1), np.take_along_axis(val, order, 1)
 
 
-def zero_shot_scales(model: Any, h: np.ndarray, to_shared: np.ndarray, y: sp.csr_matrix,
-                     counts: np.ndarray) -> list[dict[str, float]]:
+def zero_shot_scales(model: Any, h: np.ndarray, to_shared: np.ndarray, y: sp.csr_matrix, counts: np.ndarray,
+                     exclude: list[list[int]], prop: np.ndarray) -> list[dict[str, float]]:
     """P@1, P@5 and unseen hit@5 with the text-only labels' rows rescaled (norm × a, bias + b), post hoc:
     where the trade between the labels seen in training and those known by their text alone can sit.
-    The top 5 of the trained labels and the top 5 of the text-only ones are taken once; a scale moves
-    only the second set's scores."""
+    The top 5 of the trained labels and the top 5 of the text-only ones (with room for each row's
+    excluded labels, left out as served) are taken once; a scale moves only the second set's scores."""
     if model.label_counts is None or not (model.label_counts == 0).any():
         return []
     w, b = model.head_weight, model.head_bias
     only = np.asarray(model.label_counts == 0)
     seen, zero = np.flatnonzero(~only), np.flatnonzero(only)
     b0 = float(np.median(b[zero]))  # the text-only rows' bias as trained (one value for all of them)
+    more = max((len(e) for e in exclude), default=0)
     parts: list[tuple[np.ndarray, ...]] = []
     for s in range(0, h.shape[0], 2048):
         hh = h[s:s + 2048]
-        si, sv = _top(hh @ w[seen].T + b[seen], K)
-        zi, zv = _top(hh @ w[zero].T, K)
+        si, sv = _top(hh @ w[seen].T + b[seen], K + more)
+        zi, zv = _top(hh @ w[zero].T, K + more)
         parts.append((seen[si], sv, zero[zi], zv))
     si, sv, zi, zv = (np.concatenate([p[i] for p in parts]) for i in range(4))
     out = []
     for a, shift in SCALES:
         zs = a * zv + b0 + shift if a > 0 else np.full_like(zv, -np.inf)
         ids, vals = np.concatenate([si, zi], 1), np.concatenate([sv, zs], 1)
-        top = to_shared[np.take_along_axis(ids, np.argsort(-vals, 1)[:, :K], 1)]
-        m = xc_metrics.evaluate_topk(top, y, None)
+        order = np.argsort(-vals, 1)
+        kept, _ = drop_excluded(np.take_along_axis(ids, order, 1), np.take_along_axis(vals, order, 1),
+                                exclude, K)
+        top = to_shared[kept]
+        m = xc_metrics.evaluate_topk(top, y, prop)
         hit, _ = unseen_hit(top, y, counts)
         out.append({"a": a, "b": shift, "p@1": float(m["p@1"]), "p@5": float(m["p@5"]),
+                    "psp@5": float(m["psp@5"]),
                     "unseen_hit@5": float(hit) if hit is not None else float("nan")})
     return out
 
@@ -167,6 +192,17 @@ def run(set_name: str, flags: list[str] | None, seed: int, data_dir: Path, work:
         b = load_set("wordnet", data_dir)
         train_path, test, texts = b.train_path, b.test, data_dir / "wordnet_label_texts.jsonl"
         names, counts = b.names, np.asarray(b.y_train.sum(axis=0)).ravel()[: b.n_train_labels]
+        y_train = b.y_train
+    elif set_name == "wordnet-valid":
+        train_path, valid_path = split_training_rows(data_dir, work)
+        texts = data_dir / "wordnet_label_texts.jsonl"
+        tr = read_jsonl(train_path)
+        assert tr.label_names is not None
+        test = in_label_space(read_jsonl(valid_path), tr.label_names)
+        assert test.label_names is not None
+        names = list(test.label_names)
+        counts = np.bincount(tr.Y.indices, minlength=tr.n_labels)
+        y_train = tr.Y
     else:
         train_path, test_path, texts = render_xc(set_name, data_dir, work)
         tr = read_jsonl(train_path)
@@ -175,22 +211,27 @@ def run(set_name: str, flags: list[str] | None, seed: int, data_dir: Path, work:
         assert test.label_names is not None
         names = list(test.label_names)
         counts = np.bincount(tr.Y.indices, minlength=tr.n_labels)
+        y_train = tr.Y
     argv = [] if flags is None else ["--label-texts", str(texts), *flags]
     res: dict[str, Any] = ovex_train(train_path, work / "model", seed, argv, work / "train.log")
     model = load_artifact(work / "model")
     x = model.featurizer.transform(test)
-    ids, _ = model.topk(x, K)
+    # as served: an input's twins left out where the model excludes them (`trainer.twins`)
+    exclude = model.excluded(test.texts or [None] * test.n_rows)
+    ids, _ = model.topk(x, K, exclude=exclude)
     index = {n: i for i, n in enumerate(names)}
     to_shared = np.array([index.get(n, -1) for n in model.label_names] + [-1], dtype=np.int64)
     ids = np.asarray(ids, np.int64)
     top = to_shared[np.where(ids >= 0, ids, len(model.label_names))]
     y = sp.csr_matrix(test.Y, dtype=np.float32)
     y = sp.csr_matrix((y.data, y.indices, y.indptr), shape=(y.shape[0], len(names)))
-    metrics: dict[str, Any] = dict(xc_metrics.evaluate_topk(top, y, None))
+    prop = xc_metrics.propensities(_widen(y_train, len(names)))
+    metrics: dict[str, Any] = dict(xc_metrics.evaluate_topk(top, y, prop))
     metrics.update({k: v for k, v in tail_metrics(top, y, counts).items() if k.startswith("tail_p@")})
     metrics["unseen_hit@5"], metrics["unseen_rows"] = unseen_hit(top, y, counts)
     if scales:
-        res["zero_shot_scales"] = zero_shot_scales(model, model.encode(x), to_shared, y, counts)
+        h = model.encode(x)
+        res["zero_shot_scales"] = zero_shot_scales(model, h, to_shared, y, counts, exclude, prop)
     res["examples_per_s"] = float(model.metrics.get("examples_per_s", float("nan")))
     res["metrics"] = metrics
     return res
@@ -215,7 +256,7 @@ def summarise(runs: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
             per["arms"][arm] = s
             scaled = [r["zero_shot_scales"] for r in rs if r.get("zero_shot_scales")]
             if scaled:
-                keys = ("p@1", "p@5", "unseen_hit@5")
+                keys = SCALED
                 per["zero_shot_scales"][arm] = [
                     {"a": row["a"], "b": row["b"],
                      **{k: _stats([float(r[i][k]) for r in scaled]) for k in keys}}
@@ -261,10 +302,10 @@ def markdown(result: dict[str, Any]) -> str:
         for arm, rows in per["zero_shot_scales"].items():
             lines += ["", "Text-only labels rescaled after training (norm × a, bias + b; a = 1, b = 0 is the "
                       f"model as trained, a = 0 leaves them out), the {arm} arm's models:", "",
-                      "| a | b | p@1 | p@5 | unseen_hit@5 |", "|---|---|---|---|---|"]
+                      "| a | b | p@1 | p@5 | psp@5 | unseen_hit@5 |", "|---|---|---|---|---|---|"]
             for row in rows:
                 lines.append(f"| {row['a']:g} | {row['b']:g} | "
-                             + " | ".join(_cell(row, k) for k in ("p@1", "p@5", "unseen_hit@5")) + " |")
+                             + " | ".join(_cell(row, k) for k in SCALED) + " |")
         lines.append("")
     for note in result.get("notes", []):
         lines.append(f"- {note}")

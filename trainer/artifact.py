@@ -25,7 +25,7 @@ import shutil
 import struct
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from trainer.durable import fsync_path, fsync_tree, write_safetensors
 from trainer.errors import ArtifactError, OvexError, write_error
 from trainer.model import ModelShape, XCModel
 from trainer.params import TrainParams
+from trainer.twins import drop_excluded, excluded_twins, has_label_tower, same_text
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
@@ -196,6 +197,15 @@ class LoadedModel:
     model: XCModel
     label_counts: np.ndarray | None = None
     row_hashes: np.ndarray | None = None  # sorted int64 fingerprints of the training rows
+    # with label texts whose training rows never carry their twins: text -> the labels left out of its answers
+    twins: dict[str, list[int]] | None = None
+
+    def excluded(self, texts: Sequence[str | None]) -> list[list[int]]:
+        """The labels left out of each input's answers: a text input's twins (`trainer.label_tower.Twins`)
+        when the model excludes them; none for a sparse input or another model."""
+        if not self.twins:
+            return [[] for _ in texts]
+        return [[] if t is None else self.twins.get(same_text(t), []) for t in texts]
 
     def propensities(self, a: float = 0.55, b: float = 1.5, n_labels: int | None = None) -> np.ndarray | None:
         """Jain et al. (2016) propensities from the training label counts (None if not recorded); with
@@ -244,9 +254,15 @@ class LoadedModel:
         with torch.no_grad():
             return self.model.score(h).numpy()
 
-    def topk(self, x: sp.spmatrix, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top-k (ids, scores) per row, best first, by blocked products."""
-        return self.model.topk(sp.csr_matrix(x, dtype=np.float32), k)
+    def topk(self, x: sp.spmatrix, k: int,
+             exclude: Sequence[Sequence[int]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k (ids, scores) per row, best first, by blocked products; without the labels
+        `exclude` names for each row (`excluded`)."""
+        more = max((len(e) for e in exclude), default=0) if exclude is not None else 0
+        ids, scores = self.model.topk(sp.csr_matrix(x, dtype=np.float32), k + more)
+        if not more or exclude is None:
+            return ids, scores
+        return drop_excluded(ids, scores, exclude, min(k, ids.shape[1]))
 
 
 def _read_json(path: Path, root: Path) -> Any:
@@ -397,7 +413,9 @@ def load_artifact(path: str | Path) -> LoadedModel:
     featurizer = _load_featurizer(root, shape.n_features)
     counts_np = None if counts is None else counts.numpy().astype(np.float64)
     hashes_np = None if hashes is None else hashes.numpy()
-    return LoadedModel(root, config, params, label_names, metrics, featurizer, model, counts_np, hashes_np)
+    twins = excluded_twins(root, label_names) if has_label_tower(root) else None
+    return LoadedModel(root, config, params, label_names, metrics, featurizer, model, counts_np, hashes_np,
+                       twins)
 
 
 _DTYPES: dict[str, np.dtype[Any]] = {

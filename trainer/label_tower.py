@@ -42,11 +42,13 @@ from torch import nn
 from trainer.errors import ArtifactError, ParamsError
 from trainer.model import XCModel, project_rows
 from trainer.negatives import NegativeSampler, SampledNegatives
-
-# a model trained with label texts holds these beside its artifact
-TOWER_CONFIG = "label_tower.json"
-TOWER_WEIGHTS = "label_tower.safetensors"
-TEXTS_FILE = "label_texts.jsonl"
+from trainer.twins import (
+    TEXTS_FILE,
+    TOWER_CONFIG,
+    TOWER_WEIGHTS,
+    Twins,
+    has_label_tower,
+)
 
 TOWER_VERSION = 1
 RARE_MAX = 2  # the rarest labels with rows: at most this many rows (or the fewest any label has)
@@ -91,7 +93,7 @@ class LabelTower(nn.Module):
 
     def __init__(self, texts: TextRows, gain: float, text_only: np.ndarray, dim: int,
                  weight: np.ndarray | None = None, detach: bool = False, apart: bool = False,
-                 every: int = 1) -> None:
+                 every: int = 1, zero_bias: float = 0.0) -> None:
         super().__init__()
         self.gain = nn.Parameter(torch.tensor([float(gain)]))
         # a learned map from a text's encoding to a row: without it ⟨h(x), enc(text)⟩ is symmetric and peaks
@@ -108,6 +110,8 @@ class LabelTower(nn.Module):
         # apart: labels with rows are their free part alone; a step trains the tower as a scorer of its own
         self.apart = apart
         self.every = every
+        self.zero_bias = zero_bias  # added to the bias of the labels without rows (`zero_row_scale`)
+        self.twins = Twins(0, 0)  # the training rows' twins, counted by the run
         self.step_weight = self.weight
         if apart:
             self.step_weight = self.weight.clone()
@@ -194,6 +198,7 @@ def materialized_head(model: XCModel, counts: np.ndarray) -> tuple[torch.Tensor,
     head = model.head.detach().clone()
     head[:, :d] += tower.all_rows(model).to(head.dtype)
     norm, b0 = zero_row_scale(head.cpu().numpy(), counts)
+    b0 += tower.zero_bias
     only = torch.from_numpy(tower.text_only).to(head.device)
     head[only, :d] = scaled_rows(head[only, :d], norm)
     head[only, d] = b0
@@ -250,6 +255,9 @@ def save_tower(directory: Path, *, tower: LabelTower, scale: tuple[float, float]
     config = {"version": TOWER_VERSION, "gain": float(tower.gain.detach()[0]), "zero_row_norm": scale[0],
               "zero_row_bias": scale[1],
               "mode": "apart" if tower.apart else "joint",
+              # the training rows' twins: when `excluded`, an input's twins are left out of its answers
+              "twins": {"rows": tower.twins.rows, "labelled": tower.twins.labelled,
+                        "excluded": tower.twins.excluded},
               "combine": ("a label with rows: its free row" if tower.apart else
                           "free + gain * share * encoder(featurizer(text)) @ proj")
                          + "; a label without rows: zero_row_norm * unit(encoder(featurizer(text)) @ proj), "
@@ -325,21 +333,6 @@ def load_tower_tensors(directory: Path) -> dict[str, torch.Tensor]:
         raise ArtifactError(str(directory), f"unreadable label tower weights: {exc}") from None
 
 
-def read_stored_texts(directory: Path) -> dict[str, str]:
-    """The label texts a model was trained with (name -> text; labels without a text are left out)."""
-    out: dict[str, str] = {}
-    path = directory / TEXTS_FILE
-    if not path.is_file():
-        return out
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                obj = json.loads(line)
-                if isinstance(obj.get("text"), str):
-                    out[str(obj["name"])] = obj["text"]
-    return out
-
-
 def check_usable(is_text: bool, exhaustive: bool, ranks: int) -> None:
     """Refuse the runs a label tower does not support, saying why."""
     if not is_text:
@@ -350,13 +343,6 @@ def check_usable(is_text: bool, exhaustive: bool, ranks: int) -> None:
                           "label's text at every step")
     if ranks > 1:
         raise ParamsError("label texts train in one process; set nproc_per_node 1")
-
-
-def has_label_tower(artifact_dir: Path | str) -> bool:
-    """Whether the model at `artifact_dir` was trained with label texts (and so can give a label a row
-    from its text)."""
-    d = Path(artifact_dir)
-    return (d / TOWER_CONFIG).is_file() and (d / TOWER_WEIGHTS).is_file()
 
 
 def label_rows(artifact_dir: Path | str, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -365,6 +365,14 @@ class TrainParams(BaseModel):
         "fade / (fade + n), so frequent labels rest on their free part (0 = the same tower row for all)",
         json_schema_extra=_in("label_texts"),
     )
+    label_tower_zero_bias: float = Field(
+        default=0.0,
+        ge=-100.0,
+        le=100.0,
+        description="with label texts: added to the bias a label without training rows gets (that of the "
+        "rarest labels with rows): how readily a label known by its text alone is answered",
+        json_schema_extra=_in("label_texts"),
+    )
     # evaluation
     eval_every: int = Field(
         default=1, ge=0, le=10_000, description="evaluate every N epochs (0 = only at the end)",

@@ -57,7 +57,6 @@ from trainer.label_tower import (
     load_tower_gain,
     load_tower_tensors,
     materialized,
-    read_stored_texts,
     save_tower,
 )
 from trainer.launch import train_on_ranks
@@ -73,6 +72,7 @@ from trainer.step import (
     Stepper,
     _as_csr32,
 )
+from trainer.twins import count_twins, drop_excluded, read_stored_texts, same_text, twin_index
 
 log = logging.getLogger("ovex.train")
 
@@ -166,10 +166,15 @@ def evaluate_model(
     shard: LabelShard | None = None,
     group: RankGroup | None = None,
     new_labels: np.ndarray | None = None,
+    exclude: list[list[int]] | None = None,
 ) -> dict[str, float]:
     """P@k etc. of the exact top-k over all labels (merged over the ranks' shards when sharded); with
-    `new_labels` (a continual run) also on new-label and old-label rows apart."""
-    if shard is None or group is None:
+    `new_labels` (a continual run) also on new-label and old-label rows apart; without the labels
+    `exclude` names for each row (its twins, `trainer.twins`), as the model will be served."""
+    if exclude is not None and any(exclude):
+        ids, scores = model.topk(x, EVAL_K + max(len(e) for e in exclude))
+        top, _ = drop_excluded(ids, scores, exclude, EVAL_K)
+    elif shard is None or group is None:
         top, _ = model.topk(x, EVAL_K)
     else:
         top, _ = shard_topk(model, x, EVAL_K, shard, group)
@@ -317,7 +322,7 @@ def _attach_tower(model: XCModel, featurizer: Any, names: list[str], texts: dict
     tower = LabelTower(rows, gain, text_only, model.shape.dim,
                        weight=fade_weights(counts, params.label_tower_fade),
                        detach=params.label_tower_detach, apart=params.label_tower_mode == "apart",
-                       every=params.label_tower_every)
+                       every=params.label_tower_every, zero_bias=params.label_tower_zero_bias)
     if warm is not None and has_label_tower(warm.base.path):  # the base's tower, as it was trained
         with torch.no_grad():
             tower.gain.fill_(load_tower_gain(warm.base.path))
@@ -440,8 +445,20 @@ def _fit(
     # every row the model has trained on, a base's included: a label of none has no free part to learn
     model_counts = all_counts if warm is None else warm.artifact_stats(y)[0]
     tower = None
+    twins_of: dict[str, list[list[int]]] = {}  # the test and validation rows' twins, when excluded
     if texts is not None:
         tower = _attach_tower(model, featurizer, label_names, texts, model_counts, params, warm)
+        if train_ds.texts is not None:
+            tower.twins = count_twins(train_ds.texts, label_names, texts, y)
+            if tower.twins.excluded:
+                index = twin_index(label_names, texts)
+                twins_of = {name: [index.get(same_text(t), []) for t in part.texts]
+                            for name, part in (("test", test_ds), ("valid", valid_ds))
+                            if part is not None and part.texts is not None}
+            if tower.twins.rows:
+                hooks.on_log(f"{tower.twins.rows:,} training rows have a label whose text is their own (a "
+                             f"twin), {tower.twins.labelled:,} of them as one of their labels: an input's "
+                             f"twins are {'left out of' if tower.twins.excluded else 'kept in'} its answers")
     # rank 0 keeps the stream of a one-process run; other ranks draw their own
     seed = params.seed + 1 + 7919 * group.rank
     # a continual run oversamples its new labels with rows as negatives
@@ -558,12 +575,13 @@ def _fit(
             due = params.eval_every > 0 and (epoch + 1) % params.eval_every == 0
             if xt is not None and yt is not None and (due or is_last):
                 with served(model, model_counts, params.logit_adjust, shard.lo):
-                    evaluated = evaluate_model(model, xt, yt, prop, shard, group, new_labels)
+                    evaluated = evaluate_model(model, xt, yt, prop, shard, group, new_labels,
+                                               twins_of.get("test"))
                 last_metrics = evaluated
                 record["metrics"] = evaluated
             if xv is not None and yv is not None:
                 with served(model, model_counts, params.logit_adjust, shard.lo):
-                    valid = evaluate_model(model, xv, yv, None, shard, group)
+                    valid = evaluate_model(model, xv, yv, None, shard, group, exclude=twins_of.get("valid"))
                 record["valid"] = valid
                 best.update(epoch + 1, valid["p@1"], model)
             history.append(record)
@@ -589,7 +607,8 @@ def _fit(
             best.restore(model)
             if xt is not None and yt is not None:
                 with served(model, model_counts, params.logit_adjust, shard.lo):
-                    last_metrics = evaluate_model(model, xt, yt, prop, shard, group, new_labels)
+                    last_metrics = evaluate_model(model, xt, yt, prop, shard, group, new_labels,
+                                                  twins_of.get("test"))
         hooks.on_log(f"kept the weights of epoch {best.epoch} (valid p@1 {best.score:.4f})")
     seconds = time.perf_counter() - t_start
     overall_rate = examples / max(train_time, 1e-9)

@@ -180,7 +180,7 @@ class Predictor:
         rows = [r for j in queries for r in j.rows]
         opts = [j.options for j in queries for _ in j.rows]
         h = self.encode(rows)
-        preds = self.predict_encoded(h, opts)
+        preds = self.predict_encoded(h, opts, self.excluded(rows))
         out: list[list[RowPrediction]] = []
         pos = 0
         for j in queries:
@@ -218,7 +218,8 @@ class Predictor:
             sel = np.concatenate([np.arange(starts[ji], starts[ji + 1]) for ji in keep])
             opts = [queries[ji].options for ji in keep for _ in queries[ji].rows]
             try:
-                preds = self.predict_encoded(h[sel], opts)
+                kept = [r for ji in keep for r in queries[ji].rows]
+                preds = self.predict_encoded(h[sel], opts, self.excluded(kept))
             except Exception as exc:
                 for ji in keep:
                     out[ji] = exc
@@ -237,7 +238,18 @@ class Predictor:
         want = o.top_k if o.normalization in ("none", "softmax") else max(o.top_k, MIN_FETCH)
         return min(want, self.n_labels)
 
-    def predict_encoded(self, h: npt.NDArray[np.float32], opts: Sequence[Options]) -> list[RowPrediction]:
+    def excluded(self, rows: Sequence[InputRow]) -> list[list[int]] | None:
+        """The labels left out of each row's answer (a text input's twins, `trainer.twins`), or None."""
+        find = getattr(self.model, "excluded", None)
+        if find is None:
+            return None
+        out: list[list[int]] = find([r.text for r in rows])
+        return out if any(out) else None
+
+    def predict_encoded(self, h: npt.NDArray[np.float32], opts: Sequence[Options],
+                        exclude: Sequence[Sequence[int]] | None = None) -> list[RowPrediction]:
+        """Answers for encoded rows; `exclude` names labels left out of each row's answer, as if the model
+        did not hold them (an ev-softmax threshold stays the mean of all K scores)."""
         result: list[RowPrediction | None] = [None] * len(opts)
         groups: dict[tuple[bool, Normalization], list[int]] = {}
         for i, o in enumerate(opts):
@@ -246,7 +258,8 @@ class Predictor:
         for (scan_all, norm), idx in groups.items():
             sub = h[idx]
             k = max(self.fetch_size(opts[i]) for i in idx)
-            preds = self._exact_rows(sub, k, norm) if scan_all else self._index_rows(sub, k, norm)
+            ex = None if exclude is None else [exclude[i] for i in idx]
+            preds = self._exact_rows(sub, k, norm, ex) if scan_all else self._index_rows(sub, k, norm, ex)
             for i, p in zip(idx, preds, strict=True):
                 result[i] = self._truncate(p, opts[i].top_k)
         return [r for r in result if r is not None]
@@ -268,18 +281,22 @@ class Predictor:
             return self.exact_scorer.mean_scores(h)
         return evsoftmax_threshold_linear(h, self.w_mean, self.b_mean)
 
-    def _index_rows(self, h: npt.NDArray[np.float32], k: int, norm: Normalization) -> list[RowPrediction]:
+    def _index_rows(self, h: npt.NDArray[np.float32], k: int, norm: Normalization,
+                    exclude: Sequence[Sequence[int]] | None = None) -> list[RowPrediction]:
         # the int8 scan answers sparsemax in one pass: every label that may score within 1 of the best
         reach = SPARSEMAX_REACH if norm == "sparsemax" else None
-        top = self.retriever.search(h, k, reach=reach)
+        more = _most(exclude)
+        top = _without(self.retriever.search(h, k + more, reach=reach), exclude, k)
         if norm == "sparsemax" and self.retriever.kind != "int8":
             # scans certify once the support fits; IVF's cell bound does not shrink with k: one step only
             scan = self.retriever.kind in ("exact", "flat")
-            top = self._widen_sparsemax(h, top, k, self.retriever, MAX_INDEX_FETCH if scan else 4 * k)
+            cap = MAX_INDEX_FETCH if scan else 4 * k
+            top = self._widen_sparsemax(h, top, k, self.retriever, cap, exclude)
         return self._finish(top, norm, self._threshold(h) if norm == "evsoftmax" else None)
 
     def _widen_sparsemax(
-        self, h: npt.NDArray[np.float32], top: TopK, k: int, retr: Retriever, cap: int
+        self, h: npt.NDArray[np.float32], top: TopK, k: int, retr: Retriever, cap: int,
+        exclude: Sequence[Sequence[int]] | None = None,
     ) -> TopK:
         """Fetch 4× more labels while some row's sparsemax support may reach beyond what was fetched
         (its bound is finite but above τ); rows with no bound at all (HNSW) cannot be helped."""
@@ -289,21 +306,22 @@ class Predictor:
             if not bool((~dist.exact & np.isfinite(top.bound)).any()):
                 break
             k = min(cap, k * 4)
-            top = retr.search(h, k)
+            top = _without(retr.search(h, k + _most(exclude)), exclude, k)
         return top
 
-    def _exact_rows(self, h: npt.NDArray[np.float32], k: int, norm: Normalization) -> list[RowPrediction]:
+    def _exact_rows(self, h: npt.NDArray[np.float32], k: int, norm: Normalization,
+                    exclude: Sequence[Sequence[int]] | None = None) -> list[RowPrediction]:
         """Exact scoring: widen k until sparsemax's support fits (so the answer is always exact); for
         ev-softmax and softmax sum exp(score) over every label in the support in the same pass, so the
-        listed probabilities are those of the full distribution."""
+        listed probabilities are those of the full distribution (over the labels not excluded)."""
         if norm in ("evsoftmax", "softmax"):
             t = self._threshold(h) if norm == "evsoftmax" else np.full(h.shape[0], -np.inf)
-            top, log_z = self.exact_scorer.search_with_mass(h, k, t)
+            top, log_z = self.exact_scorer.search_with_mass(h, k, t, exclude)
             assert log_z is not None
             return self._from_log_z(top, t, log_z)
-        top = self.exact_scorer.search(h, k)
+        top = _without(self.exact_scorer.search(h, k + _most(exclude)), exclude, k)
         if norm == "sparsemax":
-            top = self._widen_sparsemax(h, top, k, self.exact_scorer, self.n_labels)
+            top = self._widen_sparsemax(h, top, k, self.exact_scorer, self.n_labels, exclude)
         preds = self._finish(top, norm, None)
         # Every label was scored: for "none" the top-k is the answer itself.
         if norm == "none":
@@ -371,3 +389,28 @@ class Predictor:
         for norm in norms:
             self.predict(rows, Options(top_k=5, normalization=norm))
         self.predict(rows, Options(top_k=5, normalization="sparsemax", exact_scan=True))
+
+
+def _most(exclude: Sequence[Sequence[int]] | None) -> int:
+    """The most labels any row excludes (fetched beyond k so that k remain)."""
+    return max((len(e) for e in exclude), default=0) if exclude is not None else 0
+
+
+def _without(top: TopK, exclude: Sequence[Sequence[int]] | None, k: int) -> TopK:
+    """`top` with each row's excluded labels taken out and cut to k labels; a label cut off (not excluded)
+    raises the row's bound to its score, so the bound still covers every label not returned."""
+    if exclude is None:
+        return top
+    ids, scores, bound = top.ids, top.scores, top.bound.copy()
+    drop = np.zeros(ids.shape, dtype=bool)
+    for r, labels in enumerate(exclude):
+        if len(labels):
+            drop[r] = np.isin(ids[r], np.asarray(labels, dtype=np.int64))
+    order = np.argsort(drop, axis=1, kind="stable")
+    ids, scores, drop = (np.take_along_axis(a, order, 1) for a in (ids, scores, drop))
+    cut = ~drop[:, k:] & (ids[:, k:] >= 0)
+    if cut.any():
+        bound = np.maximum(bound, np.where(cut, scores[:, k:], -np.inf).max(axis=1).astype(np.float64))
+    gone = drop[:, :k]
+    return TopK(np.where(gone, -1, ids[:, :k]), np.where(gone, -np.inf, scores[:, :k]).astype(np.float32),
+                bound)

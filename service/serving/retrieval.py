@@ -36,7 +36,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,10 +207,16 @@ class ExactScorer:
         top, _ = self.search_with_mass(h, k, None)
         return top
 
-    def search_with_mass(self, h: F32, k: int, thresholds: F64 | None) -> tuple[TopK, F64 | None]:
-        """Top-k plus, if `thresholds` is given, log Σ exp(s) over the labels with s ≥ threshold."""
+    def search_with_mass(self, h: F32, k: int, thresholds: F64 | None,
+                         exclude: Sequence[Sequence[int]] | None = None) -> tuple[TopK, F64 | None]:
+        """Top-k plus, if `thresholds` is given, log Σ exp(s) over the labels with s ≥ threshold; the
+        labels `exclude` names for a row are neither returned nor counted for it."""
         q = torch.from_numpy(np.ascontiguousarray(h, dtype=np.float32))
         n = q.shape[0]
+        gone_r = gone_c = None
+        if exclude is not None and any(len(e) for e in exclude):
+            gone_r = torch.from_numpy(np.repeat(np.arange(n), [len(e) for e in exclude]).astype(np.int64))
+            gone_c = torch.from_numpy(np.concatenate([np.asarray(e, np.int64) for e in exclude]))
         kk = min(k + 1, self.n_labels)
         best_s = torch.full((n, 0), -math.inf)
         best_i = torch.zeros((n, 0), dtype=torch.int64)
@@ -220,6 +226,9 @@ class ExactScorer:
             for start in range(0, self.n_labels, self.block_rows):
                 stop = min(start + self.block_rows, self.n_labels)
                 s = self._block_scores(q, start, stop)
+                if gone_r is not None and gone_c is not None:
+                    here = (gone_c >= start) & (gone_c < stop)
+                    s[gone_r[here], gone_c[here] - start] = -math.inf
                 bs, bi = torch.topk(s, min(kk, stop - start), dim=1)
                 cat_s = torch.cat([best_s, bs], dim=1)
                 cat_i = torch.cat([best_i, bi + start], dim=1)

@@ -204,3 +204,70 @@ def test_an_evsoftmax_score_within_float32_rounding_of_the_threshold_is_never_ce
     ambiguous, clear = pred._finish(top, "evsoftmax", thr)
     assert not ambiguous.certified
     assert clear.certified
+
+
+def _without_labels(norm: str, z: np.ndarray, gone: list[int]) -> dict[int, float] | None:
+    """The full distribution over the labels not excluded (ev-softmax: the threshold stays the mean of
+    all K scores), by label id; None for a plain top-k."""
+    keep = np.setdiff1d(np.arange(len(z)), gone)
+    zk = z[keep]
+    if norm == "none":
+        return None
+    if norm == "sparsemax":
+        p = sparsemax(zk)
+    elif norm == "softmax":
+        p = softmax(zk)
+    else:
+        support = zk >= z.mean()
+        e = np.where(support, np.exp(zk - zk[support].max()), 0.0)
+        p = e / e.sum()
+    return {int(i): float(v) for i, v in zip(keep, p, strict=True)}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    sharp=st.sampled_from([0.2, 1.0, 4.0, 20.0]),
+    top_k=st.integers(1, 40),
+    norm=st.sampled_from(["sparsemax", "evsoftmax", "softmax", "none"]),
+    ask_exact=st.booleans(),
+    n_gone=st.integers(1, 3),
+)
+def test_excluded_labels_are_never_answered_and_the_exact_flag_still_holds(
+    predictors: tuple[np.ndarray, np.ndarray, list[Predictor]],
+    seed: int, sharp: float, top_k: int, norm: Normalization, ask_exact: bool, n_gone: int,
+) -> None:
+    """A row's excluded labels (its twins) are left out on every path, the answer is the full answer over
+    the other labels, and a certified answer is exactly that (the row's best labels are the ones left
+    out, the hardest case for the bound)."""
+    w, b, preds = predictors
+    rng = np.random.default_rng(seed)
+    h = (w[rng.integers(0, len(w), 5)] + 0.5 * rng.normal(size=(5, w.shape[1]))).astype(np.float32)
+    h *= np.float32(sharp)
+    full = h.astype(np.float64) @ w.T.astype(np.float64) + b
+    gone = [np.argsort(-z)[:n_gone].tolist() if r % 2 == 0 else [] for r, z in enumerate(full)]
+    certified = 0
+    for pred in preds:
+        rows = pred.predict_encoded(h, [Options(top_k, norm, ask_exact)] * len(h), gone)
+        for r, row in enumerate(rows):
+            got = {lb.id: lb for lb in row.labels}
+            assert not set(got) & set(gone[r])
+            if ask_exact or pred.retriever.kind == "exact":
+                assert row.certified
+            if not row.certified:
+                continue
+            certified += 1
+            z = full[r]
+            tol = 1e-4 * (1 + np.abs(z).max())
+            want = _without_labels(norm, z, gone[r])
+            if want is None:
+                rest = np.delete(z, gone[r])
+                np.testing.assert_allclose([lb.score for lb in row.labels], np.sort(rest)[::-1][: len(got)],
+                                           atol=tol)
+                assert len(got) == min(top_k, len(rest))
+                continue
+            listed = [i for i, p in sorted(want.items(), key=lambda t: -z[t[0]]) if p > tol][:top_k]
+            assert set(listed) <= set(got)
+            for i, lb in got.items():
+                assert lb.prob == pytest.approx(want[i], abs=1e-4), (norm, pred.retriever.kind, ask_exact)
+    assert certified > 0

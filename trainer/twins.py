@@ -1,0 +1,122 @@
+"""Twins: a label whose text is an input's own text, and the files of a label tower that name them.
+
+A text reader scores an input's twin above every other label, yet on a taxonomy (a row is a thing, its
+labels what it is a kind of) the twin is never one of its labels. A run with label texts counts how its
+training rows treat their twins (`Twins`); when they never carry them, the saved model leaves an input's
+twins out of its answers (`LoadedModel.excluded`, the service's predictor), so an exact text match is
+not answered where the data say it is not an answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+# a model trained with label texts holds these beside its artifact
+TOWER_CONFIG = "label_tower.json"
+TOWER_WEIGHTS = "label_tower.safetensors"
+TEXTS_FILE = "label_texts.jsonl"
+# an input's twins are left out of its answers when at least this many training rows have one and fewer
+# than one in TWIN_RARELY of them carries it
+TWIN_EVIDENCE = 10
+TWIN_RARELY = 20
+
+
+def same_text(text: str) -> str:
+    """A text as compared for twins: case and runs of white space do not count."""
+    return " ".join(text.split()).casefold()
+
+
+@dataclass(frozen=True)
+class Twins:
+    """How the training rows treat their twins: a label whose text is a row's own text. A text reader
+    scores an input's twin above all others, yet on a taxonomy (a row is a thing, its labels what it is a
+    kind of) the twin is never one of its labels: when the training rows say so, a served answer leaves
+    an input's twins out."""
+
+    rows: int  # training rows that have a twin
+    labelled: int  # of those, the rows one of whose labels is a twin
+
+    @property
+    def excluded(self) -> bool:
+        return self.rows >= TWIN_EVIDENCE and self.labelled * TWIN_RARELY < self.rows
+
+
+def count_twins(row_texts: Sequence[str], names: Sequence[str], texts: dict[str, str],
+                y: sp.csr_matrix) -> Twins:
+    """Twins of the training rows, counted."""
+    index = twin_index(names, texts)
+    y = sp.csr_matrix(y)
+    rows = labelled = 0
+    for r, text in enumerate(row_texts):
+        found = index.get(same_text(text))
+        if found:
+            rows += 1
+            own = y.indices[y.indptr[r] : y.indptr[r + 1]]
+            labelled += bool(np.isin(found, own).any())
+    return Twins(rows, labelled)
+
+
+def twin_index(names: Sequence[str], texts: dict[str, str]) -> dict[str, list[int]]:
+    """A text as `same_text` gives it -> the ids of the labels with that text."""
+    out: dict[str, list[int]] = {}
+    for k, name in enumerate(names):
+        text = texts.get(name)
+        if text is not None:
+            out.setdefault(same_text(text), []).append(k)
+    return out
+
+
+def drop_excluded(ids: np.ndarray, scores: np.ndarray, exclude: Sequence[Sequence[int]],
+                  k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's top k of `ids`/`scores` (best first, fetched with room for its exclusions) without the
+    labels `exclude` names for it; −1 and −inf pad a row that runs out."""
+    ids, scores = np.asarray(ids), np.asarray(scores)
+    drop = np.zeros(ids.shape, dtype=bool)
+    for r, labels in enumerate(exclude):
+        if len(labels):
+            drop[r] = np.isin(ids[r], np.asarray(labels, dtype=ids.dtype))
+    order = np.argsort(drop, axis=1, kind="stable")[:, :k]
+    out_ids = np.take_along_axis(ids, order, 1)
+    out_scores = np.take_along_axis(scores, order, 1)
+    gone = np.take_along_axis(drop, order, 1)
+    return np.where(gone, -1, out_ids), np.where(gone, -np.inf, out_scores).astype(scores.dtype)
+
+
+def excluded_twins(directory: Path, names: Sequence[str]) -> dict[str, list[int]] | None:
+    """The saved model's twin index (`twin_index`) when its training rows excluded twins, else None."""
+    try:
+        config = json.loads((directory / TOWER_CONFIG).read_text())
+    except (OSError, ValueError):
+        return None
+    twins = config.get("twins") if isinstance(config, dict) else None
+    if not (isinstance(twins, dict) and twins.get("excluded") is True):
+        return None
+    return twin_index(names, read_stored_texts(directory))
+
+
+def read_stored_texts(directory: Path) -> dict[str, str]:
+    """The label texts a model was trained with (name -> text; labels without a text are left out)."""
+    out: dict[str, str] = {}
+    path = directory / TEXTS_FILE
+    if not path.is_file():
+        return out
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                obj = json.loads(line)
+                if isinstance(obj.get("text"), str):
+                    out[str(obj["name"])] = obj["text"]
+    return out
+
+
+def has_label_tower(artifact_dir: Path | str) -> bool:
+    """Whether the model at `artifact_dir` was trained with label texts (and so can give a label a row
+    from its text)."""
+    d = Path(artifact_dir)
+    return (d / TOWER_CONFIG).is_file() and (d / TOWER_WEIGHTS).is_file()
