@@ -309,6 +309,13 @@ BENCHES: tuple[Bench, ...] = (
           steps=(_s("bench/lexical_channel.py", "--out", "{results}/lexical_channel"),), quick=(),
           outputs=("lexical_channel.json", "lexical_channel.md"),
           measures=(*CLI, "bench/lexical_channel.py", "bench/real.py"), estimate_s=480, full=False),
+    # `label_tower_zero_bias`'s evidence: WordNet's training rows split as its test split was, the labels of
+    # the held-out rows known by their text alone; each model rescored over a grid of that bias
+    Bench("label_texts_valid",
+          steps=(_s("bench/label_texts.py", "--sets", "wordnet-valid", f"--also={APART_TOWER}",
+                    "--zero-shot-scales", "--out", "{results}/label_texts_valid"),), quick=(),
+          outputs=("label_texts_valid.json", "label_texts_valid.md"),
+          measures=(*CLI, "bench/label_texts.py"), estimate_s=480, full=False),
     # how often an apart label tower trains: `--label-tower-every` 16 (the default) beside 1, 4 and 64
     Bench("label_tower_every",
           steps=(_s("bench/label_texts.py", "--sets", "wordnet",

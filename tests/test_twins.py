@@ -163,6 +163,8 @@ def test_label_tower_zero_bias_moves_the_text_only_labels_bias_and_round_trips(t
             TrainParams(label_tower_zero_bias=bad)
     data = json.loads(json.dumps(TrainParams(label_tower_zero_bias=1.25).to_json_dict()))
     assert TrainParams.from_json_dict(data).label_tower_zero_bias == 1.25
+    del data["label_tower_zero_bias"]  # params saved before the field: text-only labels had no shift
+    assert TrainParams.from_json_dict(data).label_tower_zero_bias == 0.0
     args = build_parser().parse_args(["train", "--train", "x.jsonl", "--out", "m",
                                       "--label-tower-zero-bias", "-0.5"])
     assert params_from_args(args).label_tower_zero_bias == -0.5

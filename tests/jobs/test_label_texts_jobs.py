@@ -93,7 +93,7 @@ def test_a_job_trains_with_uploaded_label_texts_and_the_model_then_takes_labels_
     assert texts in srv.job(job_id)["deleted_datasets"]
 
 
-def test_a_job_trains_its_apart_tower_every_nth_step_and_refuses_a_zero(srv: Server,
+def test_a_job_trains_its_apart_tower_every_nth_step_and_refuses_out_of_range_tower_params(srv: Server,
                                                                           files: dict[str, Path]) -> None:
     from trainer.artifact import load_artifact
 
@@ -105,12 +105,20 @@ def test_a_job_trains_its_apart_tower_every_nth_step_and_refuses_a_zero(srv: Ser
     assert r.status_code == 422, r.text
     errs = [e for e in r.json()["detail"] if e["loc"] == ["body", "params", "label_tower_every"]]
     assert errs and "greater than or equal to 1" in errs[0]["msg"], r.text
+    for bad in (1000, "high"):
+        r = srv.client.post("/v1/jobs", json={"model": "every", "train_dataset": rows, "label_texts": texts,
+                                              "params": {**TINY, "label_tower_zero_bias": bad}})
+        assert r.status_code == 422, r.text
+        locs = [e["loc"] for e in r.json()["detail"]]
+        assert ["body", "params", "label_tower_zero_bias"] in locs, r.text
     assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs  # nothing queued
-    apart = {**TINY, "label_tower_mode": "apart", "label_tower_detach": True, "label_tower_every": 3}
+    apart = {**TINY, "label_tower_mode": "apart", "label_tower_detach": True, "label_tower_every": 3,
+             "label_tower_zero_bias": 1.5}
     job_id = srv.submit({"model": "every", "train_dataset": rows, "label_texts": texts, "params": apart})
     assert srv.final_state(job_id) == "succeeded", srv.log_tail()
     job = srv.job(job_id)
     assert job["params"]["label_tower_every"] == 3, job["params"]
     loaded = load_artifact(srv.models_dir / "every" / str(job["model_version"]))
     assert loaded.params.label_tower_every == 3 and loaded.params.label_tower_mode == "apart"
+    assert job["params"]["label_tower_zero_bias"] == loaded.params.label_tower_zero_bias == 1.5
     assert loaded.label_names[-2:] == ["60", "61"]  # the labels no row carries joined by their texts
