@@ -138,8 +138,9 @@ SCALES = ((1.0, 0.0), (0.0, 0.0), (0.75, 0.0), (0.75, 1.0), (0.75, 2.0), (1.0, 0
           (1.1, 1.0), (1.1, 2.0), (1.25, 0.0), (1.25, 0.5), (1.25, 1.0), (1.5, 0.0), (1.5, 1.0), (2.0, 0.0),
           # shorter rows with higher biases: a text-only label enters where the trained ones score low
           (0.5, 4.0), (0.5, 5.0), (0.6, 4.5), (0.75, 3.0), (0.75, 4.0),
-          # the bias alone, finer (how `label_tower_zero_bias` is chosen, on wordnet-valid)
-          (1.0, 1.5), (1.0, 2.5), (1.0, 3.0), (1.0, 3.5), (1.0, 4.0))
+          # the bias alone, finer and lower (how `label_tower_zero_bias` is chosen, on wordnet-valid)
+          (1.0, 1.5), (1.0, 2.5), (1.0, 3.0), (1.0, 3.5), (1.0, 4.0),
+          (1.0, -0.5), (1.0, -1.0), (1.0, -1.5), (1.0, -2.0))
 
 
 def _top(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

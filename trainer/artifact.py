@@ -201,7 +201,7 @@ class LoadedModel:
     twins: dict[str, list[int]] | None = None
 
     def excluded(self, texts: Sequence[str | None]) -> list[list[int]]:
-        """The labels left out of each input's answers: a text input's twins (`trainer.label_tower.Twins`)
+        """The labels left out of each input's answers: a text input's twins (`trainer.twins.Twins`)
         when the model excludes them; none for a sparse input or another model."""
         if not self.twins:
             return [[] for _ in texts]

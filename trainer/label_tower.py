@@ -22,7 +22,8 @@ serving reads an ordinary head.
 A label with a text and no training rows has no free part (v_k = 0) and is kept out of the sampled
 negatives: it would only ever be pushed down, while a label added later by its text (`label_rows`) never
 is. Its row takes its direction from the text and its norm and bias from the rarest labels that have rows
-(`zero_row_scale`), so it competes as a label of the lowest frequency seen.
+(`zero_row_scale`), the bias raised by `label_tower_zero_bias`: a label added by its text is expected to be
+answered more often than one that trained on a row or two.
 """
 
 from __future__ import annotations
