@@ -62,7 +62,7 @@ from stamp import RESULTS, finish, stamp, write_results  # noqa: E402
 
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.data import read_xc  # noqa: E402
-from trainer.twins import drop_excluded  # noqa: E402
+from trainer.twins import drop_excluded, most_excluded  # noqa: E402
 
 SETS = ("wordnet", "bibtex", "corel5k")  # by default; `wordnet-valid` on request (`split_training_rows`)
 VALID_SHARE = 0.2  # wordnet-valid: the share of WordNet's training rows held out, as its test split is
@@ -163,7 +163,7 @@ def zero_shot_scales(model: Any, h: np.ndarray, to_shared: np.ndarray, y: sp.csr
     only = np.asarray(model.label_counts == 0)
     seen, zero = np.flatnonzero(~only), np.flatnonzero(only)
     b0 = float(np.median(b[zero]))  # the text-only rows' bias as trained (one value for all of them)
-    more = max((len(e) for e in exclude), default=0)
+    more = most_excluded(exclude)
     parts: list[tuple[np.ndarray, ...]] = []
     for s in range(0, h.shape[0], 2048):
         hh = h[s:s + 2048]
@@ -176,7 +176,7 @@ def zero_shot_scales(model: Any, h: np.ndarray, to_shared: np.ndarray, y: sp.csr
         zs = a * zv + b0 + shift if a > 0 else np.full_like(zv, -np.inf)
         ids, vals = np.concatenate([si, zi], 1), np.concatenate([sv, zs], 1)
         order = np.argsort(-vals, 1)
-        kept, _ = drop_excluded(np.take_along_axis(ids, order, 1), np.take_along_axis(vals, order, 1),
+        kept, _, _ = drop_excluded(np.take_along_axis(ids, order, 1), np.take_along_axis(vals, order, 1),
                                 exclude, K)
         top = to_shared[kept]
         m = xc_metrics.evaluate_topk(top, y, prop)

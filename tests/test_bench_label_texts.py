@@ -43,15 +43,26 @@ def test_the_scale_as_trained_is_the_models_top_5_and_zero_leaves_text_only_labe
     y = sp.csr_matrix((rng.random((n, k)) < 0.08).astype(np.float32))
     to_shared = np.arange(k + 1, dtype=np.int64)
     to_shared[-1] = -1
-    scaled = bench.zero_shot_scales(_Model(w, b, counts), h, to_shared, y, counts)
+    prop = xc_metrics.propensities(y)
+    model = _Model(w, b, counts)
+    scaled = bench.zero_shot_scales(model, h, to_shared, y, counts, [[] for _ in range(n)], prop)
     rows = {(r["a"], r["b"]): r for r in scaled}
 
     full = h @ w.T + b  # float32, as the benchmark scores
-    as_trained = xc_metrics.evaluate_topk(_top5(full), y, None)
-    seen_only = xc_metrics.evaluate_topk(_top5(np.where(counts == 0, -np.inf, full)), y, None)
-    for key in ("p@1", "p@5"):
+    as_trained = xc_metrics.evaluate_topk(_top5(full), y, prop)
+    seen_only = xc_metrics.evaluate_topk(_top5(np.where(counts == 0, -np.inf, full)), y, prop)
+    for key in ("p@1", "p@5", "psp@5"):
         assert abs(rows[(1.0, 0.0)][key] - as_trained[key]) < 1e-9
         assert abs(rows[(0.0, 0.0)][key] - seen_only[key]) < 1e-9
+    # each row's best label left out (its twin, as served): the scale as trained is the top 5 of the rest
+    best = np.argmax(full, axis=1)
+    gone = [[int(best[r])] if r % 2 else [] for r in range(n)]
+    without = bench.zero_shot_scales(model, h, to_shared, y, counts, gone, prop)
+    masked = full.copy()
+    masked[np.arange(n)[1::2], best[1::2]] = -np.inf
+    want = xc_metrics.evaluate_topk(_top5(masked), y, prop)
+    for key in ("p@1", "p@5"):
+        assert abs(without[0][key] - want[key]) < 1e-9
     assert rows[(0.0, 0.0)]["unseen_hit@5"] == 0.0 or np.isnan(rows[(0.0, 0.0)]["unseen_hit@5"])
     # a larger bias shift at the same norm only lifts the text-only labels: their hit rate cannot fall
     hits = [rows[(1.0, shift)]["unseen_hit@5"] for shift in (0.0, 0.5, 1.0, 2.0)]
@@ -63,4 +74,4 @@ def test_a_model_without_text_only_labels_has_no_scales() -> None:
     counts = np.ones(5, np.int64)
     model = _Model(np.ones((5, 2), np.float32), np.zeros(5, np.float32), counts)
     assert bench.zero_shot_scales(model, np.ones((3, 2), np.float32), np.arange(6), sp.csr_matrix((3, 5)),
-                                  counts) == []
+                                  counts, [[], [], []], np.ones(5)) == []

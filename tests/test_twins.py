@@ -91,11 +91,13 @@ def test_drop_excluded_is_the_top_k_of_the_labels_left(seed: int, k: int, n_ex: 
     ids = np.stack([rng.permutation(50)[:width] for _ in range(n)])
     exclude = [rng.choice(ids[r], size=min(n_ex, width), replace=False).tolist() if r % 2 else []
                for r in range(n)]
-    got_ids, got_scores = drop_excluded(ids, scores, exclude, k)
+    got_ids, got_scores, cut_best = drop_excluded(ids, scores, exclude, k)
     for r in range(n):
-        keep = [c for c in range(width) if ids[r, c] not in exclude[r]][:k]
+        left = [c for c in range(width) if ids[r, c] not in exclude[r]]
+        keep = left[:k]
         want = ids[r, keep].tolist() + [-1] * (k - len(keep))
         assert got_ids[r].tolist() == want
+        assert cut_best[r] == (scores[r, left[k]] if len(left) > k else -np.inf)  # the best cut off
         assert np.all(np.isneginf(got_scores[r, len(keep):]))
         np.testing.assert_array_equal(got_scores[r, : len(keep)], scores[r, keep])
 

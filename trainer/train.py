@@ -72,7 +72,7 @@ from trainer.step import (
     Stepper,
     _as_csr32,
 )
-from trainer.twins import count_twins, drop_excluded, read_stored_texts, same_text, twin_index
+from trainer.twins import count_twins, drop_excluded, most_excluded, read_stored_texts, same_text, twin_index
 
 log = logging.getLogger("ovex.train")
 
@@ -172,8 +172,8 @@ def evaluate_model(
     `new_labels` (a continual run) also on new-label and old-label rows apart; without the labels
     `exclude` names for each row (its twins, `trainer.twins`), as the model will be served."""
     if exclude is not None and any(exclude):
-        ids, scores = model.topk(x, EVAL_K + max(len(e) for e in exclude))
-        top, _ = drop_excluded(ids, scores, exclude, EVAL_K)
+        ids, scores = model.topk(x, EVAL_K + most_excluded(exclude))
+        top, _, _ = drop_excluded(ids, scores, exclude, EVAL_K)
     elif shard is None or group is None:
         top, _ = model.topk(x, EVAL_K)
     else:

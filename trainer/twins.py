@@ -72,20 +72,28 @@ def twin_index(names: Sequence[str], texts: dict[str, str]) -> dict[str, list[in
     return out
 
 
+def most_excluded(exclude: Sequence[Sequence[int]] | None) -> int:
+    """The most labels any row excludes: fetch that many beyond k so that k remain."""
+    return max((len(e) for e in exclude), default=0) if exclude is not None else 0
+
+
 def drop_excluded(ids: np.ndarray, scores: np.ndarray, exclude: Sequence[Sequence[int]],
-                  k: int) -> tuple[np.ndarray, np.ndarray]:
+                  k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row's top k of `ids`/`scores` (best first, fetched with room for its exclusions) without the
-    labels `exclude` names for it; −1 and −inf pad a row that runs out."""
+    labels `exclude` names for it (−1 and −inf pad a row that runs out), and per row the best score cut
+    off beyond k that was not excluded (−inf: none), which a bound on the labels not returned must cover."""
     ids, scores = np.asarray(ids), np.asarray(scores)
     drop = np.zeros(ids.shape, dtype=bool)
     for r, labels in enumerate(exclude):
         if len(labels):
             drop[r] = np.isin(ids[r], np.asarray(labels, dtype=ids.dtype))
-    order = np.argsort(drop, axis=1, kind="stable")[:, :k]
-    out_ids = np.take_along_axis(ids, order, 1)
-    out_scores = np.take_along_axis(scores, order, 1)
-    gone = np.take_along_axis(drop, order, 1)
-    return np.where(gone, -1, out_ids), np.where(gone, -np.inf, out_scores).astype(scores.dtype)
+    order = np.argsort(drop, axis=1, kind="stable")
+    ids, scores, drop = (np.take_along_axis(a, order, 1) for a in (ids, scores, drop))
+    cut = ~drop[:, k:] & (ids[:, k:] >= 0)
+    cut_best = np.where(cut, scores[:, k:], -np.inf).max(axis=1, initial=-np.inf).astype(np.float64)
+    gone = drop[:, :k]
+    return (np.where(gone, -1, ids[:, :k]), np.where(gone, -np.inf, scores[:, :k]).astype(scores.dtype),
+            cut_best)
 
 
 def excluded_twins(directory: Path, names: Sequence[str]) -> dict[str, list[int]] | None:

@@ -20,6 +20,7 @@ from service.errors import Invalid
 from service.serving.input_kind import InputKind
 from service.serving.retrieval import ExactScorer, Retriever, TopK
 from trainer.sparse_maps import evsoftmax_threshold_linear, f32_score_tol, linear_head_means, normalize_topk
+from trainer.twins import drop_excluded, most_excluded
 
 log = logging.getLogger("ovex.predictor")
 
@@ -285,7 +286,7 @@ class Predictor:
                     exclude: Sequence[Sequence[int]] | None = None) -> list[RowPrediction]:
         # the int8 scan answers sparsemax in one pass: every label that may score within 1 of the best
         reach = SPARSEMAX_REACH if norm == "sparsemax" else None
-        more = _most(exclude)
+        more = most_excluded(exclude)
         top = _without(self.retriever.search(h, k + more, reach=reach), exclude, k)
         if norm == "sparsemax" and self.retriever.kind != "int8":
             # scans certify once the support fits; IVF's cell bound does not shrink with k: one step only
@@ -306,7 +307,7 @@ class Predictor:
             if not bool((~dist.exact & np.isfinite(top.bound)).any()):
                 break
             k = min(cap, k * 4)
-            top = _without(retr.search(h, k + _most(exclude)), exclude, k)
+            top = _without(retr.search(h, k + most_excluded(exclude)), exclude, k)
         return top
 
     def _exact_rows(self, h: npt.NDArray[np.float32], k: int, norm: Normalization,
@@ -319,7 +320,7 @@ class Predictor:
             top, log_z = self.exact_scorer.search_with_mass(h, k, t, exclude)
             assert log_z is not None
             return self._from_log_z(top, t, log_z)
-        top = _without(self.exact_scorer.search(h, k + _most(exclude)), exclude, k)
+        top = _without(self.exact_scorer.search(h, k + most_excluded(exclude)), exclude, k)
         if norm == "sparsemax":
             top = self._widen_sparsemax(h, top, k, self.exact_scorer, self.n_labels, exclude)
         preds = self._finish(top, norm, None)
@@ -391,26 +392,10 @@ class Predictor:
         self.predict(rows, Options(top_k=5, normalization="sparsemax", exact_scan=True))
 
 
-def _most(exclude: Sequence[Sequence[int]] | None) -> int:
-    """The most labels any row excludes (fetched beyond k so that k remain)."""
-    return max((len(e) for e in exclude), default=0) if exclude is not None else 0
-
-
 def _without(top: TopK, exclude: Sequence[Sequence[int]] | None, k: int) -> TopK:
-    """`top` with each row's excluded labels taken out and cut to k labels; a label cut off (not excluded)
-    raises the row's bound to its score, so the bound still covers every label not returned."""
+    """`top` without each row's excluded labels, cut to k; a label cut off (not excluded) raises the row's
+    bound to its score, so the bound still covers every label not returned."""
     if exclude is None:
         return top
-    ids, scores, bound = top.ids, top.scores, top.bound.copy()
-    drop = np.zeros(ids.shape, dtype=bool)
-    for r, labels in enumerate(exclude):
-        if len(labels):
-            drop[r] = np.isin(ids[r], np.asarray(labels, dtype=np.int64))
-    order = np.argsort(drop, axis=1, kind="stable")
-    ids, scores, drop = (np.take_along_axis(a, order, 1) for a in (ids, scores, drop))
-    cut = ~drop[:, k:] & (ids[:, k:] >= 0)
-    if cut.any():
-        bound = np.maximum(bound, np.where(cut, scores[:, k:], -np.inf).max(axis=1).astype(np.float64))
-    gone = drop[:, :k]
-    return TopK(np.where(gone, -1, ids[:, :k]), np.where(gone, -np.inf, scores[:, :k]).astype(np.float32),
-                bound)
+    ids, scores, cut_best = drop_excluded(top.ids, top.scores, exclude, k)
+    return TopK(ids, scores.astype(np.float32), np.maximum(top.bound, cut_best))
