@@ -198,18 +198,12 @@ def run(set_name: str, flags: list[str] | None, seed: int, data_dir: Path, work:
         train_path, test, texts = b.train_path, b.test, data_dir / "wordnet_label_texts.jsonl"
         names, counts = b.names, np.asarray(b.y_train.sum(axis=0)).ravel()[: b.n_train_labels]
         y_train = b.y_train
-    elif set_name == "wordnet-valid":
-        train_path, valid_path = split_training_rows(data_dir, work)
-        texts = data_dir / "wordnet_label_texts.jsonl"
-        tr = read_jsonl(train_path)
-        assert tr.label_names is not None
-        test = in_label_space(read_jsonl(valid_path), tr.label_names)
-        assert test.label_names is not None
-        names = list(test.label_names)
-        counts = np.bincount(tr.Y.indices, minlength=tr.n_labels)
-        y_train = tr.Y
     else:
-        train_path, test_path, texts = render_xc(set_name, data_dir, work)
+        if set_name == "wordnet-valid":
+            train_path, test_path = split_training_rows(data_dir, work)
+            texts = data_dir / "wordnet_label_texts.jsonl"
+        else:
+            train_path, test_path, texts = render_xc(set_name, data_dir, work)
         tr = read_jsonl(train_path)
         assert tr.label_names is not None
         test = in_label_space(read_jsonl(test_path), tr.label_names)
