@@ -24,7 +24,15 @@ from trainer.data import Dataset
 from trainer.hooks import QuietHooks
 from trainer.params import TrainParams
 from trainer.train import train
-from trainer.twins import TWIN_EVIDENCE, TWIN_RARELY, Twins, count_twins, drop_excluded, same_text
+from trainer.twins import (
+    TWIN_EVIDENCE,
+    TWIN_RARELY,
+    Twins,
+    count_twins,
+    drop_excluded,
+    same_text,
+    twin_index,
+)
 
 N_KINDS = 6
 
@@ -77,7 +85,7 @@ def test_count_twins_matches_texts_by_words_not_by_case_or_spacing() -> None:
     texts = {"a": "Red  Apple", "b": "green pear", "c": "red apple"}
     y = sp.csr_matrix(np.array([[0, 1, 0], [1, 0, 0], [0, 0, 0]], np.float32))
     # row 0: twins a and c, neither its label; row 1: twins a and c, a its label; row 2: none
-    got = count_twins([" red apple", "RED APPLE ", "yellow"], names, texts, y)
+    got = count_twins([" red apple", "RED APPLE ", "yellow"], twin_index(names, texts), y)
     assert got == Twins(rows=2, labelled=1)
     assert same_text("  Red\tApple ") == same_text("red apple")
 
@@ -159,7 +167,7 @@ def test_label_tower_zero_bias_moves_the_text_only_labels_bias_and_round_trips(t
     from service.cli import build_parser
     from trainer.cli import params_from_args
 
-    assert TrainParams().label_tower_zero_bias == TrainParams.model_fields["label_tower_zero_bias"].default
+    assert TrainParams().label_tower_zero_bias == 2.0  # the default docs/training.md gives the evidence for
     for bad in (-101.0, 101.0, float("nan")):
         with pytest.raises(ValidationError, match="label_tower_zero_bias"):
             TrainParams(label_tower_zero_bias=bad)

@@ -39,7 +39,7 @@ from trainer.durable import fsync_path, fsync_tree, write_safetensors
 from trainer.errors import ArtifactError, OvexError, write_error
 from trainer.model import ModelShape, XCModel
 from trainer.params import TrainParams
-from trainer.twins import drop_excluded, excluded_twins, has_label_tower, most_excluded, same_text
+from trainer.twins import drop_excluded, excluded_twins, has_label_tower, most_excluded, twins_of
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
@@ -205,7 +205,7 @@ class LoadedModel:
         when the model excludes them; none for a sparse input or another model."""
         if not self.twins:
             return [[] for _ in texts]
-        return [[] if t is None else self.twins.get(same_text(t), []) for t in texts]
+        return twins_of(self.twins, texts)
 
     def propensities(self, a: float = 0.55, b: float = 1.5, n_labels: int | None = None) -> np.ndarray | None:
         """Jain et al. (2016) propensities from the training label counts (None if not recorded); with

@@ -72,7 +72,7 @@ from trainer.step import (
     Stepper,
     _as_csr32,
 )
-from trainer.twins import count_twins, drop_excluded, most_excluded, read_stored_texts, same_text, twin_index
+from trainer.twins import count_twins, drop_excluded, most_excluded, read_stored_texts, twin_index, twins_of
 
 log = logging.getLogger("ovex.train")
 
@@ -445,16 +445,16 @@ def _fit(
     # every row the model has trained on, a base's included: a label of none has no free part to learn
     model_counts = all_counts if warm is None else warm.artifact_stats(y)[0]
     tower = None
-    twins_of: dict[str, list[list[int]]] = {}  # the test and validation rows' twins, when excluded
+    split_twins: dict[str, list[list[int]]] = {}  # the test and validation rows' twins, when excluded
     if texts is not None:
         tower = _attach_tower(model, featurizer, label_names, texts, model_counts, params, warm)
         if train_ds.texts is not None:
-            tower.twins = count_twins(train_ds.texts, label_names, texts, y)
+            index = twin_index(label_names, texts)
+            tower.twins = count_twins(train_ds.texts, index, y)
             if tower.twins.excluded:
-                index = twin_index(label_names, texts)
-                twins_of = {name: [index.get(same_text(t), []) for t in part.texts]
-                            for name, part in (("test", test_ds), ("valid", valid_ds))
-                            if part is not None and part.texts is not None}
+                split_twins = {name: twins_of(index, part.texts)
+                               for name, part in (("test", test_ds), ("valid", valid_ds))
+                               if part is not None and part.texts is not None}
             if tower.twins.rows:
                 hooks.on_log(f"{tower.twins.rows:,} training rows have a label whose text is their own (a "
                              f"twin), {tower.twins.labelled:,} of them as one of their labels: an input's "
@@ -576,12 +576,13 @@ def _fit(
             if xt is not None and yt is not None and (due or is_last):
                 with served(model, model_counts, params.logit_adjust, shard.lo):
                     evaluated = evaluate_model(model, xt, yt, prop, shard, group, new_labels,
-                                               twins_of.get("test"))
+                                               split_twins.get("test"))
                 last_metrics = evaluated
                 record["metrics"] = evaluated
             if xv is not None and yv is not None:
                 with served(model, model_counts, params.logit_adjust, shard.lo):
-                    valid = evaluate_model(model, xv, yv, None, shard, group, exclude=twins_of.get("valid"))
+                    valid = evaluate_model(model, xv, yv, None, shard, group,
+                                           exclude=split_twins.get("valid"))
                 record["valid"] = valid
                 best.update(epoch + 1, valid["p@1"], model)
             history.append(record)
@@ -608,7 +609,7 @@ def _fit(
             if xt is not None and yt is not None:
                 with served(model, model_counts, params.logit_adjust, shard.lo):
                     last_metrics = evaluate_model(model, xt, yt, prop, shard, group, new_labels,
-                                                  twins_of.get("test"))
+                                                  split_twins.get("test"))
         hooks.on_log(f"kept the weights of epoch {best.epoch} (valid p@1 {best.score:.4f})")
     seconds = time.perf_counter() - t_start
     overall_rate = examples / max(train_time, 1e-9)

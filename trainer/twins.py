@@ -34,10 +34,7 @@ def same_text(text: str) -> str:
 
 @dataclass(frozen=True)
 class Twins:
-    """How the training rows treat their twins: a label whose text is a row's own text. A text reader
-    scores an input's twin above all others, yet on a taxonomy (a row is a thing, its labels what it is a
-    kind of) the twin is never one of its labels: when the training rows say so, a served answer leaves
-    an input's twins out."""
+    """How the training rows treat their twins; `excluded` decides whether answers leave them out."""
 
     rows: int  # training rows that have a twin
     labelled: int  # of those, the rows one of whose labels is a twin
@@ -47,19 +44,21 @@ class Twins:
         return self.rows >= TWIN_EVIDENCE and self.labelled * TWIN_RARELY < self.rows
 
 
-def count_twins(row_texts: Sequence[str], names: Sequence[str], texts: dict[str, str],
-                y: sp.csr_matrix) -> Twins:
-    """Twins of the training rows, counted."""
-    index = twin_index(names, texts)
+def count_twins(row_texts: Sequence[str], index: dict[str, list[int]], y: sp.csr_matrix) -> Twins:
+    """Twins of the training rows (labels `y`), counted by a `twin_index`."""
     y = sp.csr_matrix(y)
     rows = labelled = 0
-    for r, text in enumerate(row_texts):
-        found = index.get(same_text(text))
+    for r, found in enumerate(twins_of(index, row_texts)):
         if found:
             rows += 1
             own = y.indices[y.indptr[r] : y.indptr[r + 1]]
             labelled += bool(np.isin(found, own).any())
     return Twins(rows, labelled)
+
+
+def twins_of(index: dict[str, list[int]], texts: Sequence[str | None]) -> list[list[int]]:
+    """Each text's twins by a `twin_index` (none for a missing text, a sparse input's)."""
+    return [[] if t is None else index.get(same_text(t), []) for t in texts]
 
 
 def twin_index(names: Sequence[str], texts: dict[str, str]) -> dict[str, list[int]]:
