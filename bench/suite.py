@@ -49,6 +49,7 @@ CLI = ("trainer/", "service/cli.py", "service/serve.py")
 BUDGET_S = 45 * 60  # the full profile's expected time on this 2-core machine, at most
 DATA = str(ROOT.parent / "shared" / "data")
 APART_TOWER = "--label-tower-mode apart --label-tower-detach"  # the label tower measured beside its defaults
+EVERY_TEXT = "--label-tower-live 0"  # the joint tower embedding every candidate's text at every step
 
 
 @dataclass(frozen=True)
@@ -248,15 +249,16 @@ BENCHES: tuple[Bench, ...] = (
           quick=(_s("bench/distributed.py", "--part", "traffic", "--ks", "1e4", "--steps", "3"),),
           outputs=("distributed.json", "distributed.md"),
           measures=(*CLI, "bench/distributed.py"), estimate_s=760),
-    # an opt-in feature: `--label-texts` with the tower's defaults (joint), and the apart, detached tower
-    # beside it; on demand, so that the full profile fits its budget (docs cite its last run from history)
+    # an opt-in feature: `--label-texts` with the tower's defaults (joint, a live sample of texts a step),
+    # the apart, detached tower and the joint one embedding every text beside it; on demand, so that the
+    # full profile fits its budget (docs cite its last run from history)
     Bench("label_texts",
-          steps=(_s("bench/label_texts.py", f"--also={APART_TOWER}",
+          steps=(_s("bench/label_texts.py", f"--also={APART_TOWER}", f"--also={EVERY_TEXT}",
                     "--zero-shot-scales", "--out", "{results}/label_texts"),),
           quick=(_s("bench/label_texts.py", "--sets", "bibtex", "--seeds", "0", "--arms", "label-texts",
                     "--out", "{results}/label_texts"),),
           outputs=("label_texts.json", "label_texts.md"), measures=(*CLI, "bench/label_texts.py"),
-          estimate_s=1340, full=False),
+          estimate_s=1100, full=False),
     # the records of decisions: rerun on demand (ONLY=name), not by every `make bench`
     # continual learning's choices: the variant rows and the 40,000-row synthetic set (the full command
     # with every variant, into its own file), 10^6 labels, the old-label rows, direct-I/O saves
@@ -313,9 +315,9 @@ BENCHES: tuple[Bench, ...] = (
     # the held-out rows known by their text alone; each model rescored over a grid of that bias
     Bench("label_texts_valid",
           steps=(_s("bench/label_texts.py", "--sets", "wordnet-valid", f"--also={APART_TOWER}",
-                    "--zero-shot-scales", "--out", "{results}/label_texts_valid"),), quick=(),
-          outputs=("label_texts_valid.json", "label_texts_valid.md"),
-          measures=(*CLI, "bench/label_texts.py"), estimate_s=480, full=False),
+                    f"--also={EVERY_TEXT}", "--zero-shot-scales", "--out", "{results}/label_texts_valid"),),
+          quick=(), outputs=("label_texts_valid.json", "label_texts_valid.md"),
+          measures=(*CLI, "bench/label_texts.py"), estimate_s=800, full=False),
     # how often an apart label tower trains: `--label-tower-every` 16 (the default) beside 1, 4 and 64
     Bench("label_tower_every",
           steps=(_s("bench/label_texts.py", "--sets", "wordnet",

@@ -134,9 +134,9 @@ def _params(**kw: object) -> TrainParams:
 
 @pytest.mark.parametrize(
     "tower",
-    [{"label_tower_mode": "apart", "label_tower_detach": True}, {},
+    [{"label_tower_mode": "apart", "label_tower_detach": True}, {}, {"label_tower_live": 3},
      {"label_tower_mode": "joint", "label_tower_detach": True, "label_tower_fade": 2.0}],
-    ids=["apart", "joint", "joint-faded"],
+    ids=["apart", "joint", "joint-live", "joint-faded"],
 )
 def test_a_label_without_rows_is_the_top_answer_for_its_text(tmp_path: Path,
                                                               tower: dict[str, object]) -> None:
@@ -217,7 +217,7 @@ def _spying(method: str, record: Callable[..., None]) -> Iterator[None]:
         setattr(Stepper, method, original)
 
 
-def _stepper_embeds(tmp_path: Path, extra_labels: int) -> tuple[int, int]:
+def _stepper_embeds(tmp_path: Path, extra_labels: int, **kw: object) -> tuple[int, int]:
     """Labels embedded per step, and the step's candidate count, with `extra_labels` text-only labels."""
     ds, label_texts = planted(200)
     label_texts += [(f"more{i}", f"w{i % N_LABELS}a zetaa") for i in range(extra_labels)]
@@ -229,7 +229,7 @@ def _stepper_embeds(tmp_path: Path, extra_labels: int) -> tuple[int, int]:
         seen.append((tower.embedded, int(inp.cand.label_ids.numel())))
 
     with _spying("learn", record):
-        train(_params(epochs=1, negatives=8), ds, None, out_dir=None, hooks=QuietHooks(),
+        train(_params(epochs=1, negatives=8, **kw), ds, None, out_dir=None, hooks=QuietHooks(),
               label_texts=label_texts)
     return max(e for e, _ in seen), max(c for _, c in seen)
 
@@ -240,6 +240,75 @@ def test_step_embeds_only_its_candidate_labels_whatever_k(tmp_path: Path) -> Non
     for embedded, candidates in (small, large):
         assert embedded == candidates <= 8 + N_LABELS  # sampled negatives plus the batch's positives
     assert large[0] <= small[0]
+    # with a live sample a step embeds that many of its candidates' texts, whatever K
+    for extra in (10, 20_000):
+        embedded, candidates = _stepper_embeds(tmp_path, extra, label_tower_live=5)
+        assert embedded == 5 < candidates
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), n_cand=st.integers(2, 30), live=st.integers(1, 30),
+       hidden=st.sampled_from([0, 1]))
+def test_a_live_sample_embeds_its_texts_and_reads_the_rest_from_the_refreshed_cache(
+    seed: int, n_cand: int, live: int, hidden: int
+) -> None:
+    """`LabelTower.rows` with a live sample: right after a refresh every candidate's row is the exact
+    γ·s·enc(text)·P; once the encoder moves, the live columns' rows are the new ones (and go into the cache)
+    while the others are the cached ones, and the gradient reaches the input table through the live
+    texts alone."""
+    from trainer.label_tower import LabelTower, TextRows
+    from trainer.model import ModelShape, XCModel, project_rows
+
+    rng = np.random.default_rng(seed)
+    k, f, d = 40, 60, 8
+    x = sp.random(k, f, density=0.08, format="csr", random_state=seed, dtype=np.float32)
+    shape = ModelShape(n_features=f, n_labels=k, dim=d, encoder="mlp" if hidden else "linear", hidden=hidden)
+    model = XCModel(shape, seed=seed)
+    model.train()
+    weight = rng.uniform(0.2, 1.0, k).astype(np.float32)
+    tower = LabelTower(TextRows.from_csr(x), 1.7, np.zeros(k, bool), d, weight=weight, live=live)
+    with torch.no_grad():
+        tower.proj.add_(torch.from_numpy(rng.normal(0, 0.3, (d, d)).astype(np.float32)))
+    labels = torch.from_numpy(rng.choice(k, n_cand, replace=False).astype(np.int64))
+    cols = tower.live_columns(n_cand, seed, 0, 0)
+    if live >= n_cand:
+        assert cols is None
+        return
+    assert cols is not None and cols.numel() == live == cols.unique().numel()
+    assert torch.equal(cols, tower.live_columns(n_cand, seed, 0, 0))  # the same draw on a resumed run
+    assert len({tuple(tower.live_columns(n_cand, seed, 0, start).tolist()) for start in range(20)}) > 1
+
+    def exact(m: XCModel) -> torch.Tensor:
+        with torch.no_grad():
+            z = m.encode(x) @ tower.proj
+        return tower.gain.detach() * z * torch.from_numpy(weight).unsqueeze(1)
+
+    def step_rows() -> torch.Tensor:
+        ind, off, val = tower.texts.gather(labels.index_select(0, cols))
+        table = model.input_weight.detach().clone().requires_grad_()
+        rows = tower.rows(model, project_rows(table, ind, off, val),
+                          torch.from_numpy(weight).index_select(0, labels), labels, cols)
+        rows.sum().backward()
+        assert table.grad is not None
+        touched = set(torch.nonzero(table.grad.abs().sum(1)).squeeze(1).tolist())
+        live_features = set(ind.tolist())
+        assert touched <= live_features
+        return rows.detach()
+
+    tower.refresh(model)
+    np.testing.assert_allclose(step_rows(), exact(model)[labels], rtol=1e-4, atol=1e-5)
+    before = exact(model)
+    with torch.no_grad():  # the encoder moves, as training moves it
+        model.input_weight.add_(torch.from_numpy(rng.normal(0, 0.5, (f, d)).astype(np.float32)))
+    after = exact(model)
+    rows = step_rows()
+    is_live = torch.zeros(n_cand, dtype=torch.bool)
+    is_live[cols] = True
+    np.testing.assert_allclose(rows[is_live], after[labels][is_live], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(rows[~is_live], before[labels][~is_live], rtol=1e-4, atol=1e-5)
+    assert tower.cache is not None
+    cached = tower.cache * tower.gain.detach() * torch.from_numpy(weight).unsqueeze(1)
+    np.testing.assert_allclose(cached[labels[is_live]], after[labels[is_live]], rtol=1e-4, atol=1e-5)
 
 
 def _embedding_steps(tower: dict[str, object], epochs: int = 2) -> list[tuple[int, bool]]:
@@ -286,22 +355,42 @@ def test_label_tower_every_round_trips_and_older_params_read_as_every_step(
     assert params_from_args(args).label_tower_every == 4
 
 
+def test_label_tower_live_round_trips_and_older_params_read_as_every_text() -> None:
+    from pydantic import ValidationError
+
+    from service.cli import build_parser
+    from trainer.cli import params_from_args
+
+    assert TrainParams().label_tower_live == 256  # the default docs/training.md gives the evidence for
+    for bad in (-1, 100_001):
+        with pytest.raises(ValidationError, match="label_tower_live"):
+            TrainParams(label_tower_live=bad)
+    data = json.loads(json.dumps(TrainParams(label_tower_live=64).to_json_dict()))
+    assert TrainParams.from_json_dict(data).label_tower_live == 64
+    del data["label_tower_live"]  # params saved before the field: a joint step embedded every text
+    assert TrainParams.from_json_dict(data).label_tower_live == 0
+    args = build_parser().parse_args(["train", "--train", "x.jsonl", "--out", "m", "--label-tower-live", "0"])
+    assert params_from_args(args).label_tower_live == 0
+
+
 @pytest.mark.parametrize(
-    "tower", [{}, {"label_tower_mode": "apart", "label_tower_detach": True, "label_tower_every": 4}],
-    ids=["joint", "apart"],
+    ("tower", "every", "stop"),
+    [({}, 5, 12), ({"label_tower_mode": "apart", "label_tower_detach": True, "label_tower_every": 4}, 5, 12),
+     ({"label_tower_live": 3}, 3, 8)],
+    ids=["joint", "apart", "joint-live-mid-epoch"],
 )
-def test_resume_restores_the_tower(tmp_path: Path, tower: dict[str, object]) -> None:
+def test_resume_restores_the_tower(tmp_path: Path, tower: dict[str, object], every: int, stop: int) -> None:
     ds, label_texts = planted(300)
     params = _params(epochs=2, dropout=0.2, **tower)
     train(params, ds, None, out_dir=tmp_path / "full", hooks=Recorder(), label_texts=label_texts)
     ckpt = tmp_path / "ckpt"
     with pytest.raises(TrainingCancelled):
-        train(params, ds, None, out_dir=None, hooks=Recorder(stop_after=12), checkpoint_dir=ckpt,
-              checkpoint_every=5, label_texts=label_texts)
+        train(params, ds, None, out_dir=None, hooks=Recorder(stop_after=stop), checkpoint_dir=ckpt,
+              checkpoint_every=every, label_texts=label_texts)
     resumed = train(params, ds, None, out_dir=tmp_path / "m", hooks=Recorder(), checkpoint_dir=ckpt,
-                    checkpoint_every=5, label_texts=label_texts)
-    assert resumed.resumed_from_step == 10
-    a, b = load_artifact(tmp_path / "full"), load_artifact(tmp_path / "m")
+                    checkpoint_every=every, label_texts=label_texts)
+    assert resumed.resumed_from_step == stop - stop % every  # mid-epoch for the live sample: its cache
+    a, b = load_artifact(tmp_path / "full"), load_artifact(tmp_path / "m")  # comes back with it
     np.testing.assert_allclose(a.head_weight, b.head_weight, rtol=1e-4, atol=1e-5)
     ga = json.loads((tmp_path / "full" / "label_tower.json").read_text())["gain"]
     gb = json.loads((tmp_path / "m" / "label_tower.json").read_text())["gain"]

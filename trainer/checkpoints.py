@@ -6,7 +6,8 @@ Layout of `<checkpoint_dir>`:
   step-NNN/rank-RRRRR.safetensors
                                that rank's label rows of every label table (head, loss-owned heads, their
                                optimizer state, the kept best epoch's copy) and its RNG streams; rank 0's
-                               file also holds what every rank has the same copy of (encoder, dense state)
+                               file also holds what every rank has the same copy of (encoder, dense state,
+                               a label tower's cache of text rows)
 
 Each rank writes its file durably (`trainer.durable`) to a temporary name and renames it; rank 0 writes
 the manifest once every rank has written, renames the directory into place and only then moves
@@ -31,6 +32,7 @@ from safetensors import safe_open
 
 from trainer.durable import commit_file, fsync_path, write_safetensors
 from trainer.errors import ParamsError, write_error
+from trainer.label_tower import tower_of
 
 if TYPE_CHECKING:
     from trainer.step import Stepper
@@ -67,6 +69,9 @@ def _state_tensors(stepper: Stepper, sampler_state: torch.Tensor | None = None) 
         tensors[f"best.{name}"] = t
     if stepper.hard is not None and stepper.hard.table is not None:  # mined at the epoch's start
         tensors["hard.table"] = stepper.hard.table
+    tower = tower_of(stepper.model)
+    if tower is not None and tower.cache is not None:  # made at the epoch's start, updated by its steps
+        tensors["tower.cache"] = tower.cache
     tensors["rng.torch"] = _rng(torch.get_rng_state())
     tensors["rng.sampler"] = _rng(stepper.sampler.get_state() if sampler_state is None else sampler_state)
     if torch.cuda.is_available():
@@ -209,6 +214,9 @@ def _restore(stepper: Stepper, meta: dict[str, Any], tensors: dict[str, torch.Te
     stepper.best.load(meta, {k: v.to(device) for k, v in tensors.items() if k.startswith("best.")})
     if stepper.hard is not None and "hard.table" in tensors:
         stepper.hard.table = tensors["hard.table"].cpu()
+    tower = tower_of(stepper.model)
+    if tower is not None and "tower.cache" in tensors:
+        tower.cache = tensors["tower.cache"].to(device)
     if "rng.torch" in tensors:
         torch.set_rng_state(tensors["rng.torch"])
         stepper.sampler.set_state(tensors["rng.sampler"])

@@ -15,9 +15,13 @@ With `label_tower_detach` the texts read the encoder without a gradient, so the 
 input rows alone and a step does not back-propagate through its candidates' texts.
 
 A step embeds the texts of its candidate labels only (positives and sampled negatives), gathered from a
-CSR of every label's featurized text, so its cost does not grow with K; P is applied on the inputs' side
-(⟨h, z·P⟩ = ⟨h·Pᵀ, z⟩: B·d², not C·d²). The whole head is materialized for evaluation and saving only:
-serving reads an ordinary head.
+CSR of every label's featurized text and projected with the batch's rows, so its cost does not grow with
+K. A joint step adds the tower's rows to the free parts and scores once. With `label_tower_live` M it
+embeds M of its C candidates' texts, drawn afresh each step, and reads the others' z·P from a
+cache of every label's, made at each epoch's start and taking each live row as it is embedded: the text
+work and the d × d map then cost M, not C, rows a step, and the encoder learns from M texts a step. The
+apart mode applies P on the inputs' side (⟨h, z·P⟩ = ⟨h·Pᵀ, z⟩: B·d², not C·d²). The whole head is
+materialized for evaluation and saving only: serving reads an ordinary head.
 
 A label with a text and no training rows has no free part (v_k = 0) and is kept out of the sampled
 negatives: it would only ever be pushed down, while a label added later by its text (`label_rows`) never
@@ -41,7 +45,7 @@ import torch
 from torch import nn
 
 from trainer.errors import ArtifactError, ParamsError
-from trainer.model import XCModel, project_rows
+from trainer.model import XCModel
 from trainer.negatives import NegativeSampler, SampledNegatives
 from trainer.twins import (
     TEXTS_FILE,
@@ -94,7 +98,7 @@ class LabelTower(nn.Module):
 
     def __init__(self, texts: TextRows, gain: float, text_only: np.ndarray, dim: int,
                  weight: np.ndarray | None = None, detach: bool = False, apart: bool = False,
-                 every: int = 1, zero_bias: float = 0.0) -> None:
+                 every: int = 1, zero_bias: float = 0.0, live: int = 0) -> None:
         super().__init__()
         self.gain = nn.Parameter(torch.tensor([float(gain)]))
         # a learned map from a text's encoding to a row: without it ⟨h(x), enc(text)⟩ is symmetric and peaks
@@ -113,6 +117,10 @@ class LabelTower(nn.Module):
         self.every = every
         self.zero_bias = zero_bias  # added to the bias of the labels without rows (`zero_row_scale`)
         self.twins = Twins(0, 0)  # the training rows' twins, counted by the run
+        # joint, not detached: a step embeds this many of its candidates' texts with a gradient (0: all of
+        # them); the others' rows read `cache`, every label's enc(text) as it was last embedded
+        self.live = live if not (apart or detach) else 0
+        self.cache: torch.Tensor | None = None  # [K, d]
         self.step_weight = self.weight
         if apart:
             self.step_weight = self.weight.clone()
@@ -125,19 +133,50 @@ class LabelTower(nn.Module):
         seen ones' rows too closely)."""
         return not self.apart or step % self.every == 0
 
-    def embed(self, model: XCModel, table: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
-              values: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """enc(text) times each label's share for a step's candidate labels ([C, d]), before the map and
-        gain (`scorer` applies those to the inputs' side); `table` holds the gathered input rows."""
-        with torch.no_grad() if self.detach else contextlib.nullcontext():
-            z = project_rows(table, indices, offsets, values) + model.input_bias
-            for layer in model.hidden:
-                z = layer(z)
-        self.embedded = int(offsets.numel())
+    def live_columns(self, n: int, seed: int, epoch: int, start: int) -> torch.Tensor | None:
+        """The columns (of a step's n candidates) whose texts the step at row `start` of `epoch` embeds with
+        a gradient: a uniform draw, the same on a resumed run (sorted); None: all of them. Drawing from the
+        step's positives first lost: the negatives' texts teach the encoder as much as the positives'."""
+        if self.live <= 0 or n <= self.live:
+            return None
+        picked = np.random.default_rng([seed, epoch, start]).choice(n, self.live, replace=False)
+        return torch.from_numpy(np.sort(picked).astype(np.int64))
+
+    @torch.no_grad()
+    def refresh(self, model: XCModel) -> None:
+        """Every label's enc(text)·P afresh into `cache` (eval mode): at each epoch's start, when live."""
+        if self.live > 0:
+            self.cache = model.encode(self.texts.csr(model.shape.n_features)) @ self.proj
+
+    def embed(self, model: XCModel, projected: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The apart mode's enc(text) times each label's share for a step's candidates ([C, d]), before the
+        map and gain (`scorer` applies those to the inputs' side); `projected`: their texts' projection."""
+        z = self._encoded(model, projected)
         return z * weight.unsqueeze(1).to(z.dtype)
 
+    def rows(self, model: XCModel, projected: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+             live: torch.Tensor | None) -> torch.Tensor:
+        """The joint mode's tower rows γ·s_k·enc(text_k)·P of a step's candidates `labels` ([C, d]) from the
+        texts projected: every candidate's, or with `live` those of these columns alone, the other columns
+        read from the cache (which takes the live ones' new rows)."""
+        y = self._encoded(model, projected) @ self.proj
+        if live is not None:
+            if self.cache is None:  # a checkpoint written before the cache was kept
+                self.refresh(model)
+            assert self.cache is not None
+            stale = self.cache.index_select(0, labels)
+            self.cache.index_copy_(0, labels.index_select(0, live), y.detach())
+            y = stale.index_copy_(0, live, y)
+        return y * (self.gain * weight.to(y.dtype)).unsqueeze(1)
+
+    def _encoded(self, model: XCModel, projected: torch.Tensor) -> torch.Tensor:
+        """enc(text) from the texts' projection (read without a gradient when detached)."""
+        self.embedded = int(projected.shape[0])
+        with torch.no_grad() if self.detach else contextlib.nullcontext():
+            return model.layers(projected.detach() if self.detach else projected)
+
     def scorer(self, h: torch.Tensor) -> torch.Tensor:
-        """γ·h·Pᵀ ([B, d]): ⟨h, γ·z·P⟩ = ⟨γ·h·Pᵀ, z⟩, so the d × d map costs B·d² a step, not C·d²."""
+        """γ·h·Pᵀ ([B, d]) for the apart mode's loss: ⟨h, γ·z·P⟩ = ⟨γ·h·Pᵀ, z⟩ costs B·d², not C·d²."""
         return self.gain * (h @ self.proj.T)
 
     @torch.no_grad()

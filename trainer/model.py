@@ -253,11 +253,15 @@ class XCModel(nn.Module):
     ) -> torch.Tensor:
         """h for a batch in EmbeddingBag form; `table` is the (gathered) input table the indices refer to."""
         weight = self.input_weight if table is None else table
-        h = project_rows(weight, indices, offsets, values) + self.input_bias
+        out: torch.Tensor = self.drop(self.layers(project_rows(weight, indices, offsets, values)))
+        return out
+
+    def layers(self, projected: torch.Tensor) -> torch.Tensor:
+        """The encoder after the input projection, without dropout: the bias, then the hidden layers."""
+        h = projected + self.input_bias
         for layer in self.hidden:
             h = layer(h)
-        out: torch.Tensor = self.drop(h)
-        return out
+        return h
 
     @torch.no_grad()
     def encode(self, x: sp.csr_matrix, chunk: int = 4096) -> torch.Tensor:

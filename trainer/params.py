@@ -357,6 +357,17 @@ class TrainParams(BaseModel):
         "(its texts are embedded and scored on those steps alone; the joint mode needs them every step)",
         json_schema_extra=_in("label_texts"),
     )
+    # embedding every candidate's text each step made a joint step several times one without texts; a
+    # sample of them with the rest from a table refreshed each epoch costs little more (docs/training.md)
+    label_tower_live: int = Field(
+        default=256,
+        ge=0,
+        le=100_000,
+        description="with label texts in the joint mode: candidate labels whose texts a step embeds with a "
+        "gradient (drawn afresh each step); the others' tower rows are read from a table of every label's, "
+        "refreshed each epoch and by the steps that embed them (0 = every candidate's, every step)",
+        json_schema_extra=_in("label_texts"),
+    )
     label_tower_fade: float = Field(
         default=0.0,
         ge=0.0,
@@ -497,11 +508,12 @@ class TrainParams(BaseModel):
         Params written before `group_size` existed describe pairwise OVE, and those written before `ngrams`
         existed single words, so a missing one reads as 1; before `precision`, every run was float32, and
         before `label_tower_every` an apart tower trained on every step, and before `label_tower_zero_bias` a
-        label without rows took the bias of the rarest labels with rows.
+        label without rows took the bias of the rarest labels with rows; before `label_tower_live` a joint
+        step embedded every candidate's text.
         """
         try:
             older = {"group_size": 1, "ngrams": 1, "precision": "fp32", "label_tower_every": 1,
-                     "label_tower_zero_bias": 0.0}
+                     "label_tower_zero_bias": 0.0, "label_tower_live": 0}
             return cls.model_validate({**older, **data})
         except ValidationError as exc:  # said as `field: what is wrong`, without pydantic's links
             raise ParamsError(f"invalid training parameters: {validation_message(exc)}") from exc

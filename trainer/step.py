@@ -28,7 +28,7 @@ from trainer.losses import (
     pair_weights,
     row_pair_weights,
 )
-from trainer.model import XCModel
+from trainer.model import XCModel, project_rows
 from trainer.negatives import NegativeSampler
 from trainer.optim import RowAdagrad, RowAdam
 from trainer.params import TrainParams
@@ -83,7 +83,8 @@ class EpochData:
     sends its slice's tensors to the training device (`trainer.transfer`)."""
 
     def __init__(self, x: sp.csr_matrix, y: sp.csr_matrix, perm: np.ndarray,
-                 weights: np.ndarray | None = None) -> None:
+                 weights: np.ndarray | None = None, epoch: int = 0) -> None:
+        self.epoch = epoch
         xp, yp = x[perm], y[perm]
         # per-row loss weights in epoch order (a continual run's replayed rows), or None: all equal
         self.row_weight = None if weights is None else torch.from_numpy(weights)
@@ -112,6 +113,7 @@ class StepInputs:
     text_offsets: torch.Tensor | None = None
     text_values: torch.Tensor | None = None
     text_mask: torch.Tensor | None = None  # float [C]: the candidate's share of its tower row (0: no text)
+    text_live: torch.Tensor | None = None  # int64: the columns whose texts are embedded (None: all)
 
 def native_bf16() -> bool:
     """The CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX): there a bf16 product takes less
@@ -198,7 +200,11 @@ class Stepper:
         text: dict[str, torch.Tensor] = {}
         if tower is not None and tower.embeds_at(i // params.batch_size):
             # the candidates' texts share the step's gather of input rows
-            t_ind, text["text_offsets"], text["text_values"] = tower.texts.gather(cand.label_ids)
+            live = tower.live_columns(cand.label_ids.numel(), params.seed, ep.epoch, i)
+            embedded = cand.label_ids if live is None else cand.label_ids.cpu().index_select(0, live)
+            t_ind, text["text_offsets"], text["text_values"] = tower.texts.gather(embedded)
+            if live is not None:
+                text["text_live"] = live
             text["text_mask"] = tower.step_weight.index_select(0, cand.label_ids.cpu())
             if tower.detach:  # the texts read the whole table without a gradient: ids as they are
                 features, inverse = torch.unique(x_ind, return_inverse=True)
@@ -225,7 +231,23 @@ class Stepper:
         model, params, group, cand = self.model, self.params, self.group, inp.cand
         low = self.low_precision
         e_rows = model.input_weight.index_select(0, inp.features).requires_grad_()
-        h = model.encode_tensors(inp.inverse, inp.offsets, inp.values, table=e_rows)
+        tower = tower_of(model)
+        texts: torch.Tensor | None = None  # the projection of the candidates' texts, with a label tower
+        if tower is None or inp.text_inverse is None:
+            h = model.encode_tensors(inp.inverse, inp.offsets, inp.values, table=e_rows)
+        elif inp.text_offsets is None or inp.text_values is None:
+            raise AssertionError("a step's texts come with their offsets and values")
+        elif tower.detach:  # the texts read the whole table, without a gradient
+            h = model.encode_tensors(inp.inverse, inp.offsets, inp.values, table=e_rows)
+            texts = project_rows(model.input_weight.detach(), inp.text_inverse, inp.text_offsets,
+                                 inp.text_values)
+        else:  # one projection of the rows and texts together: one gradient of the gathered table rows
+            both = project_rows(e_rows, torch.cat([inp.inverse, inp.text_inverse]),
+                                torch.cat([inp.offsets, inp.text_offsets + inp.inverse.numel()]),
+                                torch.cat([inp.values, inp.text_values]))
+            n_rows = inp.offsets.numel()
+            h = model.drop(model.layers(both[:n_rows]))
+            texts = both[n_rows:]
         n_pairs = cand.pos_rows.numel()
         if group.world > 1:
             per = -(-cand.n_rows // group.world)
@@ -238,17 +260,16 @@ class Stepper:
             head_rows = model.head.index_select(0, rows).requires_grad_()
         used_rows = head_rows  # the rows scored: the free part, plus the tower's rows from the labels' texts
         h_aug = torch.cat([h, h.new_ones(h.shape[0], 1)], dim=1)
-        tower = tower_of(model)
         apart: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        if tower is not None and inp.text_inverse is not None:
-            assert inp.text_offsets is not None and inp.text_values is not None and inp.text_mask is not None
-            t = tower.embed(model, model.input_weight if tower.detach else e_rows, inp.text_inverse,
-                            inp.text_offsets, inp.text_values, inp.text_mask)
+        if tower is not None and texts is not None:
+            assert inp.text_mask is not None
             if tower.apart:
+                t = tower.embed(model, texts, inp.text_mask)
                 apart = (tower.scorer(h.detach()), t, head_rows[:, -1].detach())
-            else:  # ⟨[h, 1, γ·h·Pᵀ], [v, b, z]⟩ = ⟨h, v + γ·z·P⟩ + b
-                used_rows = torch.cat([head_rows, t], dim=1)
-                h_aug = torch.cat([h_aug, tower.scorer(h)], dim=1)
+            else:  # w_k = v_k + γ·s_k·enc(text_k)·P
+                t = tower.rows(model, texts, inp.text_mask, cand.label_ids, inp.text_live)
+                d = model.shape.dim
+                used_rows = torch.cat([head_rows[:, :d] + t, head_rows[:, d:]], dim=1)
         own_rows = cand.pos_rows.index_select(0, inp.owned)
         own_cols = cand.pos_cols.index_select(0, inp.owned)
         if self.spec.sampled_scores_only and not self.exhaustive:

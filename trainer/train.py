@@ -322,7 +322,8 @@ def _attach_tower(model: XCModel, featurizer: Any, names: list[str], texts: dict
     tower = LabelTower(rows, gain, text_only, model.shape.dim,
                        weight=fade_weights(counts, params.label_tower_fade),
                        detach=params.label_tower_detach, apart=params.label_tower_mode == "apart",
-                       every=params.label_tower_every, zero_bias=params.label_tower_zero_bias)
+                       every=params.label_tower_every, zero_bias=params.label_tower_zero_bias,
+                       live=params.label_tower_live)
     if warm is not None and has_label_tower(warm.base.path):  # the base's tower, as it was trained
         with torch.no_grad():
             tower.gain.fill_(load_tower_gain(warm.base.path))
@@ -521,7 +522,8 @@ def _fit(
                 break  # resumed after the patience ran out
             perm = (np.random.default_rng([params.seed, epoch]).permutation(n) if warm is None
                     else warm.epoch_rows(params.seed, epoch, params.replay))
-            ep = EpochData(x, y, perm, None if warm is None else warm.epoch_weights(perm, params.replay))
+            ep = EpochData(x, y, perm, None if warm is None else warm.epoch_weights(perm, params.replay),
+                           epoch=epoch)
             t_epoch = time.perf_counter()
             epoch_examples = 0
             losses.new_epoch()
@@ -530,6 +532,8 @@ def _fit(
             first_mining = 0 if warm is not None else 1
             if stepper.hard is not None and pos0 == 0 and stepper.hard.due(epoch, first_mining):
                 stepper.hard.refresh(model.head, model_counts)
+            if tower is not None and pos0 == 0:
+                tower.refresh(model)
 
             def rows(pos: int) -> tuple[int, int]:
                 return pos * bs, min(n_epoch, (pos + 1) * bs)

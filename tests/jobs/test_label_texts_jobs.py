@@ -79,11 +79,12 @@ def test_a_job_trains_with_uploaded_label_texts_and_the_model_then_takes_labels_
     r = srv.client.post("/v1/jobs", json={"model": "t", "train_dataset": rows,
                                           "label_texts": "ds_" + "0" * 20, "params": TINY})
     assert r.status_code == 404 and r.json()["detail"][0]["loc"] == ["body", "label_texts"], r.text
-    job_id = srv.submit({"model": "t", "train_dataset": rows, "label_texts": texts, "params": TINY,
-                         "activate": True})
+    # a live sample of 8 of each step's candidates' texts (the rest from the tower's cache)
+    job_id = srv.submit({"model": "t", "train_dataset": rows, "label_texts": texts,
+                         "params": {**TINY, "label_tower_live": 8}, "activate": True})
     assert srv.final_state(job_id) == "succeeded", srv.log_tail()
     job = srv.wait(job_id, lambda j: j["activated"], 60, "activation")
-    assert job["label_texts"] == texts
+    assert job["label_texts"] == texts and job["params"]["label_tower_live"] == 8
     assert srv.client.get("/v1/models/t").json()["n_labels"] == 62  # labels without rows joined too
     r = srv.client.post("/v1/models/t/labels", json={"labels": [{"name": "late", "text": "w1 w7 w9"}],
                                                      "activate": True})
@@ -105,12 +106,13 @@ def test_a_job_trains_its_apart_tower_every_nth_step_and_refuses_out_of_range_to
     assert r.status_code == 422, r.text
     errs = [e for e in r.json()["detail"] if e["loc"] == ["body", "params", "label_tower_every"]]
     assert errs and "greater than or equal to 1" in errs[0]["msg"], r.text
-    for bad in (1000, "high"):
+    for name, bad in (("label_tower_zero_bias", 1000), ("label_tower_zero_bias", "high"),
+                      ("label_tower_live", -1), ("label_tower_live", 10**6)):
         r = srv.client.post("/v1/jobs", json={"model": "every", "train_dataset": rows, "label_texts": texts,
-                                              "params": {**TINY, "label_tower_zero_bias": bad}})
+                                              "params": {**TINY, name: bad}})
         assert r.status_code == 422, r.text
         locs = [e["loc"] for e in r.json()["detail"]]
-        assert ["body", "params", "label_tower_zero_bias"] in locs, r.text
+        assert ["body", "params", name] in locs, r.text
     assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs  # nothing queued
     apart = {**TINY, "label_tower_mode": "apart", "label_tower_detach": True, "label_tower_every": 3,
              "label_tower_zero_bias": 1.5}
