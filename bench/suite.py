@@ -49,7 +49,7 @@ CLI = ("trainer/", "service/cli.py", "service/serve.py")
 BUDGET_S = 45 * 60  # the full profile's expected time on this 2-core machine, at most
 DATA = str(ROOT.parent / "shared" / "data")
 APART_TOWER = "--label-tower-mode apart --label-tower-detach"  # the label tower measured beside its defaults
-EVERY_TEXT = "--label-tower-live 0"  # the joint tower embedding every candidate's text at every step
+LIVE_TOWER = "--label-tower-live 256"  # the joint tower embedding a sample of its candidates' texts a step
 
 
 @dataclass(frozen=True)
@@ -249,11 +249,11 @@ BENCHES: tuple[Bench, ...] = (
           quick=(_s("bench/distributed.py", "--part", "traffic", "--ks", "1e4", "--steps", "3"),),
           outputs=("distributed.json", "distributed.md"),
           measures=(*CLI, "bench/distributed.py"), estimate_s=760),
-    # an opt-in feature: `--label-texts` with the tower's defaults (joint, a live sample of texts a step),
-    # the apart, detached tower and the joint one embedding every text beside it; on demand, so that the
-    # full profile fits its budget (docs cite its last run from history)
+    # an opt-in feature: `--label-texts` with the tower's defaults (joint), and beside it the apart, detached
+    # tower and the joint one embedding a sample of its texts a step; on demand, so that the full profile
+    # fits its budget (docs cite its last run from history)
     Bench("label_texts",
-          steps=(_s("bench/label_texts.py", f"--also={APART_TOWER}", f"--also={EVERY_TEXT}",
+          steps=(_s("bench/label_texts.py", f"--also={APART_TOWER}", f"--also={LIVE_TOWER}",
                     "--zero-shot-scales", "--out", "{results}/label_texts"),),
           quick=(_s("bench/label_texts.py", "--sets", "bibtex", "--seeds", "0", "--arms", "label-texts",
                     "--out", "{results}/label_texts"),),
@@ -315,7 +315,7 @@ BENCHES: tuple[Bench, ...] = (
     # the held-out rows known by their text alone; each model rescored over a grid of that bias
     Bench("label_texts_valid",
           steps=(_s("bench/label_texts.py", "--sets", "wordnet-valid", f"--also={APART_TOWER}",
-                    f"--also={EVERY_TEXT}", "--zero-shot-scales", "--out", "{results}/label_texts_valid"),),
+                    f"--also={LIVE_TOWER}", "--zero-shot-scales", "--out", "{results}/label_texts_valid"),),
           quick=(), outputs=("label_texts_valid.json", "label_texts_valid.md"),
           measures=(*CLI, "bench/label_texts.py"), estimate_s=800, full=False),
     # how often an apart label tower trains: `--label-tower-every` 16 (the default) beside 1, 4 and 64

@@ -361,7 +361,7 @@ def test_label_tower_live_round_trips_and_older_params_read_as_every_text() -> N
     from service.cli import build_parser
     from trainer.cli import params_from_args
 
-    assert TrainParams().label_tower_live == 256  # the default docs/training.md gives the evidence for
+    assert TrainParams().label_tower_live == 0  # the default docs/training.md gives the evidence for
     for bad in (-1, 100_001):
         with pytest.raises(ValidationError, match="label_tower_live"):
             TrainParams(label_tower_live=bad)

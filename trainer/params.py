@@ -357,10 +357,10 @@ class TrainParams(BaseModel):
         "(its texts are embedded and scored on those steps alone; the joint mode needs them every step)",
         json_schema_extra=_in("label_texts"),
     )
-    # embedding every candidate's text each step made a joint step several times one without texts; a
-    # sample of them with the rest from a table refreshed each epoch costs little more (docs/training.md)
+    # a sample of the candidates' texts (the rest read from a table refreshed each epoch) makes a joint step
+    # cost little more than one without texts, but scored lower on WordNet's training rows (docs/training.md)
     label_tower_live: int = Field(
-        default=256,
+        default=0,
         ge=0,
         le=100_000,
         description="with label texts in the joint mode: candidate labels whose texts a step embeds with a "
