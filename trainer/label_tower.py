@@ -118,7 +118,7 @@ class LabelTower(nn.Module):
         self.zero_bias = zero_bias  # added to the bias of the labels without rows (`zero_row_scale`)
         self.twins = Twins(0, 0)  # the training rows' twins, counted by the run
         # joint, not detached: a step embeds this many of its candidates' texts with a gradient (0: all of
-        # them); the others' rows read `cache`, every label's enc(text) as it was last embedded
+        # them); the others' rows read `cache`, every label's enc(text)·P as it was last embedded
         self.live = live if not (apart or detach) else 0
         self.cache: torch.Tensor | None = None  # [K, d]
         self.step_weight = self.weight
