@@ -156,9 +156,12 @@ def test_bounds_are_ordered_softmax_le_subset_le_ove(k: int, data: st.DataObject
     cand = exhaustive_candidates(*_labels(rows), k)
     b = _batch(cand, s)
     nll, sub, ove = softmax_loss(b).item(), ove_subset_loss(b).item(), ove_loss(b).item()
-    assert nll <= sub + 1e-9
-    assert sub <= ove + 1e-9
-    assert nll <= direct_ove_bound(s, rows).item() + 1e-9
+    direct = direct_ove_bound(s, rows).item()
+    # where two bounds coincide (one negative a row), float64 rounding may order them either way: a
+    # tolerance relative to their size, not an absolute one
+    assert nll <= sub + 1e-9 * (1 + abs(sub))
+    assert sub <= ove + 1e-9 * (1 + abs(ove))
+    assert nll <= direct + 1e-9 * (1 + abs(direct))
 
 
 def test_single_label_softmax_is_cross_entropy() -> None:
