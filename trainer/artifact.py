@@ -39,7 +39,7 @@ from trainer.durable import fsync_path, fsync_tree, write_safetensors
 from trainer.errors import ArtifactError, OvexError, write_error
 from trainer.model import ModelShape, XCModel
 from trainer.params import TrainParams
-from trainer.twins import drop_excluded, excluded_twins, has_label_tower, most_excluded, twins_of
+from trainer.twins import excluded_twins, has_label_tower, topk_without, twins_of
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
@@ -258,12 +258,8 @@ class LoadedModel:
              exclude: Sequence[Sequence[int]] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-k (ids, scores) per row, best first, by blocked products; without the labels
         `exclude` names for each row (`excluded`)."""
-        more = most_excluded(exclude)
-        ids, scores = self.model.topk(sp.csr_matrix(x, dtype=np.float32), k + more)
-        if not more or exclude is None:
-            return ids, scores
-        kept_ids, kept_scores, _ = drop_excluded(ids, scores, exclude, min(k, ids.shape[1]))
-        return kept_ids, kept_scores
+        csr = sp.csr_matrix(x, dtype=np.float32)
+        return topk_without(lambda n: self.model.topk(csr, n), k, exclude)
 
 
 def _read_json(path: Path, root: Path) -> Any:

@@ -72,7 +72,7 @@ from trainer.step import (
     Stepper,
     _as_csr32,
 )
-from trainer.twins import count_twins, drop_excluded, most_excluded, read_stored_texts, twin_index, twins_of
+from trainer.twins import count_twins, read_stored_texts, topk_without, twin_index, twins_of
 
 log = logging.getLogger("ovex.train")
 
@@ -172,8 +172,7 @@ def evaluate_model(
     `new_labels` (a continual run) also on new-label and old-label rows apart; without the labels
     `exclude` names for each row (its twins, `trainer.twins`), as the model will be served."""
     if exclude is not None and any(exclude):
-        ids, scores = model.topk(x, EVAL_K + most_excluded(exclude))
-        top, _, _ = drop_excluded(ids, scores, exclude, EVAL_K)
+        top, _ = topk_without(lambda n: model.topk(x, n), EVAL_K, exclude)
     elif shard is None or group is None:
         top, _ = model.topk(x, EVAL_K)
     else:

@@ -10,7 +10,7 @@ not answered where the data say it is not an answer.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +93,18 @@ def drop_excluded(ids: np.ndarray, scores: np.ndarray, exclude: Sequence[Sequenc
     gone = drop[:, :k]
     return (np.where(gone, -1, ids[:, :k]), np.where(gone, -np.inf, scores[:, :k]).astype(scores.dtype),
             cut_best)
+
+
+def topk_without(topk: Callable[[int], tuple[np.ndarray, np.ndarray]], k: int,
+                 exclude: Sequence[Sequence[int]] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's top k (ids, scores) by `topk(n)`, fetched with room for the row's exclusions and
+    without the labels `exclude` names for it (`drop_excluded`)."""
+    more = most_excluded(exclude)
+    ids, scores = topk(k + more)
+    if not more or exclude is None:
+        return ids, scores
+    kept_ids, kept_scores, _ = drop_excluded(ids, scores, exclude, min(k, ids.shape[1]))
+    return kept_ids, kept_scores
 
 
 def excluded_twins(directory: Path, names: Sequence[str]) -> dict[str, list[int]] | None:

@@ -140,14 +140,14 @@ def _full(norm: str, z: np.ndarray) -> np.ndarray | None:
     return None
 
 
+# what a query can ask of every predictor: rows near some label's row at a sharpness, k, normalization
+QUERIES = {"seed": st.integers(0, 10_000), "sharp": st.sampled_from([0.2, 1.0, 4.0, 20.0]),
+           "top_k": st.integers(1, 40),
+           "norm": st.sampled_from(["sparsemax", "evsoftmax", "softmax", "none"]), "ask_exact": st.booleans()}
+
+
 @settings(max_examples=30, deadline=None)
-@given(
-    seed=st.integers(0, 10_000),
-    sharp=st.sampled_from([0.2, 1.0, 4.0, 20.0]),
-    top_k=st.integers(1, 40),
-    norm=st.sampled_from(["sparsemax", "evsoftmax", "softmax", "none"]),
-    ask_exact=st.booleans(),
-)
+@given(**QUERIES)
 def test_exact_flag_never_lies(
     predictors: tuple[np.ndarray, np.ndarray, list[Predictor]],
     seed: int, sharp: float, top_k: int, norm: Normalization, ask_exact: bool,
@@ -225,14 +225,7 @@ def _without_labels(norm: str, z: np.ndarray, gone: list[int]) -> dict[int, floa
 
 
 @settings(max_examples=30, deadline=None)
-@given(
-    seed=st.integers(0, 10_000),
-    sharp=st.sampled_from([0.2, 1.0, 4.0, 20.0]),
-    top_k=st.integers(1, 40),
-    norm=st.sampled_from(["sparsemax", "evsoftmax", "softmax", "none"]),
-    ask_exact=st.booleans(),
-    n_gone=st.integers(1, 3),
-)
+@given(**QUERIES, n_gone=st.integers(1, 3))
 def test_excluded_labels_are_never_answered_and_the_exact_flag_still_holds(
     predictors: tuple[np.ndarray, np.ndarray, list[Predictor]],
     seed: int, sharp: float, top_k: int, norm: Normalization, ask_exact: bool, n_gone: int,
