@@ -132,15 +132,12 @@ def unseen_hit(top: np.ndarray, y: sp.csr_matrix, counts: np.ndarray) -> tuple[f
     return float((hit & top_unseen)[rows].any(axis=1).mean()), int(rows.sum())
 
 
-# (norm factor, bias shift) of the text-only labels' rows, applied after training: the first is the model
-# as trained (the rarest trained labels' median norm and bias), (0, 0) leaves the text-only labels out
-SCALES = ((1.0, 0.0), (0.0, 0.0), (0.75, 0.0), (0.75, 1.0), (0.75, 2.0), (1.0, 0.5), (1.0, 1.0), (1.0, 2.0),
-          (1.1, 1.0), (1.1, 2.0), (1.25, 0.0), (1.25, 0.5), (1.25, 1.0), (1.5, 0.0), (1.5, 1.0), (2.0, 0.0),
-          # shorter rows with higher biases: a text-only label enters where the trained ones score low
-          (0.5, 4.0), (0.5, 5.0), (0.6, 4.5), (0.75, 3.0), (0.75, 4.0),
-          # the bias alone, finer and lower (how `label_tower_zero_bias` is chosen, on wordnet-valid)
-          (1.0, 1.5), (1.0, 2.5), (1.0, 3.0), (1.0, 3.5), (1.0, 4.0),
-          (1.0, -0.5), (1.0, -1.0), (1.0, -1.5), (1.0, -2.0))
+# (norm factor, bias shift) of the text-only labels' rows, applied after training: (1, 0) first is the
+# model as trained, (0, 0) leaves the text-only labels out; then a grid of norms and biases
+# (how `label_tower_zero_scale` and `label_tower_zero_bias` are chosen, on wordnet-valid)
+SCALES = ((1.0, 0.0), (0.0, 0.0), *(
+    (a, b) for a in (0.5, 0.625, 0.75, 0.875, 1.0, 1.25) for b in (-3.0, -2.0, -1.0, 0.0, 1.0, 2.0)
+    if (a, b) != (1.0, 0.0)))
 
 
 def _top(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -48,8 +48,11 @@ SERVING = ("trainer/", "service/")
 CLI = ("trainer/", "service/cli.py", "service/serve.py")
 BUDGET_S = 45 * 60  # the full profile's expected time on this 2-core machine, at most
 DATA = str(ROOT.parent / "shared" / "data")
-APART_TOWER = "--label-tower-mode apart --label-tower-detach"  # the label tower measured beside its defaults
-LIVE_TOWER = "--label-tower-live 256"  # the joint tower embedding a sample of its candidates' texts a step
+APART_TOWER = "--label-tower-mode apart --label-tower-detach"  # the apart, detached tower (the default)
+NO_TEXT_ROWS = "--no-label-text-rows"  # the default tower without its labels' texts as training rows
+# the defaults before text rows: each step's candidates' rows hold their texts (the tower joint, not detached)
+JOINT_TOWER = ("--label-tower-mode joint --no-label-tower-detach --no-label-text-rows "
+               "--label-tower-zero-bias 2 --label-tower-zero-scale 1")
 
 
 @dataclass(frozen=True)
@@ -249,11 +252,10 @@ BENCHES: tuple[Bench, ...] = (
           quick=(_s("bench/distributed.py", "--part", "traffic", "--ks", "1e4", "--steps", "3"),),
           outputs=("distributed.json", "distributed.md"),
           measures=(*CLI, "bench/distributed.py"), estimate_s=760),
-    # an opt-in feature: `--label-texts` with the tower's defaults (joint), and beside it the apart, detached
-    # tower and the joint one embedding a sample of its texts a step; on demand, so that the full profile
-    # fits its budget (docs cite its last run from history)
+    # an opt-in feature: `--label-texts` with the tower's defaults, and beside them the same without text rows
+    # and the joint tower; on demand, so that the full profile fits its budget (docs cite its last run)
     Bench("label_texts",
-          steps=(_s("bench/label_texts.py", f"--also={APART_TOWER}", f"--also={LIVE_TOWER}",
+          steps=(_s("bench/label_texts.py", f"--also={NO_TEXT_ROWS}", f"--also={JOINT_TOWER}",
                     "--zero-shot-scales", "--out", "{results}/label_texts"),),
           quick=(_s("bench/label_texts.py", "--sets", "bibtex", "--seeds", "0", "--arms", "label-texts",
                     "--out", "{results}/label_texts"),),
@@ -311,11 +313,11 @@ BENCHES: tuple[Bench, ...] = (
           steps=(_s("bench/lexical_channel.py", "--out", "{results}/lexical_channel"),), quick=(),
           outputs=("lexical_channel.json", "lexical_channel.md"),
           measures=(*CLI, "bench/lexical_channel.py", "bench/real.py"), estimate_s=480, full=False),
-    # `label_tower_zero_bias`'s evidence: WordNet's training rows split as its test split was, the labels of
-    # the held-out rows known by their text alone; each model rescored over a grid of that bias
+    # the label texts' defaults' evidence: WordNet's training rows split as its test split was, the labels of
+    # the held-out rows known by their text alone; each model rescored over a grid of their norm and bias
     Bench("label_texts_valid",
-          steps=(_s("bench/label_texts.py", "--sets", "wordnet-valid", f"--also={APART_TOWER}",
-                    f"--also={LIVE_TOWER}", "--zero-shot-scales", "--out", "{results}/label_texts_valid"),),
+          steps=(_s("bench/label_texts.py", "--sets", "wordnet-valid", f"--also={NO_TEXT_ROWS}",
+                    f"--also={JOINT_TOWER}", "--zero-shot-scales", "--out", "{results}/label_texts_valid"),),
           quick=(), outputs=("label_texts_valid.json", "label_texts_valid.md"),
           measures=(*CLI, "bench/label_texts.py"), estimate_s=800, full=False),
     # how often an apart label tower trains: `--label-tower-every` 16 (the default) beside 1, 4 and 64

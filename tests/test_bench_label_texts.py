@@ -65,7 +65,7 @@ def test_the_scale_as_trained_is_the_models_top_5_and_zero_leaves_text_only_labe
         assert abs(without[0][key] - want[key]) < 1e-9
     assert rows[(0.0, 0.0)]["unseen_hit@5"] == 0.0 or np.isnan(rows[(0.0, 0.0)]["unseen_hit@5"])
     # a larger bias shift at the same norm only lifts the text-only labels: their hit rate cannot fall
-    hits = [rows[(1.0, shift)]["unseen_hit@5"] for shift in (0.0, 0.5, 1.0, 2.0)]
+    hits = [rows[(1.0, shift)]["unseen_hit@5"] for shift in (-3.0, -2.0, -1.0, 0.0, 1.0, 2.0)]
     if not np.isnan(hits[0]):
         assert all(x <= y_ + 1e-12 for x, y_ in itertools.pairwise(hits))
 

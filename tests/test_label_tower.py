@@ -125,6 +125,9 @@ def planted(n_rows: int, seed: int = 0) -> tuple[Dataset, list[tuple[str, str]]]
     return ds, label_texts
 
 
+JOINT = {"label_tower_mode": "joint", "label_tower_detach": False}  # the tower in every step's rows
+
+
 def _params(**kw: object) -> TrainParams:
     base: dict[str, object] = {"dim": 64, "epochs": 4, "batch_size": 32, "negatives": 8, "group_size": 4,
                                "dropout": 0.0}
@@ -134,7 +137,7 @@ def _params(**kw: object) -> TrainParams:
 
 @pytest.mark.parametrize(
     "tower",
-    [{"label_tower_mode": "apart", "label_tower_detach": True}, {}, {"label_tower_live": 3},
+    [{"label_tower_mode": "apart", "label_tower_detach": True}, JOINT, {**JOINT, "label_tower_live": 3},
      {"label_tower_mode": "joint", "label_tower_detach": True, "label_tower_fade": 2.0}],
     ids=["apart", "joint", "joint-live", "joint-faded"],
 )
@@ -159,10 +162,11 @@ def test_apart_labels_with_rows_train_as_without_texts_and_the_tower_learns(tmp_
     ds, label_texts = planted(300)
     with_rows = [(n, t) for n, t in label_texts if n.startswith("lab")]  # no text-only label: same sampler
     plain = train(_params(epochs=2), ds, None, out_dir=tmp_path / "plain", hooks=QuietHooks())
-    apart = train(_params(epochs=2, label_tower_mode="apart", label_tower_detach=True), ds, None,
-                  out_dir=tmp_path / "apart", hooks=QuietHooks(), label_texts=with_rows)
-    joint = train(_params(epochs=2, label_tower_mode="joint", label_tower_detach=True), ds, None,
-                  out_dir=tmp_path / "joint", hooks=QuietHooks(), label_texts=with_rows)
+    # without text rows, which are training rows of their own
+    apart = train(_params(epochs=2, label_tower_mode="apart", label_tower_detach=True, label_text_rows=False),
+                  ds, None, out_dir=tmp_path / "apart", hooks=QuietHooks(), label_texts=with_rows)
+    joint = train(_params(epochs=2, label_tower_mode="joint", label_tower_detach=True, label_text_rows=False),
+                  ds, None, out_dir=tmp_path / "joint", hooks=QuietHooks(), label_texts=with_rows)
     heads = {name: load_artifact(tmp_path / name).model.head.detach().numpy()
              for name in ("plain", "apart", "joint")}
     np.testing.assert_allclose(heads["apart"], heads["plain"], rtol=1e-5, atol=1e-6)
@@ -242,7 +246,7 @@ def test_step_embeds_only_its_candidate_labels_whatever_k(tmp_path: Path) -> Non
     assert large[0] <= small[0]
     # with a live sample a step embeds that many of its candidates' texts, whatever K
     for extra in (10, 20_000):
-        embedded, candidates = _stepper_embeds(tmp_path, extra, label_tower_live=5)
+        embedded, candidates = _stepper_embeds(tmp_path, extra, label_tower_live=5, **JOINT)
         assert embedded == 5 < candidates
 
 
@@ -373,10 +377,90 @@ def test_label_tower_live_round_trips_and_older_params_read_as_every_text() -> N
     assert params_from_args(args).label_tower_live == 0
 
 
+def test_text_rows_and_zero_scale_round_trip_and_older_params_read_as_before() -> None:
+    from pydantic import ValidationError
+
+    from service.cli import build_parser
+    from trainer.cli import params_from_args
+
+    for bad in (0, -1, 101):
+        with pytest.raises(ValidationError, match="label_tower_zero_scale"):
+            TrainParams(label_tower_zero_scale=bad)
+    given = TrainParams(label_text_rows=not TrainParams().label_text_rows, label_tower_zero_scale=0.5)
+    data = json.loads(json.dumps(given.to_json_dict()))
+    back = TrainParams.from_json_dict(data)
+    assert (back.label_text_rows, back.label_tower_zero_scale) == (given.label_text_rows, 0.5)
+    del data["label_text_rows"], data["label_tower_zero_scale"]  # params saved before the fields
+    older = TrainParams.from_json_dict(data)
+    assert (older.label_text_rows, older.label_tower_zero_scale) == (False, 1.0)
+    parser = build_parser()
+    for flag, want in (("--label-text-rows", True), ("--no-label-text-rows", False)):
+        args = parser.parse_args(["train", "--train", "x.jsonl", "--out", "m", flag,
+                                  "--label-tower-zero-scale", "0.75"])
+        p = params_from_args(args)
+        assert (p.label_text_rows, p.label_tower_zero_scale) == (want, 0.75)
+
+
+def test_text_rows_are_the_texts_of_labels_with_rows_each_labelled_with_its_own() -> None:
+    from trainer.label_tower import LabelTower, TextRows, with_text_rows
+
+    rng = np.random.default_rng(0)
+    n_features = 9
+    # label 0: a text and rows; 1: a text, no rows; 2: no text; 3: a text and rows
+    texts = sp.csr_matrix(np.array([[0, 1, 0, 2, 0, 0, 0, 0, 0], [0, 0, 0, 0, 3, 0, 0, 0, 0],
+                                    [0, 0, 0, 0, 0, 0, 0, 0, 0], [0.5, 0, 0, 0, 0, 0, 0, 0, 4]], np.float32))
+    tower = LabelTower(TextRows.from_csr(texts), 1.0, np.array([False, True, False, False]), 8)
+    x = sp.csr_matrix(rng.random((5, n_features)).astype(np.float32))
+    y = sp.csr_matrix(np.array([[1, 0, 0, 0], [0, 0, 1, 0], [1, 0, 0, 1], [0, 0, 0, 1], [0, 0, 1, 0]],
+                               np.float32))
+    x2, y2 = with_text_rows(x, y, tower)
+    assert x2.dtype == x.dtype and y2.dtype == y.dtype and x2.shape == (7, n_features) and y2.shape == (7, 4)
+    np.testing.assert_array_equal(x2[:5].toarray(), x.toarray())
+    np.testing.assert_array_equal(y2[:5].toarray(), y.toarray())
+    np.testing.assert_array_equal(x2[5:].toarray(), texts[[0, 3]].toarray())
+    np.testing.assert_array_equal(y2[5:].toarray(), np.eye(4, dtype=np.float32)[[0, 3]])
+
+
+def test_a_run_with_text_rows_trains_on_them_and_saves_its_own_rows_counts(tmp_path: Path) -> None:
+    ds, label_texts = planted(300)
+    runs = {}
+    for rows in (False, True):
+        rec = Recorder()
+        runs[rows] = train(_params(epochs=1, label_text_rows=rows), ds, None, out_dir=tmp_path / str(rows),
+                           hooks=rec, label_texts=label_texts)
+        # 12 labels have rows and a text; zeta and omega (no rows) get no row of their text
+        assert any(f"on {300 + 12 * rows} rows per epoch" in m for m in rec.logs), rec.logs
+    model = load_artifact(tmp_path / "True")
+    assert model.label_counts is not None  # what PSP@k and the tower's scale read: the training rows alone
+    np.testing.assert_array_equal(model.label_counts, [25] * 12 + [0, 0])
+    assert json.loads((tmp_path / "True" / "config.json").read_text())["n_train_rows"] == 300
+    plain = load_artifact(tmp_path / "False").model.head.detach().numpy()
+    assert np.abs(model.model.head.detach().numpy()[:12] - plain[:12]).max() > 1e-3
+
+
+def test_zero_scale_sets_the_norm_of_labels_without_rows_and_nothing_else(tmp_path: Path) -> None:
+    ds, label_texts = planted(300)
+    heads, configs = {}, {}
+    for scale in (1.0, 0.5):
+        out = tmp_path / str(scale)
+        train(_params(epochs=1, label_tower_zero_scale=scale), ds, None, out_dir=out, hooks=QuietHooks(),
+              label_texts=label_texts)
+        heads[scale] = load_artifact(out).model.head.detach().numpy()
+        configs[scale] = json.loads((out / "label_tower.json").read_text())
+    np.testing.assert_array_equal(heads[0.5][:12], heads[1.0][:12])  # training does not read it
+    assert configs[0.5]["zero_row_norm"] == pytest.approx(0.5 * configs[1.0]["zero_row_norm"], rel=1e-6)
+    d = heads[1.0].shape[1] - 1
+    np.testing.assert_allclose(np.linalg.norm(heads[0.5][12:, :d], axis=1), configs[0.5]["zero_row_norm"],
+                               rtol=1e-5)
+    rows, _ = label_rows(tmp_path / "0.5", ["zetaa zetab zetac"])  # a label added later: the same norm
+    assert np.linalg.norm(rows[0]) == pytest.approx(configs[0.5]["zero_row_norm"], rel=1e-5)
+
+
 @pytest.mark.parametrize(
     ("tower", "every", "stop"),
-    [({}, 5, 12), ({"label_tower_mode": "apart", "label_tower_detach": True, "label_tower_every": 4}, 5, 12),
-     ({"label_tower_live": 3}, 3, 8)],
+    [(JOINT, 5, 12),
+     ({"label_tower_mode": "apart", "label_tower_detach": True, "label_tower_every": 4}, 5, 12),
+     ({**JOINT, "label_tower_live": 3}, 3, 8)],
     ids=["joint", "apart", "joint-live-mid-epoch"],
 )
 def test_resume_restores_the_tower(tmp_path: Path, tower: dict[str, object], every: int, stop: int) -> None:

@@ -98,7 +98,7 @@ class LabelTower(nn.Module):
 
     def __init__(self, texts: TextRows, gain: float, text_only: np.ndarray, dim: int,
                  weight: np.ndarray | None = None, detach: bool = False, apart: bool = False,
-                 every: int = 1, zero_bias: float = 0.0, live: int = 0) -> None:
+                 every: int = 1, zero_bias: float = 0.0, live: int = 0, zero_scale: float = 1.0) -> None:
         super().__init__()
         self.gain = nn.Parameter(torch.tensor([float(gain)]))
         # a learned map from a text's encoding to a row: without it ⟨h(x), enc(text)⟩ is symmetric and peaks
@@ -116,6 +116,7 @@ class LabelTower(nn.Module):
         self.apart = apart
         self.every = every
         self.zero_bias = zero_bias  # added to the bias of the labels without rows (`zero_row_scale`)
+        self.zero_scale = zero_scale  # times the row norm of the labels without rows
         self.twins = Twins(0, 0)  # the training rows' twins, counted by the run
         # joint, not detached: a step embeds this many of its candidates' texts with a gradient (0: all of
         # them); the others' rows read `cache`, every label's enc(text)·P as it was last embedded
@@ -223,6 +224,20 @@ def scaled_rows(rows: torch.Tensor, norm: float) -> torch.Tensor:
     return torch.where(length > 0, rows * (norm / length.clamp_min(1e-30)), rows)
 
 
+def with_text_rows(x: sp.csr_matrix, y: sp.csr_matrix,
+                   tower: LabelTower) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    """The training rows, then one row per label with a text and training rows: its text, labelled with it
+    alone. A label's text is an example of it that the free part and the encoder learn from like any
+    other row; labels without rows get none, so they are served from the tower as a label added later
+    by its text is."""
+    labels = np.flatnonzero(tower.texts.has_text.numpy() & ~tower.text_only)
+    texts = tower.texts.csr(x.shape[1])[labels]
+    y_texts = sp.csr_matrix((np.ones(labels.size, np.float32), labels, np.arange(labels.size + 1)),
+                            shape=(labels.size, y.shape[1]))
+    return (sp.vstack([x, texts.astype(x.dtype)], format="csr"),
+            sp.vstack([y, y_texts.astype(y.dtype)], format="csr"))
+
+
 def tower_of(model: XCModel) -> LabelTower | None:
     tower = getattr(model, "tower", None)
     return tower if isinstance(tower, LabelTower) else None
@@ -238,6 +253,7 @@ def materialized_head(model: XCModel, counts: np.ndarray) -> tuple[torch.Tensor,
     head = model.head.detach().clone()
     head[:, :d] += tower.all_rows(model).to(head.dtype)
     norm, b0 = zero_row_scale(head.cpu().numpy(), counts)
+    norm *= tower.zero_scale
     b0 += tower.zero_bias
     only = torch.from_numpy(tower.text_only).to(head.device)
     head[only, :d] = scaled_rows(head[only, :d], norm)

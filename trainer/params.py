@@ -336,15 +336,17 @@ class TrainParams(BaseModel):
         description="with label texts: initial gain of the label tower's rows (learned during training)",
         json_schema_extra=_in("label_texts"),
     )
+    # apart and detached, with text rows: on WordNet's training rows split the best PSP@5 and P@1 for a step
+    # of about the cost of one without texts; the joint tower cost Bibtex P@1 (docs/training.md)
     label_tower_mode: Literal["joint", "apart"] = Field(
-        default="joint",
+        default="apart",
         description="with label texts: joint (a label's row is its free part plus its tower row) or apart "
         "(a label with rows is its free part alone; the tower is trained beside it as a text-only scorer "
         "of the same candidates and gives the rows of labels without training rows)",
         json_schema_extra=_in("label_texts"),
     )
     label_tower_detach: bool = Field(
-        default=False,
+        default=True,
         description="with label texts: the tower reads the input encoder without a gradient (only its map "
         "and gain learn from the texts; the encoder learns from the input rows alone)",
         json_schema_extra=_in("label_texts"),
@@ -376,14 +378,28 @@ class TrainParams(BaseModel):
         "fade / (fade + n), so frequent labels rest on their free part (0 = the same tower row for all)",
         json_schema_extra=_in("label_texts"),
     )
-    # the best PSP@5 of a grid on WordNet's training rows split as its test split was, 3 seeds; at 0 a
-    # text-only label ranks as the rarest labels with rows do (docs/training.md)
+    # with the zero scale: the best PSP@5 of a grid on WordNet's training rows split as its test split was;
+    # at 0 a text-only label ranks as the rarest labels with rows do (docs/training.md)
     label_tower_zero_bias: float = Field(
-        default=2.0,
+        default=1.0,
         ge=-100.0,
         le=100.0,
         description="with label texts: added to the bias a label without training rows gets (that of the "
         "rarest labels with rows): how readily a label known by its text alone is answered",
+        json_schema_extra=_in("label_texts"),
+    )
+    label_tower_zero_scale: float = Field(
+        default=0.75,
+        gt=0.0,
+        le=100.0,
+        description="with label texts: the row norm a label without training rows gets, as a multiple of "
+        "that of the rarest labels with rows",
+        json_schema_extra=_in("label_texts"),
+    )
+    label_text_rows: bool = Field(
+        default=True,
+        description="with label texts: each label that has training rows and a text also trains on its text, "
+        "as one more row of that label alone (a fresh run's epochs; a continual run trains on its rows)",
         json_schema_extra=_in("label_texts"),
     )
     # evaluation
@@ -509,11 +525,13 @@ class TrainParams(BaseModel):
         existed single words, so a missing one reads as 1; before `precision`, every run was float32, and
         before `label_tower_every` an apart tower trained on every step, and before `label_tower_zero_bias` a
         label without rows took the bias of the rarest labels with rows; before `label_tower_live` a joint
-        step embedded every candidate's text.
+        step embedded every candidate's text; before `label_text_rows` no text was a training row, and
+        before `label_tower_zero_scale` a label without rows took the rarest labels' norm as it is.
         """
         try:
             older = {"group_size": 1, "ngrams": 1, "precision": "fp32", "label_tower_every": 1,
-                     "label_tower_zero_bias": 0.0, "label_tower_live": 0}
+                     "label_tower_zero_bias": 0.0, "label_tower_live": 0, "label_text_rows": False,
+                     "label_tower_zero_scale": 1.0}
             return cls.model_validate({**older, **data})
         except ValidationError as exc:  # said as `field: what is wrong`, without pydantic's links
             raise ParamsError(f"invalid training parameters: {validation_message(exc)}") from exc

@@ -58,6 +58,7 @@ from trainer.label_tower import (
     load_tower_tensors,
     materialized,
     save_tower,
+    with_text_rows,
 )
 from trainer.launch import train_on_ranks
 from trainer.logit_adjust import adjusted
@@ -322,7 +323,7 @@ def _attach_tower(model: XCModel, featurizer: Any, names: list[str], texts: dict
                        weight=fade_weights(counts, params.label_tower_fade),
                        detach=params.label_tower_detach, apart=params.label_tower_mode == "apart",
                        every=params.label_tower_every, zero_bias=params.label_tower_zero_bias,
-                       live=params.label_tower_live)
+                       live=params.label_tower_live, zero_scale=params.label_tower_zero_scale)
     if warm is not None and has_label_tower(warm.base.path):  # the base's tower, as it was trained
         with torch.no_grad():
             tower.gain.fill_(load_tower_gain(warm.base.path))
@@ -459,6 +460,11 @@ def _fit(
                 hooks.on_log(f"{tower.twins.rows:,} training rows have a label whose text is their own (a "
                              f"twin), {tower.twins.labelled:,} of them as one of their labels: an input's "
                              f"twins are {'left out of' if tower.twins.excluded else 'kept in'} its answers")
+    x_fit, y_fit = x, y  # what the epochs draw from
+    if tower is not None and warm is None and params.label_text_rows:
+        x_fit, y_fit = with_text_rows(x, y, tower)
+        n_epoch = x_fit.shape[0]
+        params = params.model_copy(update={"batch_size": given.batch_for(n_epoch)})
     # rank 0 keeps the stream of a one-process run; other ranks draw their own
     seed = params.seed + 1 + 7919 * group.rank
     # a continual run oversamples its new labels with rows as negatives
@@ -519,10 +525,10 @@ def _fit(
         for epoch in range(start_epoch, last_epoch):
             if xv is not None and params.patience > 0 and best.epoch > 0 and best.stale >= params.patience:
                 break  # resumed after the patience ran out
-            perm = (np.random.default_rng([params.seed, epoch]).permutation(n) if warm is None
+            perm = (np.random.default_rng([params.seed, epoch]).permutation(n_epoch) if warm is None
                     else warm.epoch_rows(params.seed, epoch, params.replay))
-            ep = EpochData(x, y, perm, None if warm is None else warm.epoch_weights(perm, params.replay),
-                           epoch=epoch)
+            weights = None if warm is None else warm.epoch_weights(perm, params.replay)
+            ep = EpochData(x_fit, y_fit, perm, weights, epoch=epoch)
             t_epoch = time.perf_counter()
             epoch_examples = 0
             losses.new_epoch()

@@ -107,7 +107,9 @@ def test_a_job_trains_its_apart_tower_every_nth_step_and_refuses_out_of_range_to
     errs = [e for e in r.json()["detail"] if e["loc"] == ["body", "params", "label_tower_every"]]
     assert errs and "greater than or equal to 1" in errs[0]["msg"], r.text
     for name, bad in (("label_tower_zero_bias", 1000), ("label_tower_zero_bias", "high"),
-                      ("label_tower_live", -1), ("label_tower_live", 10**6)):
+                      ("label_tower_live", -1), ("label_tower_live", 10**6),
+                      ("label_tower_zero_scale", 0), ("label_tower_zero_scale", 101),
+                      ("label_text_rows", "sometimes")):
         r = srv.client.post("/v1/jobs", json={"model": "every", "train_dataset": rows, "label_texts": texts,
                                               "params": {**TINY, name: bad}})
         assert r.status_code == 422, r.text
@@ -115,7 +117,7 @@ def test_a_job_trains_its_apart_tower_every_nth_step_and_refuses_out_of_range_to
         assert ["body", "params", name] in locs, r.text
     assert len(srv.client.get("/v1/jobs").json()["jobs"]) == n_jobs  # nothing queued
     apart = {**TINY, "label_tower_mode": "apart", "label_tower_detach": True, "label_tower_every": 3,
-             "label_tower_zero_bias": 1.5}
+             "label_tower_zero_bias": 1.5, "label_tower_zero_scale": 0.5, "label_text_rows": False}
     job_id = srv.submit({"model": "every", "train_dataset": rows, "label_texts": texts, "params": apart})
     assert srv.final_state(job_id) == "succeeded", srv.log_tail()
     job = srv.job(job_id)
@@ -123,4 +125,6 @@ def test_a_job_trains_its_apart_tower_every_nth_step_and_refuses_out_of_range_to
     loaded = load_artifact(srv.models_dir / "every" / str(job["model_version"]))
     assert loaded.params.label_tower_every == 3 and loaded.params.label_tower_mode == "apart"
     assert job["params"]["label_tower_zero_bias"] == loaded.params.label_tower_zero_bias == 1.5
+    assert job["params"]["label_tower_zero_scale"] == loaded.params.label_tower_zero_scale == 0.5
+    assert job["params"]["label_text_rows"] is loaded.params.label_text_rows is False
     assert loaded.label_names[-2:] == ["60", "61"]  # the labels no row carries joined by their texts
