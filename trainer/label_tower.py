@@ -5,14 +5,15 @@ the model's own input encoder (projection and hidden layers, no dropout), P a le
 the start) and γ a learned gain; v_k (with the bias) is the free part, the ordinary head row the optimizer
 updates from k's rows. Two ways of combining them (`label_tower_mode`):
 
-* joint (the default): w_k = v_k + γ·s_k·enc(φ(text_k))·P, s_k = fade / (fade + rows of k) (1 with fade 0).
-* apart: a label with rows is its free part alone, trained exactly as without texts; the tower is trained
-  beside it on every `label_tower_every`-th step, scoring that step's candidates by ⟨h, γ·z·P⟩ + b with h
-  and b held, so it learns to rank labels from their texts alone and gives the rows of labels without
-  training rows.
+* apart (the default): a label with rows is its free part alone; the tower is trained beside it on every
+  `label_tower_every`-th step, scoring that step's candidates by ⟨h, γ·z·P⟩ + b with h and b held, so it
+  learns to rank labels from their texts alone and gives the rows of labels without training rows.
+* joint: w_k = v_k + γ·s_k·enc(φ(text_k))·P, s_k = fade / (fade + rows of k) (1 with fade 0).
 
-With `label_tower_detach` the texts read the encoder without a gradient, so the encoder learns from the
-input rows alone and a step does not back-propagate through its candidates' texts.
+With `label_tower_detach` (the default) the texts read the encoder without a gradient, so a step does not
+back-propagate through its candidates' texts. What the encoder and the free parts learn from the texts,
+they learn from text rows (`label_text_rows`, `with_text_rows`): each label with rows and a text also
+trains on its text as one more row of that label, an example of it like any other, at the cost of a row.
 
 A step embeds the texts of its candidate labels only (positives and sampled negatives), gathered from a
 CSR of every label's featurized text and projected with the batch's rows, so its cost does not grow with
@@ -26,8 +27,8 @@ materialized for evaluation and saving only: serving reads an ordinary head.
 A label with a text and no training rows has no free part (v_k = 0) and is kept out of the sampled
 negatives: it would only ever be pushed down, while a label added later by its text (`label_rows`) never
 is. Its row takes its direction from the text and its norm and bias from the rarest labels that have rows
-(`zero_row_scale`), the bias raised by `label_tower_zero_bias`: a label added by its text is expected to be
-answered more often than one that trained on a row or two.
+(`zero_row_scale`), the norm times `label_tower_zero_scale` and the bias raised by `label_tower_zero_bias`:
+how readily a label known by its text alone is answered, against labels that trained on a row or two.
 """
 
 from __future__ import annotations
