@@ -3,6 +3,11 @@
 Sets (read from `--data-dir`, default ../shared/data; never copied into the repo):
 
 * `wordnet`: JSONL texts, 15,958 training labels (1,199 more occur only in the test rows: misses for all);
+* `wordnet-texts`: the same rows with the set's label texts (`wordnet_label_texts.jsonl`, every label's),
+  which each method uses as it can: ovex trains with `--label-texts` (its defaults: each text also a
+  training row of its label, and the labels no training row has answered from their texts); the peers
+  train on the same texts as rows, one per label that has training rows, labelled with that label. Scored
+  as `wordnet`: propensities and tails from the training rows alone;
 * `bibtex`, `corel5k`: XC files, the standard splits;
 * `synth-1e5`: planted data at scale (`trainer.synth`, seed 7: 100,000 labels, 50,000 features, 100,000
   training and 2,000 test rows), written once to a cache under the system's temporary directory.
@@ -68,12 +73,14 @@ from stamp import git as _git  # noqa: E402, F401
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.data import Dataset, in_label_space, read_jsonl, read_xc, write_xc  # noqa: E402
 
-SETS = ("wordnet", "bibtex", "corel5k", "synth-1e5")
+SETS = ("wordnet", "bibtex", "corel5k", "synth-1e5", "wordnet-texts")
+TEXT_SETS = ("wordnet", "wordnet-texts")  # JSONL rows: the peers' features are TF-IDF of the texts
 # planted sets: labels, features, training rows, test rows, seed (`ovex synth`)
 SYNTH: dict[str, tuple[int, int, int, int, int]] = {"synth-1e5": (100_000, 50_000, 100_000, 2_000, 7)}
 METHODS = ("ovex", "ovex-tfidf", "omikuji", "napkinxc-plt", "popularity")
 OVEX_METHODS = ("ovex", "ovex-tfidf")
-TEXT_ONLY = ("ovex-tfidf",)  # needs texts to build the peers' features from: wordnet only
+TEXT_ONLY = ("ovex-tfidf",)  # needs texts to build the peers' features from: wordnet only (without its
+# label texts: a feature file has no words for ovex's tower to read)
 REQUIRES = {"omikuji": "omikuji", "napkinxc-plt": "napkinxc"}
 K = 5
 REPORTED = ("p@1", "p@3", "p@5", "ndcg@5", "psp@1", "psp@5")
@@ -144,6 +151,17 @@ class Bench:
     y_test: sp.csr_matrix  # n_test x len(names)
     train_path: Path
     n_train_labels: int
+    label_texts: Path | None = None  # the set's label texts (`wordnet-texts`)
+    # the label texts as rows for the peers: (texts, labels in the shared space), one per label with rows
+    text_rows: tuple[list[str], sp.csr_matrix] | None = None
+
+    def peer_rows(self) -> tuple[list[str] | None, sp.csr_matrix]:
+        """The training texts and labels the peers learn from: the rows, then the text rows if any."""
+        if self.text_rows is None:
+            return self.train.texts, self.y_train
+        assert self.train.texts is not None
+        texts, y = self.text_rows
+        return [*self.train.texts, *texts], sp.vstack([self.y_train, y], format="csr")
 
 
 def _widen(y: sp.spmatrix, width: int) -> sp.csr_matrix:
@@ -153,7 +171,7 @@ def _widen(y: sp.spmatrix, width: int) -> sp.csr_matrix:
 
 def load_set(name: str, data_dir: Path) -> Bench:
     """Read one set; a JSONL test set is moved into the training labels' ids (unknown names after them)."""
-    if name == "wordnet":
+    if name in TEXT_SETS:
         train_path = data_dir / "wordnet_train.jsonl"
         tr = read_jsonl(train_path)
         assert tr.label_names is not None
@@ -161,6 +179,12 @@ def load_set(name: str, data_dir: Path) -> Bench:
         assert te.label_names is not None
         names = list(te.label_names)
         n_train_labels = tr.n_labels
+        if name == "wordnet-texts":
+            width = len(names)
+            b = Bench(tr, te, names, _widen(tr.Y, width), _widen(te.Y, width), train_path, n_train_labels,
+                      label_texts=data_dir / "wordnet_label_texts.jsonl")
+            b.text_rows = label_text_rows(b)
+            return b
     else:
         train_path, test_path = synth_files(name) if name in SYNTH else (
             data_dir / f"{name}_train.txt", data_dir / f"{name}_test.txt")
@@ -169,6 +193,20 @@ def load_set(name: str, data_dir: Path) -> Bench:
         names = [str(i) for i in range(max(tr.n_labels, te.n_labels))]
     width = len(names)
     return Bench(tr, te, names, _widen(tr.Y, width), _widen(te.Y, width), train_path, n_train_labels)
+
+
+def label_text_rows(b: Bench) -> tuple[list[str], sp.csr_matrix]:
+    """The set's label texts of the labels that have training rows, each a row of its own label."""
+    from trainer.label_texts import read_label_texts
+
+    assert b.label_texts is not None
+    index = {n: i for i, n in enumerate(b.names)}
+    counts = np.bincount(b.y_train.indices, minlength=len(b.names))
+    pairs = [(index[n], t) for n, t in read_label_texts(b.label_texts) if n in index and counts[index[n]] > 0]
+    ids = np.array([i for i, _ in pairs], dtype=np.int64)
+    y = sp.csr_matrix((np.ones(ids.size, np.float32), ids, np.arange(ids.size + 1)),
+                      shape=(ids.size, len(b.names)))
+    return [t for _, t in pairs], y
 
 
 def synth_files(name: str) -> tuple[Path, Path]:
@@ -192,7 +230,7 @@ def synth_files(name: str) -> tuple[Path, Path]:
 def peer_features(b: Bench, set_name: str) -> tuple[sp.csr_matrix, sp.csr_matrix, float, float, float]:
     """The peers' (train, test) features, the seconds (wall, CPU) to fit them on the training rows and
     the wall seconds to transform the test rows."""
-    if set_name != "wordnet":
+    if set_name not in TEXT_SETS:
         assert b.train.X is not None and b.test.X is not None
         d = max(b.train.X.shape[1], b.test.X.shape[1])
         xtr = sp.csr_matrix(b.train.X, dtype=np.float32)
@@ -201,10 +239,11 @@ def peer_features(b: Bench, set_name: str) -> tuple[sp.csr_matrix, sp.csr_matrix
                 sp.csr_matrix((xte.data, xte.indices, xte.indptr), shape=(xte.shape[0], d)), 0.0, 0.0, 0.0)
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    assert b.train.texts is not None and b.test.texts is not None
+    texts, _ = b.peer_rows()
+    assert texts is not None and b.test.texts is not None
     w0, c0 = time.perf_counter(), time.process_time()
     vec = TfidfVectorizer(**TFIDF)
-    xtr = sp.csr_matrix(vec.fit_transform(b.train.texts), dtype=np.float32)
+    xtr = sp.csr_matrix(vec.fit_transform(texts), dtype=np.float32)
     fit_wall, fit_cpu = time.perf_counter() - w0, time.process_time() - c0
     t0 = time.perf_counter()
     xte = sp.csr_matrix(vec.transform(b.test.texts), dtype=np.float32)
@@ -270,7 +309,8 @@ def run_ovex(b: Bench, set_name: str, method: str, seed: int, extra: list[str], 
         fit_wall = fit_cpu = 0.0
         train_path, test = b.train_path, b.test
         index = {name: i for i, name in enumerate(b.names)}
-    res.update(ovex_train(train_path, work / "model", seed, extra, work / "train.log"))
+    texts = [] if b.label_texts is None else ["--label-texts", str(b.label_texts)]
+    res.update(ovex_train(train_path, work / "model", seed, [*texts, *extra], work / "train.log"))
     res["train_wall_s"] += fit_wall
     res["train_cpu_s"] += fit_cpu
     model = load_artifact(work / "model")
@@ -278,8 +318,10 @@ def run_ovex(b: Bench, set_name: str, method: str, seed: int, extra: list[str], 
     x = model.featurizer.transform(test)
     if method == "ovex":
         res["test_featurize_s"] = time.perf_counter() - t0
+    # as served: an input's twins left out where the model excludes them (a model with label texts)
+    exclude = model.excluded(test.texts) if test.texts is not None else None
     t0 = time.perf_counter()
-    ids, _ = model.topk(x, K)
+    ids, _ = model.topk(x, K, exclude=exclude)
     res["predict_s"] = time.perf_counter() - t0
     to_shared = np.array([index.get(name, -1) for name in model.label_names] + [-1], dtype=np.int64)
     ids = np.asarray(ids, np.int64)
@@ -312,10 +354,10 @@ def run_omikuji(b: Bench, set_name: str, seed: int, work: Path) -> dict[str, Any
     xtr, xte, fit_wall, fit_cpu, te_s = peer_features(b, set_name)
     res: dict[str, Any] = {"featurize_s": fit_wall}
     path = b.train_path
-    if set_name == "wordnet":
+    if set_name in TEXT_SETS:
         path = work / "train_tfidf.txt"
         t0 = time.perf_counter()
-        write_xc(path, xtr, b.y_train[:, : b.n_train_labels])
+        write_xc(path, xtr, b.peer_rows()[1][:, : b.n_train_labels])
         res["write_s"] = time.perf_counter() - t0
     w0, c0 = time.perf_counter(), time.process_time()
     model = omikuji.Model.train_on_data(str(path), omikuji.Model.default_hyper_param(), n_threads=None)
@@ -345,7 +387,7 @@ def run_napkinxc(b: Bench, set_name: str, seed: int, work: Path) -> dict[str, An
     from napkinxc import models
 
     xtr, xte, fit_wall, fit_cpu, te_s = peer_features(b, set_name)
-    y = b.y_train
+    y = b.peer_rows()[1]
     labels = [y.indices[y.indptr[i] : y.indptr[i + 1]].tolist() for i in range(y.shape[0])]
     w0, c0 = time.perf_counter(), time.process_time()
     model = models.PLT(str(work / "plt"), seed=seed)
@@ -585,7 +627,7 @@ def main() -> None:
             if method in TEXT_ONLY and name != "wordnet":
                 continue
             needs = [REQUIRES[method]] if method in REQUIRES else []
-            if name == "wordnet" and method not in ("ovex", "popularity"):
+            if name in TEXT_SETS and method not in ("ovex", "popularity"):
                 needs.append("sklearn")  # the peers' TF-IDF features
             missing = [m for m in needs if importlib.util.find_spec(m) is None]
             if missing:

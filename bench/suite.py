@@ -261,6 +261,13 @@ BENCHES: tuple[Bench, ...] = (
                     "--out", "{results}/label_texts"),),
           outputs=("label_texts.json", "label_texts.md"), measures=(*CLI, "bench/label_texts.py"),
           estimate_s=1100, full=False),
+    # WordNet with its label texts, each method using them as it can, beside the same run without them;
+    # on demand (an opt-in input of one set)
+    Bench("real_label_texts",
+          steps=(_s("bench/real.py", "--sets", "wordnet", "wordnet-texts", "--methods", *REAL_METHODS,
+                    "--out", "{results}/real_label_texts"),),
+          quick=(), outputs=("real_label_texts.json", "real_label_texts.md"),
+          measures=(*CLI, "bench/real.py"), estimate_s=1100, full=False),
     # the records of decisions: rerun on demand (ONLY=name), not by every `make bench`
     # continual learning's choices: the variant rows and the 40,000-row synthetic set (the full command
     # with every variant, into its own file), 10^6 labels, the old-label rows, direct-I/O saves

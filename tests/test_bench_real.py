@@ -120,3 +120,29 @@ def test_bibtex_end_to_end_through_ovex_train(tmp_path: Path) -> None:
         assert key in result
     assert result["warmup_s"] > 0  # ovex's kernels were loaded before the timed run
     assert "## bibtex" in out.with_suffix(".md").read_text()
+
+
+def test_the_label_texts_set_gives_the_peers_one_text_row_per_label_with_rows(tmp_path: Path) -> None:
+    """`wordnet-texts`: each label with training rows adds its text as a row of it alone (the peers' rows);
+    a label only test rows carry adds none, and the scored training labels stay the rows' own."""
+    from trainer.data import Dataset
+
+    texts_path = tmp_path / "texts.jsonl"
+    texts_path.write_text("".join(json.dumps({"name": n, "text": t}) + "\n" for n, t in
+                                  [("b", "bee text"), ("z", "test only"), ("a", "ay text"), ("q", "unknown")]))
+    names = ["a", "b", "c", "z"]  # c has rows and no text; z only test rows carry
+    y = sp.csr_matrix(np.array([[1, 0, 1, 0], [0, 1, 0, 0], [1, 1, 0, 0]], np.float32))
+    train = Dataset(Y=y[:, :3], n_features=0, n_labels=3, texts=["r0", "r1", "r2"], label_names=names[:3])
+    test = Dataset(Y=sp.csr_matrix((1, 4), dtype=np.float32), n_features=0, n_labels=4, texts=["t"],
+                   label_names=names)
+    b = real.Bench(train, test, names, y, sp.csr_matrix((1, 4), dtype=np.float32), tmp_path / "x.jsonl", 3,
+                   label_texts=texts_path)
+    assert b.peer_rows()[0] == ["r0", "r1", "r2"]  # no text rows yet: the rows alone
+    b.text_rows = real.label_text_rows(b)
+    texts, labels = b.text_rows
+    assert texts == ["bee text", "ay text"]  # in the file's order; z (no rows) and q (not a label) left out
+    np.testing.assert_array_equal(labels.toarray(), [[0, 1, 0, 0], [1, 0, 0, 0]])
+    rows, y_peer = b.peer_rows()
+    assert rows == ["r0", "r1", "r2", "bee text", "ay text"]
+    np.testing.assert_array_equal(y_peer.toarray(), np.vstack([y.toarray(), labels.toarray()]))
+    np.testing.assert_array_equal(b.y_train.toarray(), y.toarray())  # what the scorer's counts read
