@@ -128,8 +128,8 @@ def test_the_label_texts_set_gives_the_peers_one_text_row_per_label_with_rows(tm
     from trainer.data import Dataset
 
     texts_path = tmp_path / "texts.jsonl"
-    texts_path.write_text("".join(json.dumps({"name": n, "text": t}) + "\n" for n, t in
-                                  [("b", "bee text"), ("z", "test only"), ("a", "ay text"), ("q", "unknown")]))
+    pairs = [("b", "bee text"), ("z", "test only"), ("a", "ay text"), ("q", "unknown")]
+    texts_path.write_text("".join(json.dumps({"name": n, "text": t}) + "\n" for n, t in pairs))
     names = ["a", "b", "c", "z"]  # c has rows and no text; z only test rows carry
     y = sp.csr_matrix(np.array([[1, 0, 1, 0], [0, 1, 0, 0], [1, 1, 0, 0]], np.float32))
     train = Dataset(Y=y[:, :3], n_features=0, n_labels=3, texts=["r0", "r1", "r2"], label_names=names[:3])

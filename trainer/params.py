@@ -348,7 +348,7 @@ class TrainParams(BaseModel):
     label_tower_detach: bool = Field(
         default=True,
         description="with label texts: the tower reads the input encoder without a gradient (only its map "
-        "and gain learn from the texts; the encoder learns from the input rows alone)",
+        "and gain learn from the tower's scores; the encoder learns from the rows it trains on)",
         json_schema_extra=_in("label_texts"),
     )
     label_tower_every: int = Field(
