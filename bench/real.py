@@ -6,8 +6,10 @@ Sets (read from `--data-dir`, default ../shared/data; never copied into the repo
 * `wordnet-texts`: the same rows with the set's label texts (`wordnet_label_texts.jsonl`, every label's),
   which each method uses as it can: ovex trains with `--label-texts` (its defaults: each text also a
   training row of its label, and the labels no training row has answered from their texts); the peers
-  train on the same texts as rows, one per label that has training rows, labelled with that label. Scored
-  as `wordnet`: propensities and tails from the training rows alone;
+  train on the same texts as rows, one per label that has training rows, labelled with that label. An
+  input's twins (labels whose text is its own, `trainer.twins`) are left out of every method's answers
+  by ovex's rule on the training rows, which never carry theirs here. Scored as `wordnet`: propensities
+  and tails from the training rows alone;
 * `bibtex`, `corel5k`: XC files, the standard splits;
 * `synth-1e5`: planted data at scale (`trainer.synth`, seed 7: 100,000 labels, 50,000 features, 100,000
   training and 2,000 test rows), written once to a cache under the system's temporary directory.
@@ -154,6 +156,9 @@ class Bench:
     label_texts: Path | None = None  # the set's label texts (`wordnet-texts`)
     # the label texts as rows for the peers: (texts, labels in the shared space), one per label with rows
     text_rows: tuple[list[str], sp.csr_matrix] | None = None
+    # each test row's twins (`trainer.twins`: labels whose text is the row's own), left out of every
+    # method's answers where the training rows never carry theirs, as an ovex model with texts does
+    twins: list[list[int]] | None = None
 
     def peer_rows(self) -> tuple[list[str] | None, sp.csr_matrix]:
         """The training texts and labels the peers learn from: the rows, then the text rows if any."""
@@ -180,10 +185,13 @@ def load_set(name: str, data_dir: Path) -> Bench:
         names = list(te.label_names)
         n_train_labels = tr.n_labels
         if name == "wordnet-texts":
+            from trainer.label_texts import read_label_texts
+
             width = len(names)
             b = Bench(tr, te, names, _widen(tr.Y, width), _widen(te.Y, width), train_path, n_train_labels,
                       label_texts=data_dir / "wordnet_label_texts.jsonl")
-            b.text_rows = label_text_rows(b)
+            texts = dict(read_label_texts(b.label_texts))
+            b.text_rows, b.twins = label_text_rows(b, texts), test_twins(b, texts)
             return b
     else:
         train_path, test_path = synth_files(name) if name in SYNTH else (
@@ -195,18 +203,42 @@ def load_set(name: str, data_dir: Path) -> Bench:
     return Bench(tr, te, names, _widen(tr.Y, width), _widen(te.Y, width), train_path, n_train_labels)
 
 
-def label_text_rows(b: Bench) -> tuple[list[str], sp.csr_matrix]:
+def label_text_rows(b: Bench, texts: dict[str, str]) -> tuple[list[str], sp.csr_matrix]:
     """The set's label texts of the labels that have training rows, each a row of its own label."""
-    from trainer.label_texts import read_label_texts
-
-    assert b.label_texts is not None
     index = {n: i for i, n in enumerate(b.names)}
     counts = np.bincount(b.y_train.indices, minlength=len(b.names))
-    pairs = [(index[n], t) for n, t in read_label_texts(b.label_texts) if n in index and counts[index[n]] > 0]
+    pairs = [(index[n], t) for n, t in texts.items() if n in index and counts[index[n]] > 0]
     ids = np.array([i for i, _ in pairs], dtype=np.int64)
     y = sp.csr_matrix((np.ones(ids.size, np.float32), ids, np.arange(ids.size + 1)),
                       shape=(ids.size, len(b.names)))
     return [t for _, t in pairs], y
+
+
+def test_twins(b: Bench, texts: dict[str, str]) -> list[list[int]] | None:
+    """Each test row's twins in the shared space, by ovex's rule (`trainer.twins`) on the training rows;
+    None where the rows carry their twins (then they stay answers)."""
+    from trainer.twins import count_twins, twin_index, twins_of
+
+    assert b.train.texts is not None
+    index = twin_index(b.names, texts)
+    if not count_twins(b.train.texts, index, b.y_train).excluded:
+        return None
+    return twins_of(index, b.test.texts or [None] * b.y_test.shape[0])
+
+
+def without_twins(b: Bench, rows: list[list[int]]) -> list[list[int]]:
+    """Each row's first K labels that are not its twins (`Bench.twins`), from a list fetched with room
+    for them (`fetched`)."""
+    if b.twins is None:
+        return [r[:K] for r in rows]
+    return [[j for j in r if j not in set(t)][:K] for r, t in zip(rows, b.twins, strict=True)]
+
+
+def fetched(b: Bench) -> int:
+    """How many labels a peer fetches per row so that K remain once its twins are left out."""
+    from trainer.twins import most_excluded
+
+    return K + most_excluded(b.twins)
 
 
 def synth_files(name: str) -> tuple[Path, Path]:
@@ -376,7 +408,8 @@ def run_omikuji(b: Bench, set_name: str, seed: int, work: Path) -> dict[str, Any
     t0 = time.perf_counter()
     # a row at a time is all omikuji's Python API takes; its call releases the GIL, so rows run on all cores
     with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
-        rows = list(pool.map(lambda p: [label for label, _ in model.predict(p, top_k=K)], pairs))
+        rows = list(pool.map(lambda p: [label for label, _ in model.predict(p, top_k=fetched(b))], pairs))
+    rows = without_twins(b, rows)
     res["predict_s"] = time.perf_counter() - t0
     res["top"] = xc_metrics.top_from_lists(rows, K)  # omikuji's ids are the XC file's: the shared ids
     return res
@@ -396,9 +429,9 @@ def run_napkinxc(b: Bench, set_name: str, seed: int, work: Path) -> dict[str, An
                            "train_wall_s": time.perf_counter() - w0 + fit_wall,
                            "train_cpu_s": time.process_time() - c0 + fit_cpu}
     t0 = time.perf_counter()
-    rows = model.predict(xte, top_k=K)
+    rows = without_twins(b, [[int(r) for r in row] for row in model.predict(xte, top_k=fetched(b))])
     res["predict_s"] = time.perf_counter() - t0
-    res["top"] = xc_metrics.top_from_lists([[int(r) for r in row] for row in rows], K)
+    res["top"] = xc_metrics.top_from_lists(rows, K)
     return res
 
 
@@ -406,10 +439,10 @@ def run_popularity(b: Bench, set_name: str, seed: int, work: Path) -> dict[str, 
     """The same 5 most frequent training labels for every row: what a method must beat."""
     w0, c0 = time.perf_counter(), time.process_time()
     counts = np.bincount(b.y_train.indices, minlength=b.y_train.shape[1])
-    best = np.argsort(-counts, kind="stable")[:K]
+    best = np.argsort(-counts, kind="stable")[: fetched(b)].tolist()
     res: dict[str, Any] = {"train_wall_s": time.perf_counter() - w0, "train_cpu_s": time.process_time() - c0}
     t0 = time.perf_counter()
-    res["top"] = np.tile(best, (b.y_test.shape[0], 1)).astype(np.int64)
+    res["top"] = xc_metrics.top_from_lists(without_twins(b, [best] * b.y_test.shape[0]), K)
     res["predict_s"] = time.perf_counter() - t0
     return res
 

@@ -138,7 +138,7 @@ def test_the_label_texts_set_gives_the_peers_one_text_row_per_label_with_rows(tm
     b = real.Bench(train, test, names, y, sp.csr_matrix((1, 4), dtype=np.float32), tmp_path / "x.jsonl", 3,
                    label_texts=texts_path)
     assert b.peer_rows()[0] == ["r0", "r1", "r2"]  # no text rows yet: the rows alone
-    b.text_rows = real.label_text_rows(b)
+    b.text_rows = real.label_text_rows(b, dict(pairs))
     texts, labels = b.text_rows
     assert texts == ["bee text", "ay text"]  # in the file's order; z (no rows) and q (not a label) left out
     np.testing.assert_array_equal(labels.toarray(), [[0, 1, 0, 0], [1, 0, 0, 0]])
@@ -146,3 +146,26 @@ def test_the_label_texts_set_gives_the_peers_one_text_row_per_label_with_rows(tm
     assert rows == ["r0", "r1", "r2", "bee text", "ay text"]
     np.testing.assert_array_equal(y_peer.toarray(), np.vstack([y.toarray(), labels.toarray()]))
     np.testing.assert_array_equal(b.y_train.toarray(), y.toarray())  # what the scorer's counts read
+
+
+def test_the_label_texts_set_leaves_twins_out_of_the_peers_answers_where_rows_never_carry_them() -> None:
+    from trainer.data import Dataset
+
+    names = [f"l{j}" for j in range(12)]
+    texts = {n: f"text of {n}" for n in names}
+    rows = [f"text of l{r}" for r in range(11)]  # row r is label r's twin and carries label r + 1 alone
+    y = sp.csr_matrix((np.ones(11, np.float32), np.arange(1, 12), np.arange(12)), shape=(11, 12))
+    train = Dataset(Y=y, n_features=0, n_labels=12, texts=rows, label_names=names)
+    test = Dataset(Y=sp.csr_matrix((2, 12), dtype=np.float32), n_features=0, n_labels=12,
+                   texts=["TEXT of  l3", "something else"], label_names=names)
+    b = real.Bench(train, test, names, y, sp.csr_matrix((2, 12), dtype=np.float32), Path("x"), 12)
+    b.twins = real.test_twins(b, texts)
+    assert b.twins == [[3], []]  # case and runs of spaces aside, as ovex compares them
+    assert real.fetched(b) == real.K + 1
+    fetched = [3, 0, 1, 2, 4, 5]
+    assert real.without_twins(b, [fetched, fetched]) == [[0, 1, 2, 4, 5], [3, 0, 1, 2, 4]]
+    carried = sp.csr_matrix((np.ones(11, np.float32), np.arange(11), np.arange(12)), shape=(11, 12))
+    b.y_train = carried  # rows that carry their twins keep them as answers
+    assert real.test_twins(b, texts) is None
+    b.twins = None
+    assert real.fetched(b) == real.K and real.without_twins(b, [fetched]) == [[3, 0, 1, 2, 4]]
