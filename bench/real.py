@@ -231,7 +231,7 @@ def without_twins(b: Bench, rows: list[list[int]]) -> list[list[int]]:
     for them (`fetched`)."""
     if b.twins is None:
         return [r[:K] for r in rows]
-    return [[j for j in r if j not in set(t)][:K] for r, t in zip(rows, b.twins, strict=True)]
+    return [[j for j in r if j not in t][:K] for r, t in zip(rows, b.twins, strict=True)]
 
 
 def fetched(b: Bench) -> int:
