@@ -81,8 +81,9 @@ TEXT_SETS = ("wordnet", "wordnet-texts")  # JSONL rows: the peers' features are 
 SYNTH: dict[str, tuple[int, int, int, int, int]] = {"synth-1e5": (100_000, 50_000, 100_000, 2_000, 7)}
 METHODS = ("ovex", "ovex-tfidf", "omikuji", "napkinxc-plt", "popularity")
 OVEX_METHODS = ("ovex", "ovex-tfidf")
-TEXT_ONLY = ("ovex-tfidf",)  # needs texts to build the peers' features from: wordnet only (without its
-# label texts: a feature file has no words for ovex's tower to read)
+# needs texts to build the peers' features from: wordnet only (not wordnet-texts: ovex's label tower
+# cannot read texts through a feature file)
+TEXT_ONLY = ("ovex-tfidf",)
 REQUIRES = {"omikuji": "omikuji", "napkinxc-plt": "napkinxc"}
 K = 5
 REPORTED = ("p@1", "p@3", "p@5", "ndcg@5", "psp@1", "psp@5")

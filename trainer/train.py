@@ -403,7 +403,6 @@ def _fit(
         raise ParamsError("the training set has no rows")
     given = params  # what the artifact records: a `batch_size` 0 stays the rule, for a continual run's epoch
     n_epoch = n if warm is None else warm.epoch_size(params.replay)  # rows trained on per epoch
-    params = params.model_copy(update={"batch_size": params.batch_for(n_epoch)})
     xt = yt = None
     if test_ds is not None:  # in the training label space (train() checked it), plus its unseen labels
         xt, yt = _as_csr32(featurizer.transform(test_ds)), _as_csr32(test_ds.Y)
@@ -464,7 +463,7 @@ def _fit(
     if tower is not None and warm is None and params.label_text_rows:
         x_fit, y_fit = with_text_rows(x, y, tower)
         n_epoch = x_fit.shape[0]
-        params = params.model_copy(update={"batch_size": given.batch_for(n_epoch)})
+    params = params.model_copy(update={"batch_size": params.batch_for(n_epoch)})
     # rank 0 keeps the stream of a one-process run; other ranks draw their own
     seed = params.seed + 1 + 7919 * group.rank
     # a continual run oversamples its new labels with rows as negatives
