@@ -137,8 +137,17 @@ def unseen_hit(top: np.ndarray, y: sp.csr_matrix, counts: np.ndarray) -> tuple[f
 # model as trained, (0, 0) leaves the text-only labels out; then a grid of norms and biases
 # (how `label_tower_zero_scale` and `label_tower_zero_bias` are chosen, on wordnet-valid)
 SCALES = ((1.0, 0.0), (0.0, 0.0), *(
-    (a, b) for a in (0.5, 0.625, 0.75, 0.875, 1.0, 1.25) for b in (-3.0, -2.0, -1.0, 0.0, 1.0, 2.0)
-    if (a, b) != (1.0, 0.0)))
+    (a, b) for a in (0.5, 0.625, 0.75, 0.875, 1.0, 1.125, 1.25)
+    for b in (-2.0, -1.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0) if (a, b) != (1.0, 0.0)))
+
+
+def best_scale(rows: list[dict[str, Any]], bar: dict[str, Any]) -> dict[str, Any] | None:
+    """The scale whose mean unseen hit@5 is highest among those whose mean P@1 and P@5 are at least the
+    run without texts' (`bar`, that arm's summary): the trade label texts are asked to make, gaining labels
+    known by their text alone at no cost to the others. None when no scale keeps both."""
+    kept = [r for r in rows if r["a"] > 0
+            and all(r[k]["mean"] >= bar[k]["mean"] for k in ("p@1", "p@5") if k in bar)]
+    return max(kept, key=lambda r: r["unseen_hit@5"]["mean"], default=None)
 
 
 def _top(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -235,11 +244,12 @@ def run(set_name: str, flags: list[str] | None, seed: int, data_dir: Path, work:
 
 
 def summarise(runs: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
-    """Per set: each arm's mean ± std, and for each arm with texts its step ratio against the defaults
-    and its zero-shot scales (`arms`, `step_ratio` and `zero_shot_scales` keyed by arm name)."""
+    """Per set: each arm's mean ± std, and for each arm with texts its step ratio against the defaults,
+    its zero-shot scales and the best of them (`best_scale`; `arms`, `step_ratio`, `zero_shot_scales` and
+    `best_scale` keyed by arm name)."""
     out: dict[str, Any] = {}
     for set_name in dict.fromkeys(r["set"] for r in runs):
-        per: dict[str, Any] = {"arms": {}, "step_ratio": {}, "zero_shot_scales": {}}
+        per: dict[str, Any] = {"arms": {}, "step_ratio": {}, "zero_shot_scales": {}, "best_scale": {}}
         for arm in arms:
             rs = [r for r in runs if r["set"] == set_name and r["arm"] == arm]
             if not rs:
@@ -259,6 +269,8 @@ def summarise(runs: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
                      **{k: _stats([float(r[i][k]) for r in scaled]) for k in keys}}
                     for i, row in enumerate(scaled[0])]
             base = per["arms"].get(DEFAULTS, {})
+            if scaled and base:
+                per["best_scale"][arm] = best_scale(per["zero_shot_scales"][arm], base)
             if arm != DEFAULTS and "examples_per_s" in base and "examples_per_s" in s:
                 per["step_ratio"][arm] = base["examples_per_s"]["mean"] / s["examples_per_s"]["mean"]
         out[set_name] = per
@@ -306,6 +318,12 @@ def markdown(result: dict[str, Any]) -> str:
             for row in rows:
                 lines.append(f"| {row['a']:g} | {row['b']:g} | "
                              + " | ".join(_cell(row, k) for k in SCALED) + " |")
+            if arm in per.get("best_scale", {}):
+                best = per["best_scale"][arm]
+                lines += ["", "Highest unseen hit@5 with P@1 and P@5 at least the defaults' without texts: "
+                          + (f"a = {best['a']:g}, b = {best['b']:g} (hit {best['unseen_hit@5']['mean']:.4f}, "
+                             f"P@1 {best['p@1']['mean']:.4f}, P@5 {best['p@5']['mean']:.4f})."
+                             if best else "none of the grid.")]
         lines.append("")
     for note in result.get("notes", []):
         lines.append(f"- {note}")
