@@ -167,7 +167,7 @@ def test_label_tower_zero_bias_moves_the_text_only_labels_bias_and_round_trips(t
     from service.cli import build_parser
     from trainer.cli import params_from_args
 
-    assert TrainParams().label_tower_zero_bias == 1.0  # the default docs/training.md gives the evidence for
+    assert TrainParams().label_tower_zero_bias == 2.5  # the default docs/training.md gives the evidence for
     for bad in (-101.0, 101.0, float("nan")):
         with pytest.raises(ValidationError, match="label_tower_zero_bias"):
             TrainParams(label_tower_zero_bias=bad)
