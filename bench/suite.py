@@ -85,10 +85,11 @@ def _json(path: Path) -> Any:
         return None
 
 
-# What the full profile runs of `bench/real.py`: the three real sets, ovex with its defaults against the
-# peers and the popularity floor, 3 seeds. Left out (cited as real.md@COMMIT): the extra `--precision bf16`
-# row (a hand-picked setting), `ovex-tfidf` and the planted 10^5-label set.
-REAL_SETS = ("wordnet", "bibtex", "corel5k")
+# What the full profile runs of `bench/real.py`: the three real sets (WordNet also with its label texts,
+# each peer given them as rows), ovex with its defaults against the peers and the popularity floor, 3 seeds.
+# Left out (cited as real.md@COMMIT): the extra `--precision bf16` row (a hand-picked setting),
+# `ovex-tfidf` and the planted 10^5-label set.
+REAL_SETS = ("wordnet", "wordnet-texts", "bibtex", "corel5k")
 REAL_METHODS = ("ovex", "omikuji", "napkinxc-plt", "popularity")
 # What the full profile runs of `bench/continual.py`: the base, the continual run and the full retrain on
 # Bibtex, Corel5k and the 10,000-row synthetic set. Left out (cited as continual.md@COMMIT, rerun on
@@ -261,13 +262,6 @@ BENCHES: tuple[Bench, ...] = (
                     "--out", "{results}/label_texts"),),
           outputs=("label_texts.json", "label_texts.md"), measures=(*CLI, "bench/label_texts.py"),
           estimate_s=1100, full=False),
-    # WordNet with its label texts, each method using them as it can, beside the same run without them;
-    # on demand (an opt-in input of one set)
-    Bench("real_label_texts",
-          steps=(_s("bench/real.py", "--sets", "wordnet", "wordnet-texts", "--methods", *REAL_METHODS,
-                    "--out", "{results}/real_label_texts"),),
-          quick=(), outputs=("real_label_texts.json", "real_label_texts.md"),
-          measures=(*CLI, "bench/real.py"), estimate_s=1100, full=False),
     # the records of decisions: rerun on demand (ONLY=name), not by every `make bench`
     # continual learning's choices: the variant rows and the 40,000-row synthetic set (the full command
     # with every variant, into its own file), 10^6 labels, the old-label rows, direct-I/O saves
