@@ -39,7 +39,7 @@ from trainer.durable import fsync_path, fsync_tree, write_safetensors
 from trainer.errors import ArtifactError, OvexError, write_error
 from trainer.model import ModelShape, XCModel
 from trainer.params import TrainParams
-from trainer.twins import excluded_twins, has_label_tower, topk_without, twins_of
+from trainer.twins import excluded_twins, has_label_tower, text_only_labels, topk_without, twins_of
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
@@ -199,6 +199,8 @@ class LoadedModel:
     row_hashes: np.ndarray | None = None  # sorted int64 fingerprints of the training rows
     # with label texts whose training rows never carry their twins: text -> the labels left out of its answers
     twins: dict[str, list[int]] | None = None
+    # with label texts: bool [K], the labels known by their text alone (no training rows yet)
+    text_only: np.ndarray | None = None
 
     def excluded(self, texts: Sequence[str | None]) -> list[list[int]]:
         """The labels left out of each input's answers: a text input's twins (`trainer.twins.Twins`)
@@ -412,7 +414,7 @@ def load_artifact(path: str | Path) -> LoadedModel:
     hashes_np = None if hashes is None else hashes.numpy()
     twins = excluded_twins(root, label_names) if has_label_tower(root) else None
     return LoadedModel(root, config, params, label_names, metrics, featurizer, model, counts_np, hashes_np,
-                       twins)
+                       twins, text_only_labels(root, shape.n_labels))
 
 
 _DTYPES: dict[str, np.dtype[Any]] = {

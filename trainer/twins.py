@@ -139,3 +139,23 @@ def has_label_tower(artifact_dir: Path | str) -> bool:
     from its text)."""
     d = Path(artifact_dir)
     return (d / TOWER_CONFIG).is_file() and (d / TOWER_WEIGHTS).is_file()
+
+
+def text_only_labels(artifact_dir: Path | str, n_labels: int) -> np.ndarray | None:
+    """bool [K]: the labels a model with label texts knows by their text alone (no training rows yet:
+    named only in its label texts, or added by `POST /labels`), from the tower's flags; None without a
+    tower, or with flags that do not match the labels (the model is then served without them)."""
+    d = Path(artifact_dir)
+    if not has_label_tower(d):
+        return None
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(d / TOWER_WEIGHTS), framework="numpy") as fh:
+            names = list(fh.keys())  # the handle has no `in`
+            if "text_only" not in names:
+                return None
+            flags = np.asarray(fh.get_tensor("text_only")).astype(bool).ravel()
+    except (OSError, SafetensorError):
+        return None
+    return flags if flags.shape == (n_labels,) else None

@@ -104,6 +104,7 @@ def model_info(request: Request, registry: ModelRegistry, name: str, versions: l
         n_features=served.n_features if served else None,
         dim=served.dim if served else None,
         retrieval=served.retrieval if served else None,
+        label_texts=served is not None and served.predictor.text_only is not None,
         metrics=served.metrics if served else {},
         versions=[version_info(registry, name, v, served, prov) for v in reversed(newest)],
         n_versions=len(versions),

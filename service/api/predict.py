@@ -35,7 +35,7 @@ def _response(answer: Answer) -> Response:
         "predictions": [
             {
                 "labels": [
-                    {"id": b.id, "name": b.name, "score": b.score, "prob": b.prob}
+                    {"id": b.id, "name": b.name, "score": b.score, "prob": b.prob, "from_text": b.from_text}
                     | ({"explanation": why[i][j]} if why is not None else {})
                     for j, b in enumerate(p.labels)
                 ],

@@ -165,6 +165,11 @@ class LabelOut(BaseModel):
     name: str = Field(description="label name (the id as text where the training data had no names)")
     score: float = Field(description="the model's score ⟨w_k, h(x)⟩ + b_k")
     prob: float | None = Field(description="probability under the normalization; null for `none`")
+    from_text: bool = Field(
+        False, description="the label is known by its text alone: it has no training rows yet (added by "
+        "POST /v1/models/{name}/labels, or named only in the model's label texts); a training job with rows "
+        "for it (a continual job on this version) refines it"
+    )
     explanation: Explanation | None = Field(None, description="only with `explain: true`")
 
 
@@ -222,6 +227,8 @@ class ModelInfo(BaseModel):
     n_features: int | None = Field(None, description="input width of the active version")
     dim: int | None = Field(None, description="representation width of the active version")
     retrieval: str | None = Field(None, description="top-k backend of the active version")
+    label_texts: bool = Field(False, description="the active version was trained with label texts: POST "
+                              "/v1/models/{name}/labels can add labels to it by their texts")
     metrics: dict[str, Any] = Field(default_factory=dict, description="test metrics of the active version")
     versions: list[VersionInfo] = Field(
         description="its newest versions on disk, oldest first: all of them when there are at most "

@@ -347,6 +347,7 @@ async function loadModels(target, version) {
         ),
         olderVersions(m, versions.querySelector("tbody")),
         el("div", { class: "table-wrap" }, versions),
+        m.label_texts && !m.deactivated ? addLabelsForm(m) : "",
       );
     }),
   );
@@ -354,6 +355,58 @@ async function loadModels(target, version) {
     const card = document.getElementById(`model-${target}`)?.closest("article");
     if (!card) return flash("error", `no model named ${target}`);
     highlight(version ? card.querySelector(`tr[data-version="${CSS.escape(version)}"]`) || card : card);
+  }
+}
+
+// Labels added by their texts to a model trained with label texts: its next version, answering at once.
+function addLabelsForm(m) {
+  const id = `add-labels-${m.name}`;
+  const area = el("textarea", { id, name: "labels", rows: 4, spellcheck: "false",
+    placeholder: "giravu: a small striped antelope of the dry forests\nanother-label: what it is, in words" });
+  const activate = el("input", { type: "checkbox", id: `${id}-activate`, name: "activate", checked: true });
+  const button = el("button", { type: "submit" }, "Add labels");
+  const form = el("form", { class: "add-labels", "data-model": m.name,
+    onsubmit: (e) => { e.preventDefault(); addLabels(m.name, area, activate, button); } },
+  el("div", { class: "field" },
+    el("label", { for: id }, "One label a line: its name, a colon, then the text that says what it is"), area),
+  el("div", { class: "field" }, el("label", { for: `${id}-activate` }, activate, " serve the new version at once")),
+  button);
+  return el("details", { class: "add-labels" },
+    el("summary", {}, "Add labels by their texts"),
+    el("p", { class: "muted" }, `Writes the next version of ${m.name}: its active version's labels, then these, ` +
+      "each answered from its text until a training job with rows for it refines it (answers mark them " +
+      "\u201cfrom its text\u201d). The active version itself stays as it is."),
+    form);
+}
+
+// The form's lines as the request's labels; an Error naming the field for a line it cannot read.
+function newLabels(text) {
+  const labels = [];
+  text.split("\n").forEach((line, i) => {
+    if (!line.trim()) return;
+    const at = line.indexOf(":");
+    if (at <= 0 || !line.slice(0, at).trim()) {
+      throw Object.assign(new Error(`line ${i + 1}: write the label's name, a colon, then its text`), { field: "labels" });
+    }
+    labels.push({ name: line.slice(0, at).trim(), text: line.slice(at + 1).trim() });
+  });
+  if (!labels.length) throw Object.assign(new Error("give at least one line: a name, a colon, its text"), { field: "labels" });
+  return labels;
+}
+
+async function addLabels(name, area, activate, button) {
+  button.disabled = true;
+  try {
+    const r = await api(`/v1/models/${encodeURIComponent(name)}/labels`,
+      { method: "POST", json: { labels: newLabels(area.value), activate: activate.checked } });
+    flash("ok", `${r.name}: version ${r.version} adds ${r.added} label${r.added === 1 ? "" : "s"} ` +
+      `(ids ${r.first_label_id}\u2013${r.n_labels - 1}) to version ${r.base_version}` +
+      `${r.activated ? " and answers now" : "; activate it to serve it"} (${r.seconds.toFixed(2)} s).`);
+    await loadModels(name, r.version);
+    readiness();
+  } catch (err) {
+    button.disabled = false;
+    showError(button, err, (path) => (path.startsWith("labels") ? area : null));
   }
 }
 
@@ -917,9 +970,12 @@ function parseFeatures(text) {
 }
 
 // A label's name as a person reads it: XC labels are numbered, their name is their id ("label 24").
+// A label known by its text alone (no training rows yet) is marked so.
 function labelName(l) {
-  return String(l.name) === String(l.id) ? el("span", { class: "label-name" }, `label ${l.id}`)
-    : el("span", { class: "label-name" }, l.name, " ", el("span", { class: "label-id" }, `#${l.id}`));
+  const mark = l.from_text ? [" ", el("span", { class: "badge from-text",
+    title: "known by its text alone: no training rows yet; a training job with rows for it refines it" }, "from its text")] : [];
+  return String(l.name) === String(l.id) ? el("span", { class: "label-name" }, `label ${l.id}`, ...mark)
+    : el("span", { class: "label-name" }, l.name, " ", el("span", { class: "label-id" }, `#${l.id}`), ...mark);
 }
 
 // The words behind a label: the input's words shaded by their contribution to the label's score (green adds,

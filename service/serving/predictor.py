@@ -92,6 +92,7 @@ class LabelScore:
     name: str
     score: float
     prob: float | None
+    from_text: bool = False  # known by its text alone: no training rows yet (`LoadedModel.text_only`)
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,8 @@ class Predictor:
         self.n_labels = int(model.n_labels)
         self.n_features = int(model.n_features)
         self.label_names = list(model.label_names)
+        # with label texts: which labels are known by their text alone (a model without them has none)
+        self.text_only: npt.NDArray[np.bool_] | None = getattr(model, "text_only", None)
         self.w_mean, self.b_mean = linear_head_means(model.head_weight, model.head_bias)
         # "text" or "sparse": what the fitted featurizer accepts (the API refuses the other kind)
         self.input_kind: InputKind = "text" if getattr(model.featurizer, "kind", None) == "text" else "sparse"
@@ -354,7 +357,7 @@ class Predictor:
                 p = None if probs is None else float(probs[r, c])
                 if p is not None and norm in ("sparsemax", "evsoftmax") and p <= 0.0:
                     continue
-                labels.append(LabelScore(lid, self.label_names[lid], float(top.scores[r, c]), p))
+                labels.append(self._label(lid, float(top.scores[r, c]), p))
             out.append(RowPrediction(labels, bool(certified[r])))
         return out
 
@@ -368,13 +371,17 @@ class Predictor:
                 lid, s = int(top.ids[r, c]), float(top.scores[r, c])
                 if lid < 0 or s < thr[r]:
                     continue
-                labels.append(LabelScore(lid, self.label_names[lid], s, float(np.exp(s - log_z[r]))))
+                labels.append(self._label(lid, s, float(np.exp(s - log_z[r]))))
             if not labels and top.ids.shape[1] and top.ids[r, 0] >= 0:
                 # rounding put the threshold above the best score: the best label holds all the mass
                 lid = int(top.ids[r, 0])
-                labels.append(LabelScore(lid, self.label_names[lid], float(top.scores[r, 0]), 1.0))
+                labels.append(self._label(lid, float(top.scores[r, 0]), 1.0))
             out.append(RowPrediction(labels, True))
         return out
+
+    def _label(self, lid: int, score: float, prob: float | None) -> LabelScore:
+        from_text = self.text_only is not None and bool(self.text_only[lid])
+        return LabelScore(lid, self.label_names[lid], score, prob, from_text)
 
     @staticmethod
     def _truncate(p: RowPrediction, top_k: int) -> RowPrediction:

@@ -813,3 +813,60 @@ def test_the_default_model_stays_when_a_newer_one_appears(browser: Any, server: 
         open_page(browser, srv.url, "predict")
         wait_for(lambda: css_all(browser, "#predict-model option[value='big']"), what="the models")
         assert css(browser, "#predict-model").get_attribute("value") == "zeta"
+
+
+def test_labels_added_by_their_texts_in_the_console_are_marked_in_answers(
+    browser: Any, server: Any, tmp_path: Path, shots: Path
+) -> None:
+    """The "Add labels" form of a model trained with label texts (a model without them has none): a line
+    it cannot read and a name the model has are refused beside the box; lines of `name: text` write the
+    next version, and the predict page marks a new label in its answers as known from its text."""
+    from tests.service.test_add_labels import _train_with_texts
+
+    _train_with_texts(tmp_path)  # model `lt`: planted labels with texts, a few held out to add here
+    held = json.loads((tmp_path / "held.json").read_text())[:3]
+    shutil.copytree(server.root / "models" / "demo", tmp_path / "models" / "demo")
+    with load_live_server().live_server(tmp_path, default_model=None) as srv:
+        with_key(browser, srv)
+        open_page(browser, srv.url, "models")
+        wait_for(lambda: css(browser, "form.add-labels[data-model='lt']"), what="the add-labels form")
+        assert not css_all(browser, "form.add-labels[data-model='demo']")
+        css(browser, "details.add-labels summary").click()
+        box = css(browser, "#add-labels-lt")
+        submit = css(browser, "form.add-labels button[type='submit']")
+
+        def refusal(containing: str) -> str:
+            submit.click()
+            msg = wait_for(lambda: [e.text for e in css_all(browser, "form.add-labels .inline-error")
+                                    if containing in e.text], what=f"a refusal naming {containing!r}")
+            return str(msg[0])
+
+        box.send_keys("no colon on this line")
+        assert "line 1" in refusal("colon") and box.get_attribute("aria-invalid") == "true"
+        box.clear()
+        box.send_keys("7: w1 w2")  # a name the model has
+        refusal("'7'")
+        box.clear()
+        box.send_keys("\n".join(f"{h['name']}: {h['text']}" for h in held))
+        submit.click()
+        wait_for(lambda: "version 2 adds 3 labels" in flash_text(browser), what="the new version")
+        browser.save_screenshot(str(shots / "add-labels.png"))
+        assert httpx.get(f"{srv.url}/v1/models/lt").json()["active_version"] == "2"
+        assert (srv.root / "models" / "lt" / "1").is_dir()
+        # a held label the model answers first for its own text (most of them are: test_add_labels)
+        r = httpx.post(f"{srv.url}/v1/models/lt/predict", headers={"X-API-Key": srv.api_key}, timeout=30,
+                       json={"inputs": [{"text": h["text"]} for h in held], "top_k": 1})
+        firsts = [p["labels"][0] for p in r.json()["predictions"]]
+        name, text = next((h["name"], h["text"]) for h, f in zip(held, firsts, strict=True)
+                          if f["name"] == h["name"])
+        open_page(browser, srv.url, "predict")
+        wait_for(lambda: css_all(browser, "#predict-model option[value='lt']"), what="the models")
+        select_value(css(browser, "#predict-model"), "lt")
+        wait_for(lambda: css(browser, "#predict-text").is_displayed(), what="the text box")
+        css(browser, "#predict-text").send_keys(text)
+        css(browser, "#predict-submit").click()
+        wait_for(lambda: css(browser, "#answer-model").text == "lt", what="the answer")
+        shown = [(e.text, bool(e.find_elements("css selector", ".badge.from-text")))
+                 for e in css_all(browser, "#answer-bars .label-name")]
+        assert name in shown[0][0].split() and shown[0][1] and "from its text" in shown[0][0], shown
+        browser.save_screenshot(str(shots / "add-labels-answer.png"))

@@ -100,7 +100,7 @@ def _predict(c: httpx.Client, texts: list[str], k: int = 5) -> list[dict[str, ob
 
 
 def test_labels_added_by_text_answer_as_their_texts_say_and_version_n_is_untouched(
-    srv: Server, held: list[dict[str, str]]
+    srv: Server, held: list[dict[str, str]], trained: Path
 ) -> None:
     with _client(srv) as c:
         before = _predict(c, [h["text"] for h in held])
@@ -115,6 +115,8 @@ def test_labels_added_by_text_answer_as_their_texts_say_and_version_n_is_untouch
         assert body["index"] == "appended"
         assert _digests(v1) == digests  # version n byte for byte
         assert c.get("/v1/models/lt").json()["active_version"] == "2"
+        assert c.get("/v1/models/lt").json()["label_texts"] is True
+        assert c.get("/v1/models/plain").json()["label_texts"] is False
         after = _predict(c, [h["text"] for h in held])
     v2 = srv.models_dir / "lt" / "2"
     names = [json.loads(line) for line in (v2 / "labels.txt").read_text().splitlines()]
@@ -125,6 +127,12 @@ def test_labels_added_by_text_answer_as_their_texts_say_and_version_n_is_untouch
     new = {h["name"] for h in held}
     for b in before:  # before: none of them can be answered
         assert not new & {lab["name"] for lab in b["labels"]}  # type: ignore[index, attr-defined]
+    # answers mark the labels known by their text alone (no training row), and only them
+    rows = (trained / "rows.jsonl").read_text().splitlines()
+    with_rows = {n for line in rows for n in json.loads(line)["labels"]}
+    marks = [(lab["name"], lab["from_text"]) for a in before + after for lab in a["labels"]]  # type: ignore[attr-defined]
+    assert all(marked == (name not in with_rows) for name, marked in marks), marks
+    assert {name for name, marked in marks if marked} & new and not all(marked for _, marked in marks)
     tops = [a["labels"][0]["name"] for a in after]  # type: ignore[index]
     hits = sum(t == h["name"] for t, h in zip(tops, held, strict=True))
     top5 = [[lab["name"] for lab in a["labels"]] for a in after]  # type: ignore[attr-defined]

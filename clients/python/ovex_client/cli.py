@@ -309,7 +309,8 @@ def print_prediction(resp: PredictResponse, texts: Sequence[str], out: TextIO) -
         for lab in pred.labels:
             prob = "" if lab.prob is None else f"{lab.prob:8.4f}"
             name = lab.name if lab.name is not None else str(lab.id)
-            out.write(f"  {prob}  {lab.score:9.4f}  {name}\n")
+            mark = "  (from its text)" if lab.from_text else ""
+            out.write(f"  {prob}  {lab.score:9.4f}  {name}{mark}\n")
             if lab.explanation is not None:
                 print_explanation(lab, out)
 

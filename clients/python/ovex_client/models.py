@@ -111,6 +111,7 @@ class LabelScore(_Answer):
     name: str | None = None
     score: float
     prob: float | None = None
+    from_text: bool = False  # known by its text alone: no training rows yet
     explanation: Explanation | None = None
 
 

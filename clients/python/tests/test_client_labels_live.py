@@ -1,5 +1,6 @@
 """Label texts from the client against a real server: upload a label-texts file, train with it, then add
-labels by their texts with the SDK and with `ovex-client labels add`."""
+labels by their texts with the SDK and with `ovex-client labels add`; answers mark a label known by its
+text alone until a job with rows for it trains it."""
 
 from __future__ import annotations
 
@@ -68,3 +69,36 @@ def test_cli_labels_add(
     code = cli.main(["labels", "add", "topics", "--file", str(blank), *conn])
     out, err = capsys.readouterr()
     assert code == 1 and "422" in err and "empty" in err
+
+
+def test_answers_mark_a_label_known_by_its_text_until_a_job_trains_it(
+    live: LiveServer, topics: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = "planet galaxy orbit"
+    with Client(live.url, live.api_key, timeout=120) as c:
+        added = c.add_labels("topics", [("stargazing", text)], activate=True)
+
+        def marks() -> dict[str | None, bool]:  # every label of the model: its mark in the answer
+            model = c.get_model("topics")
+            answer = c.predict(text, model="topics", top_k=model.n_labels, normalization="none")
+            labels = answer.predictions[0].labels
+            assert answer.version == model.active_version and len(labels) == model.n_labels
+            return {lab.name: lab.from_text for lab in labels}
+
+        before = marks()  # the topics trained on rows; the labels this module added by their texts
+        assert before["stargazing"] and all(marked == (name not in TOPICS) for name, marked in before.items())
+        code = cli.main(["predict", text, "--model", "topics", "--top-k", "3", "--normalization", "none",
+                         "--url", live.url, "--api-key", live.api_key])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert [ln.endswith("(from its text)") for ln in out.splitlines() if "stargazing" in ln] == [True]
+        # a continual job on that version with rows for the label: it has rows now, and is no longer marked
+        rows = tmp_path / "stars.jsonl"
+        rows.write_text("".join(json.dumps({"text": f"{text} the {w}", "labels": ["stargazing"]}) + "\n"
+                                for w in ("a", "of", "and", "to", "in", "on")))
+        data = c.upload_dataset(rows)
+        job = c.submit_job("topics", data.id, base={"version": added.version}, activate=True,
+                           params={"epochs": 2})
+        done = c.wait_for_job(job.id)
+        assert done.state == "succeeded", done.error
+        assert marks() == {**before, "stargazing": False}
