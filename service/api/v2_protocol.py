@@ -36,7 +36,7 @@ Datatype = Literal[
 ]  # fmt: skip
 INT_TYPES = ("INT64", "INT32", "INT16", "INT8", "UINT64", "UINT32", "UINT16", "UINT8")
 FLOAT_TYPES = ("FP32", "FP64", "FP16")
-OUTPUTS = ("label_ids", "label_names", "probabilities", "scores", "label_counts", "exact")
+OUTPUTS = ("label_ids", "label_names", "probabilities", "scores", "label_counts", "exact", "from_text")
 PARAMETERS = ("top_k", "normalization", "exact")
 # element checks of INT and FP tensors: strict (no bools, no strings), stopping at the first bad element
 _INTS: TypeAdapter[list[Any]] = TypeAdapter(Annotated[list[StrictInt], FailFast()])
@@ -139,6 +139,7 @@ OUTPUT_METADATA = [
     TensorMeta(name="scores", datatype="FP32", shape=[-1, -1]),
     TensorMeta(name="label_counts", datatype="INT64", shape=[-1]),
     TensorMeta(name="exact", datatype="BOOL", shape=[-1]),
+    TensorMeta(name="from_text", datatype="BOOL", shape=[-1, -1]),
 ]
 
 
@@ -329,6 +330,8 @@ def to_outputs(preds: list[RowPrediction], req: InferRequest, normalization: str
         "scores": ("FP32", [n, width], lambda: grid(lambda b: b.score, 0.0)),
         "label_counts": ("INT64", [n], lambda: [len(p.labels) for p in preds]),
         "exact": ("BOOL", [n], lambda: [p.certified for p in preds]),
+        # a label known by its text alone (no training rows yet), as REST answers' `from_text`
+        "from_text": ("BOOL", [n, width], lambda: grid(lambda b: b.from_text, False)),
     }
     wanted = (
         [o.name for o in req.outputs]

@@ -118,6 +118,12 @@ def test_labels_added_by_text_answer_as_their_texts_say_and_version_n_is_untouch
         assert c.get("/v1/models/lt").json()["label_texts"] is True
         assert c.get("/v1/models/plain").json()["label_texts"] is False
         after = _predict(c, [h["text"] for h in held])
+        texts = [h["text"] for h in held]
+        r = c.post("/v2/models/lt/infer", json={"inputs": [{"name": "text", "shape": [len(texts)],
+                   "datatype": "BYTES", "data": texts}], "parameters": {"top_k": 5, "normalization": "none"}})
+        v2 = {o["name"]: o["data"] for o in r.json()["outputs"]}
+        # the KServe V2 answer marks the same labels as the REST one
+        assert v2["from_text"] == [[lab["from_text"] for lab in a["labels"]] for a in after]  # type: ignore[attr-defined]
     v2 = srv.models_dir / "lt" / "2"
     names = [json.loads(line) for line in (v2 / "labels.txt").read_text().splitlines()]
     assert names[K0:] == [h["name"] for h in held]

@@ -98,6 +98,7 @@ def test_text_round_trip_matches_v1(v2: Server) -> None:
         n = len(p["labels"])
         assert out["label_counts"]["data"][i] == n
         assert out["label_ids"]["data"][i][:n] == [lb["id"] for lb in p["labels"]]
+        assert out["from_text"]["data"][i][:n] == [lb["from_text"] for lb in p["labels"]]
         assert out["label_names"]["data"][i][:n] == [lb["name"] for lb in p["labels"]]
         assert out["probabilities"]["data"][i][:n] == pytest.approx([lb["prob"] for lb in p["labels"]])
         assert out["exact"]["data"][i] == p["exact"]
