@@ -60,7 +60,7 @@ def verdict(value: float, bound: float, at_most: bool, unit: str = "") -> str:
 # the Results table: one line per headline
 
 
-def real_set(name: str, shown: str, peers: bool, results: Path) -> tuple[str, str, str]:
+def real_set(name: str, shown: str, peers: bool, results: Path, note: str = "") -> tuple[str, str, str]:
     data = load("real.json", results)
     s = data["summary"][name]
     labels = next(r["n_train_labels"] for r in data["runs"] if r["set"] == name and r["status"] == "ok")
@@ -69,7 +69,8 @@ def real_set(name: str, shown: str, peers: bool, results: Path) -> tuple[str, st
     def m(method: str, key: str) -> float:
         return float(s[method][key]["mean"])
 
-    what = f"{shown} P@1 ({'real text, ' if name == 'wordnet' else ''}{labels:,} labels, {seeds} seeds)"
+    text = "real text, " if name.startswith("wordnet") else ""
+    what = f"{shown} P@1 ({text}{labels:,} labels, {seeds} seeds{note})"
     fig = (f"ovex {m('ovex', 'p@1'):.4f}, omikuji {m('omikuji', 'p@1'):.4f}, "
            f"napkinXC PLT {m('napkinxc-plt', 'p@1'):.4f}")
     if peers:
@@ -170,6 +171,8 @@ def serve_1e5(results: Path) -> tuple[str, str, str]:
 def results_table(results: Path = RESULTS) -> str:
     rows = [
         real_set("wordnet", "WordNet", True, results),
+        real_set("wordnet-texts", "WordNet with its label texts", True, results,
+                 "; `--label-texts`, the peers given the texts as rows"),
         real_set("bibtex", "Bibtex", False, results),
         real_set("corel5k", "Corel5k", False, results),
         step_cost(results), scale(results), distributed(results), gpu(results),
