@@ -49,6 +49,7 @@ from trainer.errors import ArtifactError, ParamsError
 from trainer.model import XCModel
 from trainer.negatives import NegativeSampler, SampledNegatives
 from trainer.twins import (
+    TEXT_ONLY,
     TEXTS_FILE,
     TOWER_CONFIG,
     TOWER_WEIGHTS,
@@ -324,7 +325,7 @@ def save_tower(directory: Path, *, tower: LabelTower, scale: tuple[float, float]
 
     tensors = {"gain": tower.gain.detach().cpu().reshape(1).contiguous(),
                "proj": tower.proj.detach().cpu().contiguous(),
-               "text_only": torch.from_numpy(tower.text_only.astype(np.uint8))}
+               TEXT_ONLY: torch.from_numpy(tower.text_only.astype(np.uint8))}
     save_file(tensors, str(directory / TOWER_WEIGHTS))
     with open(directory / TEXTS_FILE, "w", encoding="utf-8") as fh:
         for name in names:

@@ -21,6 +21,7 @@ import scipy.sparse as sp
 TOWER_CONFIG = "label_tower.json"
 TOWER_WEIGHTS = "label_tower.safetensors"
 TEXTS_FILE = "label_texts.jsonl"
+TEXT_ONLY = "text_only"  # the tower weights' bool [K]: the labels without training rows
 # an input's twins are left out of its answers when at least this many training rows have one and fewer
 # than one in TWIN_RARELY of them carries it
 TWIN_EVIDENCE = 10
@@ -153,9 +154,9 @@ def text_only_labels(artifact_dir: Path | str, n_labels: int) -> np.ndarray | No
     try:
         with safe_open(str(d / TOWER_WEIGHTS), framework="numpy") as fh:
             names = list(fh.keys())  # the handle has no `in`
-            if "text_only" not in names:
+            if TEXT_ONLY not in names:
                 return None
-            flags = np.asarray(fh.get_tensor("text_only")).astype(bool).ravel()
+            flags = np.asarray(fh.get_tensor(TEXT_ONLY)).astype(bool).ravel()
     except (OSError, SafetensorError):
         return None
     return flags if flags.shape == (n_labels,) else None

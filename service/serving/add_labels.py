@@ -30,6 +30,7 @@ from service.serving.registry import ModelRegistry, build_serving_index
 from service.serving.retrieval import RetrievalConfig, choose_kind, extend_int8_cache
 from trainer.durable import fsync_tree, write_safetensors
 from trainer.errors import ArtifactError, OvexError
+from trainer.twins import TEXT_ONLY
 
 log = logging.getLogger("ovex.labels")
 
@@ -38,7 +39,6 @@ STAGING = ".adding-"  # a hidden name: no scan lists a version being written
 # a job's marker does not describe a version no job published
 _REWRITTEN = frozenset({"weights.safetensors", "config.json", "labels.txt", "label_texts.jsonl", "index",
                         "published_by.json", "labels_added.json", "label_tower.safetensors"})
-TEXT_ONLY = "text_only"  # the tower's [K] flags of labels without training rows (`trainer.label_tower`)
 ADDED = "labels_added.json"  # in the new version: its base and the first id of the labels added
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()

@@ -821,9 +821,9 @@ def test_labels_added_by_their_texts_in_the_console_are_marked_in_answers(
     """The "Add labels" form of a model trained with label texts (a model without them has none): a line
     it cannot read and a name the model has are refused beside the box; lines of `name: text` write the
     next version, and the predict page marks a new label in its answers as known from its text."""
-    from tests.service.test_add_labels import _train_with_texts
+    from tests.service.conftest import train_with_texts
 
-    _train_with_texts(tmp_path)  # model `lt`: planted labels with texts, a few held out to add here
+    train_with_texts(tmp_path)  # model `lt`: planted labels with texts, a few held out to add here
     held = json.loads((tmp_path / "held.json").read_text())[:3]
     shutil.copytree(server.root / "models" / "demo", tmp_path / "models" / "demo")
     with load_live_server().live_server(tmp_path, default_model=None) as srv:

@@ -6,6 +6,7 @@ off, its data dir in tmp), so the tests talk HTTP to exactly what a user runs.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -36,6 +37,39 @@ def train_small(
         dim=dim, epochs=1, negatives=64, batch_size=256, seed=seed, device="cpu", eval_every=0
     )
     train(params, ds, None, out_dir=out)
+    return out
+
+
+K0, HELD = 300, 10  # `train_with_texts`: trained labels (all with texts), labels held out to add by text
+FEATURES = 2000
+
+
+def train_with_texts(root: Path) -> Path:
+    """Model `lt` under `root/models` (a few seconds): planted text rows over labels 0..K0+HELD-1, all
+    with texts, the last HELD labels held out of training altogether; their names and texts are written
+    to `root/held.json`, to add by text."""
+    from trainer.data import read_dataset
+    from trainer.label_texts import read_label_texts
+    from trainer.params import TrainParams
+    from trainer.synth import write_label_texts, write_synth
+    from trainer.train import train
+
+    rows, texts = root / "rows.jsonl", root / "texts.jsonl"
+    write_synth(rows, K0 + HELD, FEATURES, 2500, seed=4, fmt="jsonl")
+    held = {str(k) for k in range(K0, K0 + HELD)}
+    kept = []
+    for line in rows.read_text().splitlines():
+        obj = json.loads(line)
+        obj["labels"] = [n for n in obj["labels"] if n not in held]
+        if obj["labels"]:
+            kept.append(json.dumps(obj))
+    rows.write_text("\n".join(kept) + "\n")
+    write_label_texts(texts, K0 + HELD, FEATURES, seed=4)
+    pairs = read_label_texts(texts)
+    params = TrainParams(dim=32, epochs=3, negatives=64, batch_size=128, seed=4, device="cpu", eval_every=0)
+    out = root / "models" / "lt" / "1"
+    train(params, read_dataset(rows), None, out_dir=out, label_texts=pairs[:K0])
+    (root / "held.json").write_text(json.dumps([{"name": n, "text": t} for n, t in pairs[K0:]]))
     return out
 
 

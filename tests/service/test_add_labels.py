@@ -19,42 +19,23 @@ import httpx
 import pytest
 
 from tests.jobs.test_disk_faults import full, read_only, tmpfs
-from tests.service.conftest import API_KEY, Server, copy_version, start_server, stop_server, train_small
-
-K0, HELD = 300, 10  # trained labels (all with texts), labels held out to add by text
-FEATURES = 2000
-
-
-def _train_with_texts(root: Path) -> Path:
-    from trainer.data import read_dataset
-    from trainer.label_texts import read_label_texts
-    from trainer.params import TrainParams
-    from trainer.synth import write_label_texts, write_synth
-    from trainer.train import train
-
-    rows, texts = root / "rows.jsonl", root / "texts.jsonl"
-    write_synth(rows, K0 + HELD, FEATURES, 2500, seed=4, fmt="jsonl")
-    held = {str(k) for k in range(K0, K0 + HELD)}
-    kept = []
-    for line in rows.read_text().splitlines():
-        obj = json.loads(line)
-        obj["labels"] = [n for n in obj["labels"] if n not in held]
-        if obj["labels"]:
-            kept.append(json.dumps(obj))
-    rows.write_text("\n".join(kept) + "\n")
-    write_label_texts(texts, K0 + HELD, FEATURES, seed=4)
-    pairs = read_label_texts(texts)
-    params = TrainParams(dim=32, epochs=3, negatives=64, batch_size=128, seed=4, device="cpu", eval_every=0)
-    out = root / "models" / "lt" / "1"
-    train(params, read_dataset(rows), None, out_dir=out, label_texts=pairs[:K0])
-    (root / "held.json").write_text(json.dumps([{"name": n, "text": t} for n, t in pairs[K0:]]))
-    return out
+from tests.service.conftest import (
+    API_KEY,
+    HELD,
+    K0,
+    Server,
+    copy_version,
+    start_server,
+    stop_server,
+    train_small,
+    train_with_texts,
+)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("lt-trained")
-    _train_with_texts(root)
+    train_with_texts(root)
     train_small(root / "models" / "plain" / "1")
     return root
 
