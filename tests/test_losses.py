@@ -215,6 +215,38 @@ def test_grouped_ove_value_and_gradient_match_the_plain_formula(group: int, m: i
         assert torch.allclose(got, ref)
 
 
+@settings(max_examples=80, deadline=None)
+@given(k=st.integers(2, 12), group=st.integers(2, 12), m=st.integers(1, 12), data=st.data(),
+       scale=st.floats(0.1, 60.0), dtype=st.sampled_from([torch.float64, torch.float32]))
+def test_grouped_ove_once_a_row_equals_the_sum_once_a_pair(
+    k: int, group: int, m: int, data: st.DataObject, scale: float, dtype: torch.dtype
+) -> None:
+    """The grouped bound's value and both gradients, taken once a row (the path without hard negatives),
+    equal the per-pair computation that hard negatives use, also for groups whose every column is a
+    positive of the row (no term) and for margins of hundreds (no overflow)."""
+    from trainer.losses import _OveGroupSum, _OveRowGroupSum, masked_negative_pairs
+
+    rows, s, seed = _random_case(data, k, scale)
+    cand = sampled_candidates(*_labels(rows), NegativeSampler(k, "uniform", seed=seed), m, group_size=group)
+    n = cand.n_sampled
+    scores = s[:, cand.label_ids].to(dtype)
+    pos = scores[cand.pos_rows, cand.pos_cols]
+    pw = torch.rand(cand.pos_rows.numel(), dtype=dtype, generator=torch.Generator().manual_seed(seed))
+    c = k / min(m, k)
+    hit = cand.pos_cols < n
+    mask_p, mask_j = masked_negative_pairs(cand)
+    out = []
+    row_masks = (cand.pos_rows[hit], cand.pos_cols[hit])
+    for fn, masks in ((_OveRowGroupSum, row_masks), (_OveGroupSum, (mask_p, mask_j))):
+        neg, p = scores[:, :n].clone().requires_grad_(), pos.clone().requires_grad_()
+        total = fn.apply(neg, p, cand.pos_rows, c, *masks, pw, group)
+        out.append((total, *torch.autograd.grad(total * 1.5, (neg, p))))
+    tol = {"rtol": 1e-9, "atol": 1e-9} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-4}
+    for got, want in zip(out[0], out[1], strict=True):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, **tol)
+
+
 def test_grouped_columns_are_a_random_order_of_the_sample_with_positives_mapped() -> None:
     sampler = NegativeSampler(100, "uniform", seed=0)
     rows = [[5, 9], [9, 50]]

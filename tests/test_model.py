@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from trainer import optim, row_kernels
 from trainer.errors import ParamsError
-from trainer.model import ModelShape, RowDropout, XCModel, csr_to_tensors, project_rows
+from trainer.model import ModelShape, RowDropout, XCModel, csr_to_tensors, project_rows, project_table
 from trainer.negatives import NegativeSampler
 from trainer.optim import RowAdagrad, RowAdam, catch_up_table
 
@@ -36,6 +36,33 @@ def test_project_rows_gradient_matches_embedding_bag_autograd() -> None:
     h2.backward(g)
     assert t1.grad is not None and t2.grad is not None
     torch.testing.assert_close(t1.grad, t2.grad)
+
+
+@settings(max_examples=40, deadline=None)
+@given(bags=st.integers(1, 10), n_table=st.integers(1, 40), width=st.integers(1, 24),
+       seed=st.integers(0, 2**31))
+def test_projecting_straight_from_the_table_equals_projecting_the_gathered_rows(
+    bags: int, n_table: int, width: int, seed: int
+) -> None:
+    """What a training step projects without gathering its input rows: the same sums, and the same
+    gradient of the gathered rows (empty bags, a row read twice by one bag)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 6, size=bags)
+    offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64))
+    x_ind = torch.from_numpy(rng.integers(0, n_table, size=int(lengths.sum())).astype(np.int64))
+    values = torch.from_numpy(rng.standard_normal(x_ind.numel()).astype(np.float32))
+    table = torch.from_numpy(rng.standard_normal((n_table, width)).astype(np.float32))
+    g = torch.from_numpy(rng.standard_normal((bags, width)).astype(np.float32))
+    ids, inverse = torch.unique(x_ind, return_inverse=True)
+    gathered = table.index_select(0, ids).requires_grad_()
+    want = project_rows(gathered, inverse, offsets, values)
+    got, rows = project_table(table, ids, inverse, offsets, values)
+    torch.testing.assert_close(got, want)
+    want.backward(g)
+    got.backward(g)
+    assert rows.grad is not None and gathered.grad is not None and rows.shape == gathered.shape
+    torch.testing.assert_close(rows.grad, gathered.grad)
+    assert table.grad is None  # the table itself is never differentiated
 
 
 @settings(max_examples=40, deadline=None)

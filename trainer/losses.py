@@ -362,6 +362,52 @@ class _OveGroupSum(torch.autograd.Function):
         return (*_pair_grads(ctx, go), None, None, None, None, None, None)
 
 
+class _OveRowGroupSum(torch.autograd.Function):
+    """`_OveGroupSum` where every pair of a row ignores the same columns (the row's positives): each
+    group's sum is taken once a row, not once a pair.
+
+    With c the group's largest unmasked score of row b and S = Σ_{j∈g} e^{s_bj − c}, a pair's term is
+    log(1 + S·e^{c − s_p}) = softplus(log S + c − s_p), and its gradient on s_bj is σ(·)·e^{s_bj − c}/S: the
+    [B, n] work is done once a row (a batch holds about two pairs a row) and only [P, groups] once a pair.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        s_neg: torch.Tensor,
+        s_pos: torch.Tensor,
+        pos_rows: torch.Tensor,
+        scale: float,
+        mask_r: torch.Tensor,
+        mask_j: torch.Tensor,
+        pair_w: torch.Tensor,
+        group: int,
+    ) -> torch.Tensor:
+        b, n = s_neg.shape
+        z = s_neg.index_put((mask_r, mask_j), s_neg.new_full((), -math.inf)) if mask_r.numel() \
+            else s_neg.clone()
+        pad = (-n) % group
+        if pad:
+            z = F.pad(z, (0, pad), value=-math.inf)
+        zg = z.view(b, -1, group)
+        top = zg.amax(2, keepdim=True).nan_to_num_(neginf=0.0)  # a group all masked: S = 0, no term
+        e = zg.sub_(top).exp_()
+        total_s = e.sum(2)
+        u = (total_s.log() + top.squeeze(2)).index_select(0, pos_rows) - s_pos.unsqueeze(1)  # [P, groups]
+        total = (F.softplus(u).sum(1) @ pair_w) * scale
+        pull = torch.sigmoid_(u).mul_((pair_w * scale).unsqueeze(1))  # dLoss/du, ≥ 0
+        per_row = pull.new_zeros(b, pull.shape[1]).index_add_(0, pos_rows, pull)
+        per_row.div_(total_s.clamp_(min=torch.finfo(total_s.dtype).tiny))  # 0 where the group is empty
+        g_neg = e.mul_(per_row.unsqueeze(2)).view(b, -1)[:, :n]
+        ctx.save_for_backward(g_neg, pull.sum(1).neg_())
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, go: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        g_neg, g_pos = ctx.saved_tensors
+        return g_neg * go, g_pos * go, None, None, None, None, None, None
+
+
 def ove_loss(batch: CandidateBatch) -> torch.Tensor:
     """One-vs-each bound (Titsias 2016), estimated from the sampled negatives; grouped when G > 1.
 
@@ -382,11 +428,18 @@ def ove_loss(batch: CandidateBatch) -> torch.Tensor:
     n = c.n_sampled
     if c.pos_rows.numel() == 0:
         return batch.scores.sum() * 0.0
-    mask_p, mask_j = masked_negative_pairs(c) if c.masked is None else (c.masked[0], c.masked[1])
     pw = pair_weights(c, batch.scores.dtype)
+    scale = c.n_labels / min(c.n_draws, c.n_labels)  # grouped (uniform): every column weighs K/M, 1 if M ≥ K
+    if c.group_size > 1 and c.hard_cols is None:  # the masked columns are each row's positives
+        hit = torch.nonzero(c.pos_cols < n).squeeze(1)
+        total: torch.Tensor = _OveRowGroupSum.apply(
+            batch.scores[:, :n], batch.positive_scores(), c.pos_rows, scale, c.pos_rows.index_select(0, hit),
+            c.pos_cols.index_select(0, hit), pw, c.group_size,
+        )
+        return total
+    mask_p, mask_j = masked_negative_pairs(c) if c.masked is None else (c.masked[0], c.masked[1])
     if c.group_size > 1:
-        scale = c.n_labels / min(c.n_draws, c.n_labels)  # uniform: every column weighs K/M (1 if M ≥ K)
-        total: torch.Tensor = _OveGroupSum.apply(
+        total = _OveGroupSum.apply(
             batch.scores[:, :n], batch.positive_scores(), c.pos_rows, scale, mask_p, mask_j, pw,
             c.group_size,
         )

@@ -121,8 +121,7 @@ class RowDropout(nn.Module):
 class _ProjectRows(torch.autograd.Function):
     """h = A @ T for a batch CSR A (B×U) over gathered table rows T (U×d), with a fast backward.
 
-    Forward is `embedding_bag`; its CPU backward is far slower than one sparse product, so the gradient
-    A^T @ dh is taken with scipy on the CPU (one pass over the non-zeros) and `index_add_` elsewhere.
+    Forward is `embedding_bag`; its backward is far slower than one pass over the non-zeros (`_rows_grad`).
     """
 
     @staticmethod
@@ -136,24 +135,52 @@ class _ProjectRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_h: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         indices, offsets, values = ctx.saved_tensors
-        b, n_rows = grad_h.shape[0], ctx.n_rows
-        grad_h = grad_h.contiguous()  # a slice of a wider gradient when h was concatenated
-        if row_kernels.usable(grad_h, values) and indices.dtype == offsets.dtype == torch.int64:
-            grad = row_kernels.project_rows_grad(offsets, indices, values, grad_h, n_rows)
-        elif grad_h.device.type == "cpu":
-            indptr = np.empty(b + 1, dtype=np.int64)
-            indptr[:b] = offsets.numpy()
-            indptr[b] = indices.numpy().shape[0]
-            a = sp.csr_matrix((values.numpy(), indices.numpy(), indptr), shape=(b, n_rows))
-            g = np.ascontiguousarray(grad_h.detach().numpy(), dtype=np.float32)
-            grad = torch.from_numpy(np.asarray(a.T @ g, dtype=np.float32))
-        else:
-            counts = torch.diff(offsets, append=offsets.new_full((1,), indices.numel()))
-            rows = torch.repeat_interleave(torch.arange(b, device=grad_h.device), counts,
-                                           output_size=indices.numel())  # known: no wait for the device
-            grad = torch.zeros(n_rows, grad_h.shape[1], dtype=grad_h.dtype, device=grad_h.device)
-            grad.index_add_(0, indices, grad_h.index_select(0, rows) * values.unsqueeze(1))
-        return grad, None, None, None
+        return _rows_grad(indices, offsets, values, grad_h, ctx.n_rows), None, None, None
+
+
+class _ProjectTable(torch.autograd.Function):
+    """h = A @ table[ids] for a batch CSR A over positions in `ids`, read straight from the table; the
+    gradient of those rows goes to `rows`, a leaf that stands for table[ids] and is never written.
+
+    Why: gathering a step's input rows first copies thousands of rows that the bag sum reads once.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, rows: torch.Tensor, table: torch.Tensor, indices: torch.Tensor, inverse: torch.Tensor,
+        offsets: torch.Tensor, values: torch.Tensor,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(inverse, offsets, values)
+        ctx.n_rows = rows.shape[0]
+        return F.embedding_bag(indices, table, offsets, mode="sum", per_sample_weights=values)
+
+    @staticmethod
+    def backward(ctx: Any, grad_h: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        inverse, offsets, values = ctx.saved_tensors
+        return _rows_grad(inverse, offsets, values, grad_h, ctx.n_rows), None, None, None, None, None
+
+
+def _rows_grad(
+    indices: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor, grad_h: torch.Tensor, n_rows: int
+) -> torch.Tensor:
+    """Aᵀ·grad_h [n_rows, d] for the bags' CSR A over rows 0..n_rows − 1: a numba kernel on the CPU (one
+    pass over the non-zeros), scipy where numba is missing, `index_add_` elsewhere."""
+    b = grad_h.shape[0]
+    grad_h = grad_h.contiguous()  # a slice of a wider gradient when h was concatenated
+    if row_kernels.usable(grad_h, values) and indices.dtype == offsets.dtype == torch.int64:
+        return row_kernels.project_rows_grad(offsets, indices, values, grad_h, n_rows)
+    if grad_h.device.type == "cpu":
+        indptr = np.empty(b + 1, dtype=np.int64)
+        indptr[:b] = offsets.numpy()
+        indptr[b] = indices.numpy().shape[0]
+        a = sp.csr_matrix((values.numpy(), indices.numpy(), indptr), shape=(b, n_rows))
+        g = np.ascontiguousarray(grad_h.detach().numpy(), dtype=np.float32)
+        return torch.from_numpy(np.asarray(a.T @ g, dtype=np.float32))
+    counts = torch.diff(offsets, append=offsets.new_full((1,), indices.numel()))
+    rows = torch.repeat_interleave(torch.arange(b, device=grad_h.device), counts,
+                                   output_size=indices.numel())  # known: no wait for the device
+    grad = torch.zeros(n_rows, grad_h.shape[1], dtype=grad_h.dtype, device=grad_h.device)
+    return grad.index_add_(0, indices, grad_h.index_select(0, rows) * values.unsqueeze(1))
 
 
 def project_rows(
@@ -164,6 +191,17 @@ def project_rows(
         return F.embedding_bag(indices, table, offsets, mode="sum", per_sample_weights=values)
     out: torch.Tensor = _ProjectRows.apply(table, indices, offsets, values)
     return out
+
+
+def project_table(
+    table: torch.Tensor, ids: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`project_rows(table[ids], inverse, ...)` without gathering table[ids]: (the bags' sums, the leaf
+    whose `.grad` holds the gradient of table[ids] after backward)."""
+    rows = table.new_empty(ids.numel(), table.shape[1]).requires_grad_()
+    out: torch.Tensor = _ProjectTable.apply(rows, table.detach(), ids.index_select(0, inverse), inverse,
+                                            offsets, values)
+    return out, rows
 
 
 def csr_to_tensors(x: sp.csr_matrix, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:

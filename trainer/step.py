@@ -28,7 +28,7 @@ from trainer.losses import (
     pair_weights,
     row_pair_weights,
 )
-from trainer.model import XCModel, project_rows
+from trainer.model import XCModel, project_rows, project_table
 from trainer.negatives import NegativeSampler
 from trainer.optim import RowAdagrad, RowAdam
 from trainer.params import TrainParams
@@ -230,24 +230,29 @@ class Stepper:
         """The step's device part: encode, score, backward, update the touched rows; the loss."""
         model, params, group, cand = self.model, self.params, self.group, inp.cand
         low = self.low_precision
-        e_rows = model.input_weight.index_select(0, inp.features).requires_grad_()
         tower = tower_of(model)
         texts: torch.Tensor | None = None  # the projection of the candidates' texts, with a label tower
-        if tower is None or inp.text_inverse is None:
-            h = model.encode_tensors(inp.inverse, inp.offsets, inp.values, table=e_rows)
-        elif inp.text_offsets is None or inp.text_values is None:
-            raise AssertionError("a step's texts come with their offsets and values")
-        elif tower.detach:  # the texts read the whole table, without a gradient
-            h = model.encode_tensors(inp.inverse, inp.offsets, inp.values, table=e_rows)
-            texts = project_rows(model.input_weight.detach(), inp.text_inverse, inp.text_offsets,
-                                 inp.text_values)
-        else:  # one projection of the rows and texts together: one gradient of the gathered table rows
-            both = project_rows(e_rows, torch.cat([inp.inverse, inp.text_inverse]),
-                                torch.cat([inp.offsets, inp.text_offsets + inp.inverse.numel()]),
-                                torch.cat([inp.values, inp.text_values]))
+        text_bags: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        if tower is not None and inp.text_inverse is not None:
+            if inp.text_offsets is None or inp.text_values is None:
+                raise AssertionError("a step's texts come with their offsets and values")
+            text_bags = (inp.text_inverse, inp.text_offsets, inp.text_values)
+        if tower is not None and text_bags is not None and not tower.detach:
+            # one projection of the rows and texts together: one gradient of the gathered table rows
+            t_inverse, t_offsets, t_values = text_bags
+            e_rows = model.input_weight.index_select(0, inp.features).requires_grad_()
+            both = project_rows(e_rows, torch.cat([inp.inverse, t_inverse]),
+                                torch.cat([inp.offsets, t_offsets + inp.inverse.numel()]),
+                                torch.cat([inp.values, t_values]))
             n_rows = inp.offsets.numel()
             h = model.drop(model.layers(both[:n_rows]))
             texts = both[n_rows:]
+        else:
+            projected, e_rows = project_table(model.input_weight, inp.features, inp.inverse, inp.offsets,
+                                              inp.values)
+            h = model.drop(model.layers(projected))
+            if text_bags is not None:  # the texts read the whole table, without a gradient
+                texts = project_rows(model.input_weight.detach(), *text_bags)
         n_pairs = cand.pos_rows.numel()
         if group.world > 1:
             per = -(-cand.n_rows // group.world)
