@@ -65,6 +65,15 @@ def test_projecting_straight_from_the_table_equals_projecting_the_gathered_rows(
     assert table.grad is None  # the table itself is never differentiated
 
 
+@pytest.mark.parametrize("make", [RowAdam, RowAdagrad])
+def test_a_step_whose_rows_read_no_feature_updates_no_row(make: type[RowAdam] | type[RowAdagrad]) -> None:
+    """A batch whose texts hold no known term touches no input row: the table stays as it was."""
+    table = torch.randn(5, 3)
+    before = table.clone()
+    make().step("input", table, torch.zeros(0, 3), 0.1, rows=torch.zeros(0, dtype=torch.int64))
+    assert torch.equal(table, before)
+
+
 @settings(max_examples=40, deadline=None)
 @given(bags=st.integers(1, 12), n_rows=st.integers(1, 20), width=st.integers(1, 40),
        seed=st.integers(0, 2**31))

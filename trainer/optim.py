@@ -41,7 +41,8 @@ class _RowOptimizer:
     ) -> tuple[int, torch.Tensor]:
         """(rows in `param`, the gradient as one line per updated row)."""
         n_rows = param.shape[0] if param.dim() > 0 else 1
-        return n_rows, grad.reshape(n_rows if rows is None else rows.numel(), -1)
+        width = math.prod(param.shape[1:])  # not -1: a step may touch no row
+        return n_rows, grad.reshape(n_rows if rows is None else rows.numel(), width)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return dict(self.state)
