@@ -283,15 +283,10 @@ class XCModel(nn.Module):
 
     # ---- encoder
     def encode_tensors(
-        self,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        values: torch.Tensor,
-        table: torch.Tensor | None = None,
+        self, indices: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor
     ) -> torch.Tensor:
-        """h for a batch in EmbeddingBag form; `table` is the (gathered) input table the indices refer to."""
-        weight = self.input_weight if table is None else table
-        out: torch.Tensor = self.drop(self.layers(project_rows(weight, indices, offsets, values)))
+        """h for a batch in EmbeddingBag form (the indices are rows of the input table)."""
+        out: torch.Tensor = self.drop(self.layers(project_rows(self.input_weight, indices, offsets, values)))
         return out
 
     def layers(self, projected: torch.Tensor) -> torch.Tensor:
