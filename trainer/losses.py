@@ -384,8 +384,7 @@ class _OveRowGroupSum(torch.autograd.Function):
         group: int,
     ) -> torch.Tensor:
         b, n = s_neg.shape
-        z = s_neg.index_put((mask_r, mask_j), s_neg.new_full((), -math.inf)) if mask_r.numel() \
-            else s_neg.clone()
+        z = s_neg.index_put((mask_r, mask_j), s_neg.new_full((), -math.inf))  # a copy, masked
         pad = (-n) % group
         if pad:
             z = F.pad(z, (0, pad), value=-math.inf)

@@ -191,7 +191,10 @@ class Stepper:
         else:
             groups = params.group_size if self.spec.grouped else 1
             sc = shard_candidates(y_ptr, y_ind, self.shard, self.sampler, params.negatives, groups)
-            sc.cand.masked = torch.stack(masked_negative_pairs(sc.cand))
+            # pairs read each pair's masked columns, made here on the host; a grouped bound masks once a
+            # row (`ove_loss`), and hard negatives make theirs in `extend`
+            if groups == 1:
+                sc.cand.masked = torch.stack(masked_negative_pairs(sc.cand))
             if self.hard is not None:  # one rank: the pairs' labels are its columns' ids
                 self.hard.extend(sc.cand, y_ind)
         cand = sc.cand
