@@ -37,7 +37,8 @@ def data() -> tuple[Dataset, Dataset]:
 def root(data: tuple[Dataset, Dataset], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same run without and with the adjustment, alone and as ensembles of 2."""
     out = tmp_path_factory.mktemp("logit-adjust")
-    for name, extra in (("plain", {}), ("adj", {"logit_adjust": TAU}), ("ens", {"ensemble": 2}),
+    for name, extra in (("plain", {"logit_adjust": 0.0}), ("adj", {"logit_adjust": TAU}),
+                        ("ens", {"ensemble": 2, "logit_adjust": 0.0}),
                         ("ens-adj", {"ensemble": 2, "logit_adjust": TAU})):
         train(TrainParams(**SMALL, **extra), data[0], data[1], out_dir=out / name)
     return out
@@ -121,6 +122,14 @@ def test_bounds_and_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
                  "--quiet"]) != 0
     assert "--logit-adjust: Input should be less than or equal to 2" in capsys.readouterr().err
     assert not (tmp_path / "m2").exists()
+
+
+def test_params_saved_before_the_shift_existed_read_as_unshifted() -> None:
+    """A model saved before `logit_adjust` existed has unshifted biases: a continual run must not take the
+    default's shift off them, so its missing field reads as 0, not as today's default."""
+    assert TrainParams().logit_adjust < 0.0
+    assert TrainParams.from_json_dict({"epochs": 3}).logit_adjust == 0.0
+    assert TrainParams.from_json_dict(TrainParams().to_json_dict()).logit_adjust == TrainParams().logit_adjust
 
 
 def test_two_ranks_shift_the_rows_each_holds(tmp_path: Path) -> None:
