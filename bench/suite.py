@@ -309,6 +309,12 @@ BENCHES: tuple[Bench, ...] = (
           steps=(_s("bench/logit_adjust.py", "--out", "{results}/logit_adjust"),), quick=(),
           outputs=("logit_adjust.json", "logit_adjust.md"),
           measures=(*CLI, "bench/logit_adjust.py", "bench/real.py"), estimate_s=900, full=False),
+    # τ chosen per set on held-out training rows, against the one default
+    Bench("logit_adjust_held_out",
+          steps=(_s("bench/logit_adjust.py", "--sets", "wordnet", "bibtex", "corel5k", "--held-out", "0.05",
+                    "--out", "{results}/logit_adjust_held_out"),), quick=(),
+          outputs=("logit_adjust_held_out.json", "logit_adjust_held_out.md"),
+          measures=(*CLI, "bench/logit_adjust.py", "bench/real.py"), estimate_s=360, full=False),
     # a design probe for labels known by their text: test-only labels scored by their texts' tf-idf cosine
     Bench("lexical_channel",
           steps=(_s("bench/lexical_channel.py", "--out", "{results}/lexical_channel"),), quick=(),
