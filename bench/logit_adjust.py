@@ -106,7 +106,7 @@ def held_out_choice(set_name: str, seeds: list[int], taus: tuple[float, ...], fr
     b = load_set(set_name, data_dir)
     prop = xc_metrics.propensities(b.y_train)
     index = {name: i for i, name in enumerate(b.names)}
-    default = TrainParams().logit_adjust
+    default = TrainParams().logit_shift(label_texts=False)
     grid = tuple(sorted({*taus, default, 0.0}, key=abs))
     rows: list[dict[str, Any]] = []
     for seed in seeds:
@@ -164,7 +164,8 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         markdown_line(result) + "  ",
         f"Seeds {result['seeds']}: mean ± sample std. τ = 0 is no shift (the default is "
-        f"{TrainParams().logit_adjust:+.2f}). Each seed's model is trained once by `ovex train` and rescored "
+        f"{TrainParams().logit_shift(label_texts=False):+.2f}, without label texts). Each seed's model is "
+        "trained once by `ovex train` and rescored "
         "with every τ (the shift leaves training as it is). p@1[b]: P@1 over the test rows whose rarest "
         "label has b training rows.",
         "",

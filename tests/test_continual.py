@@ -300,7 +300,8 @@ def test_mean_init_points_new_rows_at_their_examples(
     # the base's rows as it learned them: its saved biases less their logit adjustment
     assert base.label_counts is not None
     learned = base.model.head.clone()
-    learned[:, -1] -= torch.from_numpy(bias_shift(base.label_counts, base.params.logit_adjust))
+    shift = bias_shift(base.label_counts, base.params.logit_shift(label_texts=False))
+    learned[:, -1] -= torch.from_numpy(shift)
     torch.testing.assert_close(model.head[:24], learned)
     torch.testing.assert_close(model.input_weight, base.model.input_weight)
 

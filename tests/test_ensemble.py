@@ -58,7 +58,7 @@ def test_the_saved_model_scores_the_sum_of_its_members(trained: dict[str, object
     x = a.featurizer.transform(data[1])
     # each member saved its biases logit-adjusted; the merged model carries the shift once
     assert a.label_counts is not None
-    once = bias_shift(a.label_counts, ens.params.logit_adjust)
+    once = bias_shift(a.label_counts, ens.params.logit_shift(label_texts=False))
     assert np.abs(once).max() > 0.1
     np.testing.assert_allclose(ens.scores(x), a.scores(x) + b.scores(x) - once, rtol=1e-5, atol=1e-4)
     # the test-set metrics are the merged model's own

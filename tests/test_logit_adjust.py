@@ -17,9 +17,10 @@ from pydantic import ValidationError
 
 from trainer.artifact import load_artifact
 from trainer.data import Dataset
+from trainer.hooks import QuietHooks
 from trainer.logit_adjust import adjusted, bias_shift
 from trainer.model import ModelShape, XCModel
-from trainer.params import TrainParams
+from trainer.params import LOGIT_ADJUST, TrainParams
 from trainer.synth import synth_dataset
 from trainer.train import train
 
@@ -126,10 +127,38 @@ def test_bounds_and_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 def test_params_saved_before_the_shift_existed_read_as_unshifted() -> None:
     """A model saved before `logit_adjust` existed has unshifted biases: a continual run must not take the
-    default's shift off them, so its missing field reads as 0, not as today's default."""
-    assert TrainParams().logit_adjust < 0.0
+    default's shift off them, so its missing field reads as 0, not as unset."""
     assert TrainParams.from_json_dict({"epochs": 3}).logit_adjust == 0.0
-    assert TrainParams.from_json_dict(TrainParams().to_json_dict()).logit_adjust == TrainParams().logit_adjust
+    unset = TrainParams.from_json_dict(TrainParams().to_json_dict())
+    assert unset.logit_adjust is None and unset.logit_shift(label_texts=False) == LOGIT_ADJUST < 0.0
+
+
+def test_unset_the_shift_is_the_default_without_label_texts_and_none_with_them() -> None:
+    unset = TrainParams()
+    assert unset.logit_shift(label_texts=False) == LOGIT_ADJUST and unset.logit_shift(label_texts=True) == 0.0
+    for tau in (0.0, -0.3, 0.2):  # a value given is applied either way
+        given = TrainParams(logit_adjust=tau)
+        assert given.logit_shift(label_texts=False) == given.logit_shift(label_texts=True) == tau
+
+
+def test_a_model_with_label_texts_is_unshifted_unless_asked(tmp_path: Path) -> None:
+    """Trained with label texts and `logit_adjust` unset, the saved biases are the learned ones (the run
+    with 0 to the bit); with a τ given they carry it, and a continual run of the unset one learns from
+    them as saved."""
+    from tests.test_twins import _params, taxonomy
+
+    ds, texts = taxonomy(240, twins_are_labels=False)
+    for name, extra in (("unset", {}), ("zero", {"logit_adjust": 0.0}), ("given", {"logit_adjust": TAU})):
+        train(_params(**extra), ds, None, out_dir=tmp_path / name, hooks=QuietHooks(), label_texts=texts)
+    unset, zero, given = (load_artifact(tmp_path / n) for n in ("unset", "zero", "given"))
+    assert unset.params.logit_adjust is None
+    torch.testing.assert_close(unset.model.head, zero.model.head, rtol=0, atol=0)
+    assert given.label_counts is not None
+    trained = given.label_counts > 0
+    np.testing.assert_allclose((given.head_bias - zero.head_bias)[trained],
+                               bias_shift(given.label_counts, TAU)[trained], rtol=1e-4, atol=1e-4)
+    train(_params(epochs=1), ds, None, out_dir=tmp_path / "more", base=tmp_path / "unset", hooks=QuietHooks())
+    assert load_artifact(tmp_path / "more").params.logit_adjust is None
 
 
 def test_two_ranks_shift_the_rows_each_holds(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from trainer.errors import ArtifactError, DataFormatError, ParamsError
 from trainer.logit_adjust import unapplied
 from trainer.model import init_head_rows
 from trainer.params import ARCHITECTURE_FIELDS, RUN_FIELDS, TrainParams, validation_message
+from trainer.twins import has_label_tower
 
 __all__ = [
     "WarmStart",
@@ -585,7 +586,8 @@ def warm_start(base_dir: str | Path, train_ds: Dataset, test_ds: Dataset | None,
     except ArtifactError as exc:  # named as the caller names the base (the service hides its paths)
         raise ArtifactError(name, exc.message) from None
     _check_base(base, name)
-    unapplied(base.model, base.label_counts, base.params.logit_adjust)  # the run learns from its own biases
+    # the run learns from the base's own biases
+    unapplied(base.model, base.label_counts, base.params.logit_shift(has_label_tower(Path(base_dir))))
     space = _LabelSpace(list(base.label_names))
     _check_unique(space, name)
     for ds in (train_ds, test_ds, replay_ds):

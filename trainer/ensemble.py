@@ -108,7 +108,7 @@ def _merged_result(results: list[TrainResult], dirs: list[Path], params: TrainPa
     model = merge_models(itertools.chain([first.model], (load_artifact(d).model for d in dirs[1:])),
                          len(dirs))
     if counts is not None:
-        shift_biases(model, counts, params.logit_adjust)
+        shift_biases(model, counts, params.logit_shift(label_texts=False))
     del first
     metrics = {} if test_ds is None else evaluate(model, featurizer, train_ds, test_ds)
     seconds = sum(r.seconds for r in results)

@@ -29,6 +29,7 @@ MAX_NEGATIVES = 262_144
 MAX_SEED = (1 << 32) - 1
 MAX_ENSEMBLE = 8
 MAX_DIM = 16384  # the widest model, an ensemble's members side by side included
+LOGIT_ADJUST = -0.1  # the shift of a model without label texts when `logit_adjust` is unset
 # `batch_size` 0: a batch of 512 rows once an epoch holds this many rows (100 steps of 512), 256 below. More
 # rows a step share the step's negatives; a small set would take too few steps (docs/training.md)
 AUTO_BATCH_ROWS = 51_200
@@ -161,15 +162,15 @@ class TrainParams(BaseModel):
         "positives) or pair (each positive pair weighs 1)",
         json_schema_extra=_in("objective"),
     )
-    # a small shift by default: WordNet, Bibtex and the planted 10^5-label set gain P@1 with it, Corel5k
-    # moves within its seeds' spread; a larger one gains more on those three and costs Corel5k
-    # (docs/training.md)
-    logit_adjust: float = Field(
-        default=-0.1,
+    # unset, a small shift (LOGIT_ADJUST): WordNet, Bibtex and the planted 10^5-label set gain P@1 with it,
+    # Corel5k moves within its seeds' spread, and a model with label texts loses with it (docs/training.md)
+    logit_adjust: float | None = Field(
+        default=None,
         ge=-2.0,
         le=2.0,
         description="add this times log(the label's training rows) to each label's bias in the saved model "
-        "(and its evaluations): below 0 lowers the frequent labels against the rare ones, 0 = off",
+        "(and its evaluations): below 0 lowers the frequent labels against the rare ones, 0 = off; unset: "
+        f"{LOGIT_ADJUST}, or 0 for a model with label texts, whose text rows already lift the rare labels",
         json_schema_extra=_in("objective"),
     )
     # encoder
@@ -475,6 +476,13 @@ class TrainParams(BaseModel):
                 f"group_size {self.group_size} needs sampler 'uniform' (grouped negatives are only unbiased "
                 f"with equal inclusion probabilities); set group_size 1 to use sampler {self.sampler!r}"
             )
+
+    def logit_shift(self, label_texts: bool) -> float:
+        """The τ a run applies to its model, with or without label texts: `logit_adjust`, or where it is
+        unset the default for that kind of model."""
+        if self.logit_adjust is not None:
+            return self.logit_adjust
+        return 0.0 if label_texts else LOGIT_ADJUST
 
     def batch_for(self, rows: int) -> int:
         """The rows per step of a run whose epoch holds `rows` rows."""

@@ -459,6 +459,7 @@ def _fit(
                 hooks.on_log(f"{tower.twins.rows:,} training rows have a label whose text is their own (a "
                              f"twin), {tower.twins.labelled:,} of them as one of their labels: an input's "
                              f"twins are {'left out of' if tower.twins.excluded else 'kept in'} its answers")
+    shift = params.logit_shift(label_texts=tower is not None)  # what the saved biases carry
     x_fit, y_fit = x, y  # what the epochs draw from
     if tower is not None and warm is None and params.label_text_rows:
         x_fit, y_fit = with_text_rows(x, y, tower)
@@ -582,13 +583,13 @@ def _fit(
             is_last = epoch + 1 == last_epoch
             due = params.eval_every > 0 and (epoch + 1) % params.eval_every == 0
             if xt is not None and yt is not None and (due or is_last):
-                with served(model, model_counts, params.logit_adjust, shard.lo):
+                with served(model, model_counts, shift, shard.lo):
                     evaluated = evaluate_model(model, xt, yt, prop, shard, group, new_labels,
                                                split_twins.get("test"))
                 last_metrics = evaluated
                 record["metrics"] = evaluated
             if xv is not None and yv is not None:
-                with served(model, model_counts, params.logit_adjust, shard.lo):
+                with served(model, model_counts, shift, shard.lo):
                     valid = evaluate_model(model, xv, yv, None, shard, group,
                                            exclude=split_twins.get("valid"))
                 record["valid"] = valid
@@ -615,7 +616,7 @@ def _fit(
         if best.epoch != epochs_run or not history or "metrics" not in history[-1]:
             best.restore(model)
             if xt is not None and yt is not None:
-                with served(model, model_counts, params.logit_adjust, shard.lo):
+                with served(model, model_counts, shift, shard.lo):
                     last_metrics = evaluate_model(model, xt, yt, prop, shard, group, new_labels,
                                                   split_twins.get("test"))
         hooks.on_log(f"kept the weights of epoch {best.epoch} (valid p@1 {best.score:.4f})")
@@ -639,7 +640,7 @@ def _fit(
     if out_dir is not None:
         counts, n_rows, hashes = (label_counts(y), n, row_fingerprints(train_ds)) if warm is None \
             else warm.artifact_stats(y)
-        with served(model, model_counts, params.logit_adjust, shard.lo) as scale:
+        with served(model, model_counts, shift, shard.lo) as scale:
             extra = None if tower is None or texts is None or scale is None else \
                 functools.partial(save_tower, tower=tower, scale=scale, names=label_names, texts=texts)
             out_path = _save_model(
