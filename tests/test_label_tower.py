@@ -161,7 +161,9 @@ def test_a_label_without_rows_is_the_top_answer_for_its_text(tmp_path: Path,
 def test_apart_labels_with_rows_train_as_without_texts_and_the_tower_learns(tmp_path: Path) -> None:
     ds, label_texts = planted(300)
     with_rows = [(n, t) for n, t in label_texts if n.startswith("lab")]  # no text-only label: same sampler
-    plain = train(_params(epochs=2), ds, None, out_dir=tmp_path / "plain", hooks=QuietHooks())
+    # unshifted, as a model with label texts is by default
+    plain = train(_params(epochs=2, logit_adjust=0.0), ds, None, out_dir=tmp_path / "plain",
+                  hooks=QuietHooks())
     # without text rows, which are training rows of their own
     apart = train(_params(epochs=2, label_tower_mode="apart", label_tower_detach=True, label_text_rows=False),
                   ds, None, out_dir=tmp_path / "apart", hooks=QuietHooks(), label_texts=with_rows)
