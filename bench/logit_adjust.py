@@ -160,7 +160,7 @@ def markdown_held_out(result: dict[str, Any]) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [
-        "# `--logit-adjust τ`: the defaults' models with their biases shifted by τ·log(training rows)",
+        "# `--logit-adjust τ`: unshifted models rescored with their biases shifted by τ·log(training rows)",
         "",
         markdown_line(result) + "  ",
         f"Seeds {result['seeds']}: mean ± sample std. τ = 0 is no shift (the default is "
