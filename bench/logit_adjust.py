@@ -78,7 +78,7 @@ def run_set(set_name: str, seeds: list[int], taus: tuple[float, ...], data_dir: 
     for seed in seeds:
         res = run_ovex(b, set_name, "ovex", seed, ["--logit-adjust", "0"], work)
         model = load_artifact(work / "model")
-        to_shared = np.array([index.get(n, -1) for n in model.label_names], dtype=np.int64)
+        to_shared = _shared_ids(model, index)
         x = model.featurizer.transform(b.test)
         for t, top in rescored(model, x, to_shared, taus).items():
             runs[t].append(_metrics(top, b, prop, counts))
@@ -93,6 +93,20 @@ def run_set(set_name: str, seeds: list[int], taus: tuple[float, ...], data_dir: 
     return {"taus": {str(t): {k: _stats([r[k] for r in rs if k in r]) for k in SHOWN if k in rs[0]}
                      for t, rs in runs.items()},
             "runs": {str(t): rs for t, rs in runs.items()}, "check": check}
+
+
+HELD_OUT_KEYS = ("held out, τ chosen", "held out, τ 0", "all rows, τ 0", "all rows, default τ")
+
+
+def _shared_ids(model: Any, index: dict[str, int]) -> np.ndarray:
+    """The shared label space's id of each of the model's labels (-1 where it has none)."""
+    return np.array([index.get(n, -1) for n in model.label_names], dtype=np.int64)
+
+
+def _p1_by_tau(model: Any, x: Any, y: Any, to_shared: np.ndarray, grid: tuple[float, ...],
+               prop: np.ndarray) -> dict[float, float]:
+    return {t: float(xc_metrics.evaluate_topk(top, y, prop)["p@1"])
+            for t, top in rescored(model, x, to_shared, grid).items()}
 
 
 def held_out_choice(set_name: str, seeds: list[int], taus: tuple[float, ...], fraction: float,
@@ -110,35 +124,29 @@ def held_out_choice(set_name: str, seeds: list[int], taus: tuple[float, ...], fr
     grid = tuple(sorted({*taus, default, 0.0}, key=abs))
     rows: list[dict[str, Any]] = []
     for seed in seeds:
-        row: dict[str, Any] = {"seed": seed}
-        for part, extra in (("fit", ["--valid-fraction", str(fraction)]), ("all", [])):
-            run_ovex(b, set_name, "ovex", seed, ["--logit-adjust", "0", *extra], work)
-            model = load_artifact(work / "model")
-            to_shared = np.array([index.get(n, -1) for n in model.label_names], dtype=np.int64)
-            tops = rescored(model, model.featurizer.transform(b.test), to_shared, grid)
-            row[part] = {str(t): float(xc_metrics.evaluate_topk(top, b.y_test, prop)["p@1"])
-                         for t, top in tops.items()}
-            if part == "fit":
-                _, held = split_validation(b.train.n_rows, fraction, seed)
-                tops = rescored(model, model.featurizer.transform(b.train.take(held)), to_shared, grid)
-                row["held-out"] = {str(t): float(xc_metrics.evaluate_topk(top, b.y_train[held], prop)["p@1"])
-                                   for t, top in tops.items()}
-                row["chosen"] = max(grid, key=lambda t: row["held-out"][str(t)])
-        row["test p@1 at the chosen τ"] = row["fit"][str(row["chosen"])]
-        print(f"{set_name} seed {seed}: held out, τ {row['chosen']:+.2f} chosen: test p@1 "
-              f"{row['test p@1 at the chosen τ']:.4f}; all rows, τ {default:+.2f}: "
-              f"{row['all'][str(default)]:.4f}", flush=True)
-        rows.append(row)
+        run_ovex(b, set_name, "ovex", seed, ["--logit-adjust", "0", "--valid-fraction", str(fraction)], work)
+        model = load_artifact(work / "model")
+        to_shared = _shared_ids(model, index)
+        fit = _p1_by_tau(model, model.featurizer.transform(b.test), b.y_test, to_shared, grid, prop)
+        _, held = split_validation(b.train.n_rows, fraction, seed)
+        on_held = _p1_by_tau(model, model.featurizer.transform(b.train.take(held)), b.y_train[held],
+                             to_shared, grid, prop)
+        chosen = max(grid, key=lambda t: on_held[t])
+        run_ovex(b, set_name, "ovex", seed, ["--logit-adjust", "0"], work)
+        model = load_artifact(work / "model")
+        to_shared = _shared_ids(model, index)
+        every = _p1_by_tau(model, model.featurizer.transform(b.test), b.y_test, to_shared, grid, prop)
+        row = dict(zip(HELD_OUT_KEYS, (fit[chosen], fit[0.0], every[0.0], every[default]), strict=True))
+        print(f"{set_name} seed {seed}: held out, τ {chosen:+.2f} chosen: test p@1 {fit[chosen]:.4f}; all "
+              f"rows, τ {default:+.2f}: {every[default]:.4f}", flush=True)
+        rows.append({"seed": seed, "chosen": chosen, **row,
+                     "held-out p@1": {str(t): v for t, v in on_held.items()}})
     return {"fraction": fraction, "default": default, "runs": rows,
-            "summary": {k: _stats([pick(r) for r in rows])
-                        for k, pick in (("held out, τ chosen", lambda r: r["test p@1 at the chosen τ"]),
-                                        ("held out, τ 0", lambda r: r["fit"]["0.0"]),
-                                        ("all rows, τ 0", lambda r: r["all"]["0.0"]),
-                                        ("all rows, default τ", lambda r: r["all"][str(default)]))}}
+            "summary": {k: _stats([r[k] for r in rows]) for k in HELD_OUT_KEYS}}
 
 
 def markdown_held_out(result: dict[str, Any]) -> str:
-    keys = ("held out, τ chosen", "held out, τ 0", "all rows, τ 0", "all rows, default τ")
+    keys = HELD_OUT_KEYS
     lines = [
         "# `--logit-adjust τ` chosen per set on held-out training rows, against one τ for every set",
         "",
@@ -154,7 +162,7 @@ def markdown_held_out(result: dict[str, Any]) -> str:
         cells = " | ".join(f"{r['summary'][k]['mean']:.4f} ± {r['summary'][k]['std']:.4f}" for k in keys)
         chosen = ", ".join(f"{x['chosen']:+.2f}" for x in r["runs"])
         lines.append(f"| {set_name} | {r['fraction']:.2f} | {cells} | {chosen} |")
-    lines += ["", f"The default τ is {result['sets'][next(iter(result['sets']))]['default']:+.2f}."]
+    lines += ["", f"The default τ is {TrainParams().logit_shift(label_texts=False):+.2f}."]
     return "\n".join(lines) + "\n"
 
 
