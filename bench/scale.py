@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--negatives", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=None, help="default: TrainParams' default")
     ap.add_argument("--optimizer", choices=["adam", "adagrad"], default=None, help="default: TrainParams'")
+    ap.add_argument("--input-lr", type=float, default=None, help="default: by the run length")
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--out", default=str(RESULTS / "scale"))
     args = ap.parse_args()
@@ -77,6 +78,8 @@ def main() -> None:
     extra: dict[str, Any] = {} if args.lr is None else {"lr": args.lr}
     if args.optimizer is not None:
         extra["optimizer"] = args.optimizer
+    if args.input_lr is not None:
+        extra["input_lr"] = args.input_lr
     params = TrainParams(
         dim=args.dim, epochs=args.epochs, batch_size=args.batch_size, negatives=args.negatives, eval_every=0,
         **extra,
@@ -136,7 +139,8 @@ def main() -> None:
         f"{args.rows:,} training rows ({labels_per_row:.2f} labels/row, {seen:,} distinct labels seen), "
         f"{args.test_rows:,} test rows. d={args.dim}, {args.epochs} epochs, batch {args.batch_size}, "
         f"{args.negatives} negatives, loss {params.loss} in groups of {params.group_size}, "
-        f"table optimizer {params.optimizer} lr {params.lr}.",
+        f"table optimizer {params.optimizer} lr {params.lr}, input table lr "
+        f"{params.input_lr or 'by the run length (the default)'}.",
         "",
         "| P@1 | P@3 | P@5 | chance P@1 | most-frequent P@1 | top-5 frequent P@5 | train s | examples/s "
         "| artifact MB | load s |",

@@ -328,6 +328,13 @@ BENCHES: tuple[Bench, ...] = (
           outputs=("small_sets_seeds.json", "small_sets_seeds.md", "logit_adjust_seeds.json",
                    "logit_adjust_seeds.md"),
           measures=(*CLI, "bench/real.py", "bench/logit_adjust.py"), estimate_s=900, full=False),
+    # the input table's rate by the run's length against the table at `lr`, on the 10^6-label planted set of
+    # `scale` (2 epochs)
+    Bench("input_lr_planted",
+          steps=(_s("bench/scale.py", "--input-lr", "0.01", "--out", "{results}/input_lr_planted"),),
+          quick=(),
+          outputs=("input_lr_planted.json", "input_lr_planted.md"), measures=(*TRAINER, "bench/scale.py"),
+          estimate_s=60, full=False),
     # a design probe for labels known by their text: test-only labels scored by their texts' tf-idf cosine
     Bench("lexical_channel",
           steps=(_s("bench/lexical_channel.py", "--out", "{results}/lexical_channel"),), quick=(),
