@@ -328,13 +328,17 @@ BENCHES: tuple[Bench, ...] = (
           outputs=("small_sets_seeds.json", "small_sets_seeds.md", "logit_adjust_seeds.json",
                    "logit_adjust_seeds.md"),
           measures=(*CLI, "bench/real.py", "bench/logit_adjust.py"), estimate_s=900, full=False),
-    # the input table's rate by the run's length against the table at `lr`, on the 10^6-label planted set of
-    # `scale` (2 epochs)
-    Bench("input_lr_planted",
-          steps=(_s("bench/scale.py", "--input-lr", "0.01", "--out", "{results}/input_lr_planted"),),
-          quick=(),
-          outputs=("input_lr_planted.json", "input_lr_planted.md"), measures=(*TRAINER, "bench/scale.py"),
-          estimate_s=60, full=False),
+    # the input table's rate by the run's length against the table at `lr` on today's other defaults: the
+    # 10^6-label planted set of `scale` (2 epochs), WordNet and the planted 10^5-label set (7 epochs)
+    Bench("input_lr_rule",
+          steps=(_s("bench/scale.py", "--input-lr", "0.01", "--out", "{results}/input_lr_planted"),
+                 _s("bench/real.py", "--sets", "wordnet", "synth-1e5", "--methods", "ovex",
+                    "--seeds", "0", "1", "2", "--ovex-args=--input-lr 0.01",
+                    "--label", "ovex --input-lr 0.01 (the input table at lr)",
+                    "--out", "{results}/input_lr_today")),
+          quick=(), outputs=("input_lr_planted.json", "input_lr_planted.md", "input_lr_today.json",
+                             "input_lr_today.md"),
+          measures=(*CLI, "bench/scale.py", "bench/real.py"), estimate_s=760, full=False),
     # a design probe for labels known by their text: test-only labels scored by their texts' tf-idf cosine
     Bench("lexical_channel",
           steps=(_s("bench/lexical_channel.py", "--out", "{results}/lexical_channel"),), quick=(),
