@@ -40,7 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from stamp import RESULTS, stamp, stamped, under_title  # noqa: E402
+from stamp import RESULTS, mean_std, stamp, stamped, under_title  # noqa: E402
 
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.artifact import load_artifact  # noqa: E402
@@ -228,7 +228,7 @@ def markdown(result: dict[str, Any]) -> str:
             if method not in by_method:
                 continue
             s = by_method[method]
-            cells = [f"{s[k]['mean']:.4f} ± {s[k]['std']:.4f}" if k == "p@1" else f"{s[k]['mean']:.4f}"
+            cells = [mean_std(s[k]) if k == "p@1" else f"{s[k]['mean']:.4f}"
                      for k in REPORTED]
             lines.append(f"| {method} | " + " | ".join(cells) + f" | {s['seconds']['mean']:.0f} |")
         t = result["targets"].get(name, {})

@@ -59,7 +59,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from stamp import RESULTS, finish, stamp, under_title  # noqa: E402
+from stamp import RESULTS, finish, mean_std, stamp, under_title  # noqa: E402
 
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.artifact import load_artifact  # noqa: E402
@@ -303,7 +303,7 @@ def write_md(path: Path, agg: dict[str, Any], meta: dict[str, Any]) -> None:
         lines += ["", "| target | mean ± std | bound | met |", "|---|---|---|---|"]
         for key, t in a["targets"].items():
             met = "-" if t["met"] is None else "yes" if t["met"] else "NO"
-            lines.append(f"| {key} | {t['mean']:.4f} ± {t['std']:.4f} | {t['target']} | {met} |")
+            lines.append(f"| {key} | {mean_std(t)} | {t['target']} | {met} |")
         lines.append("")
     path.write_text("\n".join(lines) + "\n")
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from real import _stats, load_set, run_ovex  # noqa: E402
-from stamp import RESULTS, finish, stamp, write_results  # noqa: E402
+from stamp import RESULTS, finish, mean_std, stamp, write_results  # noqa: E402
 
 from trainer import metrics as xc_metrics  # noqa: E402
 
@@ -73,7 +73,7 @@ def markdown(result: dict[str, Any]) -> str:
     for set_name, r in result["sets"].items():
         for label, _ in ARMS:
             a = r[label]
-            cells = " | ".join(f"{a[k]['mean']:.4f} ± {a[k]['std']:.4f}" for k in SHOWN)
+            cells = " | ".join(mean_std(a[k]) for k in SHOWN)
             lines.append(f"| {set_name} | {label} | {cells} | {a['train_wall_s']['mean']:.1f} ± "
                          f"{a['train_wall_s']['std']:.1f} | {a['model_mb']['mean']:,.0f} |")
     return "\n".join(lines) + "\n"

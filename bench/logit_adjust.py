@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from real import BUCKETS, K, _stats, load_set, run_ovex, tail_metrics  # noqa: E402
-from stamp import RESULTS, finish, markdown_line, stamp, write_results  # noqa: E402
+from stamp import RESULTS, finish, markdown_line, mean_std, stamp, write_results  # noqa: E402
 
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.logit_adjust import bias_shift  # noqa: E402
@@ -159,7 +159,7 @@ def markdown_held_out(result: dict[str, Any]) -> str:
         "|---" * (len(keys) + 3) + "|",
     ]
     for set_name, r in result["sets"].items():
-        cells = " | ".join(f"{r['summary'][k]['mean']:.4f} ± {r['summary'][k]['std']:.4f}" for k in keys)
+        cells = " | ".join(mean_std(r["summary"][k]) for k in keys)
         chosen = ", ".join(f"{x['chosen']:+.2f}" for x in r["runs"])
         lines.append(f"| {set_name} | {r['fraction']:.2f} | {cells} | {chosen} |")
     lines += ["", f"The default τ is {TrainParams().logit_shift(label_texts=False):+.2f}."]
@@ -182,7 +182,7 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for set_name, r in result["sets"].items():
         for t, a in r["taus"].items():
-            cells = " | ".join(f"{a[k]['mean']:.4f} ± {a[k]['std']:.4f}" if k in a else "–" for k in SHOWN)
+            cells = " | ".join(mean_std(a[k]) if k in a else "–" for k in SHOWN)
             lines.append(f"| {set_name} | {float(t):+.2f} | {cells} |")
     lines += ["", "Through the entry point (`ovex train --logit-adjust`, one seed) beside the rescored one:",
               "", "| set | seed | τ | P@1 trained with the flag | P@1 rescored | P@1 unshifted |",

@@ -125,6 +125,11 @@ def markdown_line(st: dict[str, Any]) -> str:
             f"{s['loadavg_after'][0]:.2f} after; `{s['command']}`.")
 
 
+def mean_std(stat: dict[str, Any]) -> str:
+    """A summary's `mean ± std` as the results tables show it (four decimals)."""
+    return f"{stat['mean']:.4f} ± {stat['std']:.4f}"
+
+
 def under_title(md: str, st: dict[str, Any]) -> str:
     """A results Markdown text with the stamp's line under its title."""
     head, _, rest = md.partition("\n")
