@@ -109,9 +109,11 @@ class RowDropout(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return h
-        if h.device.type != "cpu" or h.numel() % 4 or self.cut in (0, self.LEVELS):
+        if h.device.type != "cpu" or h.numel() % 4:
             out: torch.Tensor = self.drop(h)
             return out
+        if self.cut in (0, self.LEVELS):  # p rounds to 0 or 1 on the mask's grid: keep all, or none
+            return h if self.cut == 0 else h * 0.0
         words = torch.empty(h.numel() // 4, dtype=torch.int64).random_(-(1 << 63), (1 << 63) - 1)
         draws = words.view(torch.int16).view(h.shape)  # uniform on [-2¹⁵, 2¹⁵)
         keep = (draws >= self.cut - (1 << 15)).to(h.dtype) * self.scale
