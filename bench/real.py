@@ -38,7 +38,8 @@ label names and scored in one label space (training labels first, test-only ones
         [--out bench/results/real] [--ovex-args="--dim 256" --label "ovex[--dim 256]"]
 
 `--ovex-args` adds, after each default `ovex` / `ovex-tfidf` row, one more row trained with those extra
-flags, labelled `--label` (default `ovex[ARGS]`; the tfidf row gets `-tfidf` appended to a given label).
+flags, labelled `--label` (default `ovex[ARGS]`; the tfidf row gets `-tfidf` appended to a given label);
+given more than once, one row for each, the n-th `--label` naming the n-th row.
 """
 
 from __future__ import annotations
@@ -639,18 +640,21 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--out", type=Path, default=RESULTS / "real", help="prefix of the .json and .md written")
-    ap.add_argument("--ovex-args", default="", help='extra `ovex train` flags for an extra row, e.g. '
-                    '--ovex-args="--dim 256"')
-    ap.add_argument("--label", default=None, help="that row's label (default: ovex[ARGS])")
+    ap.add_argument("--ovex-args", action="append", default=[], help='extra `ovex train` flags for an extra '
+                    'row, e.g. --ovex-args="--dim 256"; once for each extra row')
+    ap.add_argument("--label", action="append", default=[],
+                    help="the label of the extra row of the same rank (default: ovex[ARGS])")
     ap.add_argument("--one", nargs=3, metavar=("SET", "METHOD", "SEED"), help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    extra = shlex.split(args.ovex_args)
+    extras = [shlex.split(a) for a in args.ovex_args]
+    if len(args.label) > len(extras):
+        ap.error(f"{len(args.label)} --label for {len(extras)} --ovex-args: one label a row")
 
     if args.one:  # the child: one run, its row written to --workdir/result.json
         faulthandler.enable()
         set_name, method, seed = args.one[0], args.one[1], int(args.one[2])
-        row = run_one(set_name, method, seed, extra, args.data_dir, args.workdir)
+        row = run_one(set_name, method, seed, extras[0] if extras else [], args.data_dir, args.workdir)
         (args.workdir / "result.json").write_text(json.dumps(row))
         return
 
@@ -669,11 +673,13 @@ def main() -> None:
                              "(pip install .[bench])")
                 continue
             plan.append((name, method, method, []))
-            if extra and method in OVEX_METHODS:
-                label = args.label or f"{method}[{args.ovex_args}]"
-                if args.label and method == "ovex-tfidf":
-                    label += "-tfidf"
-                plan.append((name, method, label, extra))
+            for n, (raw, extra) in enumerate(zip(args.ovex_args, extras, strict=True)):
+                if extra and method in OVEX_METHODS:
+                    named = n < len(args.label)
+                    label = args.label[n] if named else f"{method}[{raw}]"
+                    if named and method == "ovex-tfidf":
+                        label += "-tfidf"
+                    plan.append((name, method, label, extra))
     runs: list[dict[str, Any]] = []
     st = stamp()
     result: dict[str, Any] = {

@@ -329,17 +329,24 @@ BENCHES: tuple[Bench, ...] = (
           outputs=("small_sets_seeds.json", "small_sets_seeds.md", "logit_adjust_seeds.json",
                    "logit_adjust_seeds.md"),
           measures=(*CLI, "bench/real.py", "bench/logit_adjust.py"), estimate_s=900, full=False),
-    # the input table's rate by the run's length against the table at `lr` on today's other defaults: the
-    # 10^6-label planted set of `scale` (2 epochs), WordNet and the planted 10^5-label set (7 epochs)
+    # the input table slowed by the run's length against the table at `lr`, on heads wide and narrow for
+    # their labels: the 10^6-label planted set of `scale` (2 epochs, 128 wide), the planted 10^5-label
+    # set, and WordNet at its default width and 128 wide; each slowed row takes the rate the rule gives a
+    # wide head of its run's length (903, 1,372 and 782 steps)
     Bench("input_lr_rule",
-          steps=(_s("bench/scale.py", "--input-lr", "0.01", "--out", "{results}/input_lr_planted"),
-                 _s("bench/real.py", "--sets", "wordnet", "synth-1e5", "--methods", "ovex",
-                    "--seeds", "0", "1", "2", "--ovex-args=--input-lr 0.01",
-                    "--label", "ovex --input-lr 0.01 (the input table at lr)",
-                    "--out", "{results}/input_lr_today")),
-          quick=(), outputs=("input_lr_planted.json", "input_lr_planted.md", "input_lr_today.json",
-                             "input_lr_today.md"),
-          measures=(*CLI, "bench/scale.py", "bench/real.py"), estimate_s=760, full=False),
+          steps=(_s("bench/scale.py", "--input-lr", "0.00809", "--out", "{results}/input_lr_planted"),
+                 _s("bench/real.py", "--sets", "wordnet", "--methods", "ovex", "--seeds", "0", "1", "2",
+                    "--ovex-args=--input-lr 0.01", "--label", "ovex --input-lr 0.01 (the table at lr)",
+                    "--ovex-args=--dim 128", "--label", "ovex --dim 128 (the table at lr)",
+                    "--ovex-args=--dim 128 --input-lr 0.00753",
+                    "--label", "ovex --dim 128 --input-lr 0.00753 (the table slowed)",
+                    "--out", "{results}/input_lr_wordnet"),
+                 _s("bench/real.py", "--sets", "synth-1e5", "--methods", "ovex", "--seeds", "0", "1", "2",
+                    "--ovex-args=--input-lr 0.00611", "--label", "ovex --input-lr 0.00611 (the table slowed)",
+                    "--out", "{results}/input_lr_synth")),
+          quick=(), outputs=("input_lr_planted.json", "input_lr_planted.md", "input_lr_wordnet.json",
+                             "input_lr_wordnet.md", "input_lr_synth.json", "input_lr_synth.md"),
+          measures=(*CLI, "bench/scale.py", "bench/real.py"), estimate_s=1000, full=False),
     # a design probe for labels known by their text: test-only labels scored by their texts' tf-idf cosine
     Bench("lexical_channel",
           steps=(_s("bench/lexical_channel.py", "--out", "{results}/lexical_channel"),), quick=(),

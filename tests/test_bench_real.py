@@ -122,6 +122,23 @@ def test_bibtex_end_to_end_through_ovex_train(tmp_path: Path) -> None:
     assert "## bibtex" in out.with_suffix(".md").read_text()
 
 
+def test_each_ovex_args_adds_its_own_row_with_its_label(tmp_path: Path) -> None:
+    out = tmp_path / "rows"
+    cmd = [sys.executable, str(SCRIPT), "--sets", "bibtex", "--methods", "ovex", "--seeds", "0",
+           "--ovex-args=--epochs 1", "--label", "one epoch", "--ovex-args=--epochs 2 --dim 16",
+           "--out", str(out)]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=240)
+    runs = json.loads(out.with_suffix(".json").read_text())["runs"]
+    assert [(r["label"], r["ovex_args"], r["status"]) for r in runs] == [
+        ("ovex", [], "ok"), ("one epoch", ["--epochs", "1"], "ok"),
+        ("ovex[--epochs 2 --dim 16]", ["--epochs", "2", "--dim", "16"], "ok")]
+    assert len({r["metrics"]["p@1"] for r in runs}) > 1  # the flags reached the runs
+    bad = subprocess.run([*cmd[:9], "--label", "a", "--label", "b", "--out", str(tmp_path / "bad")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "2 --label for 1 --ovex-args" in bad.stderr
+    assert not (tmp_path / "bad.json").exists()
+
+
 def test_the_label_texts_set_gives_the_peers_one_text_row_per_label_with_rows(tmp_path: Path) -> None:
     """`wordnet-texts`: each label with training rows adds its text as a row of it alone (the peers' rows);
     a label only test rows carry adds none, and the scored training labels stay the rows' own."""

@@ -1,5 +1,6 @@
 """`input_lr`: the input table's own peak learning rate. By default (0) it is `lr` in runs of up to 512 steps
-and `lr`·√(512/steps) in longer ones; a value given is used as it is. The rate reaches the input table's
+and `lr`·√(512/steps) in longer ones, unless the head has more than 64 trained labels per dimension, which
+keeps `lr`; a value given is used as it is. The rate reaches the input table's
 step and nothing else: the head's first step is the same whatever it is."""
 
 from __future__ import annotations
@@ -18,18 +19,21 @@ from trainer.artifact import load_artifact
 from trainer.hooks import QuietHooks
 from trainer.params import TrainParams
 from trainer.synth import synth_dataset
-from trainer.train import INPUT_LR_STEPS, input_lr_scale, train
+from trainer.train import INPUT_LR_LABELS_PER_DIM, INPUT_LR_STEPS, input_lr_scale, train
 
 TINY: dict[str, Any] = {"dim": 8, "negatives": 16, "eval_every": 0, "device": "cpu", "seed": 5}
 
 
-@given(total=st.integers(1, 10**7), more=st.integers(0, 10**6))
+@given(total=st.integers(1, 10**7), more=st.integers(0, 10**6), dim=st.integers(1, 4096),
+       per_dim=st.integers(0, INPUT_LR_LABELS_PER_DIM))
 @settings(max_examples=200, deadline=None)
-def test_the_default_is_lr_up_to_512_steps_then_falls_as_one_over_root_steps(total: int, more: int) -> None:
-    params = TrainParams()
-    scale = input_lr_scale(params, total)
+def test_a_wide_head_s_table_is_at_lr_up_to_512_steps_then_falls_as_one_over_root_steps(
+        total: int, more: int, dim: int, per_dim: int) -> None:
+    params = TrainParams(dim=dim)
+    labels = per_dim * dim  # at most 64 labels a dimension, the limit included
+    scale = input_lr_scale(params, total, labels)
     assert 0.0 < scale <= 1.0
-    assert scale >= input_lr_scale(params, total + more)  # never rises with the run's length
+    assert scale >= input_lr_scale(params, total + more, labels)  # never rises with the run's length
     if total <= INPUT_LR_STEPS:
         assert scale == 1.0
     else:
@@ -37,11 +41,23 @@ def test_the_default_is_lr_up_to_512_steps_then_falls_as_one_over_root_steps(tot
         assert scale * scale * total == pytest.approx(INPUT_LR_STEPS, rel=1e-9)
 
 
-@given(lr=st.floats(1e-4, 1.0), input_lr=st.floats(1e-4, 10.0), total=st.integers(1, 10**7))
+@given(total=st.integers(1, 10**7), dim=st.integers(1, 4096), over=st.integers(1, 10**7))
+@settings(max_examples=200, deadline=None)
+def test_a_narrow_head_s_table_is_at_lr_whatever_the_length(total: int, dim: int, over: int) -> None:
+    params = TrainParams(dim=dim)
+    assert input_lr_scale(params, total, INPUT_LR_LABELS_PER_DIM * dim + over) == 1.0
+    # at the limit itself the rule holds
+    at_limit = input_lr_scale(params, total, INPUT_LR_LABELS_PER_DIM * dim)
+    assert at_limit == min(1.0, math.sqrt(INPUT_LR_STEPS / total))
+
+
+@given(lr=st.floats(1e-4, 1.0), input_lr=st.floats(1e-4, 10.0), total=st.integers(1, 10**7),
+       labels=st.integers(0, 10**8))
 @settings(max_examples=100, deadline=None)
-def test_a_rate_given_is_used_whatever_the_length(lr: float, input_lr: float, total: int) -> None:
+def test_a_rate_given_is_used_whatever_the_length(lr: float, input_lr: float, total: int,
+                                                  labels: int) -> None:
     params = TrainParams(lr=lr, input_lr=input_lr)
-    assert input_lr_scale(params, total) * lr == pytest.approx(input_lr, rel=1e-12)
+    assert input_lr_scale(params, total, labels) * lr == pytest.approx(input_lr, rel=1e-12)
 
 
 def test_bounds_and_a_saved_model_keep_the_field() -> None:
@@ -99,6 +115,20 @@ def test_a_long_run_takes_the_default_rule(tmp_path: Path) -> None:
                ("auto", "explicit", "full")]
     np.testing.assert_allclose(weights[0], weights[1], rtol=1e-6, atol=1e-7)
     assert not np.allclose(weights[0], weights[2])
+
+
+def test_a_long_run_of_a_narrow_head_keeps_the_table_at_lr(tmp_path: Path) -> None:
+    # 600 steps of a head 1 wide over more than 64 trained labels: the table at lr, as with input_lr = lr
+    ds = synth_dataset(400, 80, 200, seed=6)
+    assert np.count_nonzero(np.bincount(ds.Y.indices)) > INPUT_LR_LABELS_PER_DIM
+    common = {**TINY, "dim": 1, "epochs": 3, "batch_size": 1}
+    hooks = _Logs()
+    train(TrainParams(**common), ds, out_dir=tmp_path / "auto", hooks=hooks)
+    assert any("600 steps (batch 1) on cpu" in m for m in hooks.messages), hooks.messages
+    assert not any("the input table at" in m for m in hooks.messages)
+    train(TrainParams(**common, input_lr=0.01), ds, out_dir=tmp_path / "full")
+    weights = [load_artifact(tmp_path / n).model.input_weight.detach().numpy() for n in ("auto", "full")]
+    np.testing.assert_array_equal(weights[0], weights[1])
 
 
 def test_the_cli_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -198,11 +198,12 @@ class TrainParams(BaseModel):
     dense_lr: float = Field(default=0.002, gt=0.0, le=10.0, description="peak lr of hidden layers (Adam)",
                             json_schema_extra=_in("optimiser"))
     # under Adam each touch moves a row by about the lr whatever its gradient, so the input table drifts
-    # further the more steps a run takes: long runs gain with its rate lowered, short ones lose
-    # (docs/training.md)
+    # further the more steps a run takes: long runs of a wide head gain with its rate lowered, short runs
+    # and narrow heads (many labels a dimension) lose (docs/training.md)
     input_lr: float = Field(
         default=0.0, ge=0.0, le=10.0,
-        description="peak lr of the input table; 0: lr, times sqrt(512 / steps) in a run of more steps",
+        description="peak lr of the input table; 0: lr, times sqrt(512 / steps) in a run of more steps "
+                    "whose head has at most 64 trained labels per dimension",
         json_schema_extra=_in("optimiser"),
     )
     warmup: float = Field(default=0.05, ge=0.0, lt=1.0, description="fraction of steps with linear warmup",

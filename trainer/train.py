@@ -134,13 +134,18 @@ def lr_at(params: TrainParams, step: int, total: int) -> float:
 
 
 INPUT_LR_STEPS = 512  # runs up to this many steps train the input table at `lr`
+INPUT_LR_LABELS_PER_DIM = 64  # a head with more trained labels than this per dimension: the table at `lr`
 
 
-def input_lr_scale(params: TrainParams, total: int) -> float:
-    """The input table's peak learning rate as a multiple of `lr`, for a run of `total` steps: `input_lr`
-    when given, else 1 up to INPUT_LR_STEPS steps and √(INPUT_LR_STEPS / total) beyond (docs/training.md)."""
+def input_lr_scale(params: TrainParams, total: int, labels: int) -> float:
+    """The input table's peak learning rate as a multiple of `lr`, for a run of `total` steps of a head with
+    `labels` trained labels: `input_lr` when given; else √(INPUT_LR_STEPS / total) in a longer run of a head
+    with at most INPUT_LR_LABELS_PER_DIM labels a dimension, and 1 otherwise. A slower table regularizes a
+    head wide enough to carry the fit, and starves one too narrow to (docs/training.md)."""
     if params.input_lr > 0.0:
         return params.input_lr / params.lr
+    if labels > INPUT_LR_LABELS_PER_DIM * params.dim:
+        return 1.0
     return min(1.0, math.sqrt(INPUT_LR_STEPS / max(total, 1)))
 
 
@@ -494,7 +499,7 @@ def _fit(
     lr_scale = 1.0 if warm is None else params.continual_lr
     steps_per_epoch = math.ceil(n_epoch / bs)
     total = steps_per_epoch * params.epochs
-    stepper.input_scale = input_lr_scale(params, total)
+    stepper.input_scale = input_lr_scale(params, total, int(np.count_nonzero(model_counts)))
     step, start_epoch, start_pos = 0, 0, 0
     resumed: int | None = None
     ckpt_path = Path(checkpoint_dir) if checkpoint_dir is not None else None
