@@ -17,9 +17,9 @@ from pydantic import ValidationError
 
 from trainer.artifact import load_artifact
 from trainer.hooks import QuietHooks
-from trainer.params import TrainParams
+from trainer.params import INPUT_LR_LABELS_PER_DIM, INPUT_LR_STEPS, TrainParams
 from trainer.synth import synth_dataset
-from trainer.train import INPUT_LR_LABELS_PER_DIM, INPUT_LR_STEPS, input_lr_scale, train
+from trainer.train import input_lr_scale, train
 
 TINY: dict[str, Any] = {"dim": 8, "negatives": 16, "eval_every": 0, "device": "cpu", "seed": 5}
 

@@ -30,6 +30,8 @@ MAX_SEED = (1 << 32) - 1
 MAX_ENSEMBLE = 8
 MAX_DIM = 16384  # the widest model, an ensemble's members side by side included
 LOGIT_ADJUST = -0.1  # the shift of a model without label texts when `logit_adjust` is unset
+INPUT_LR_STEPS = 512  # runs up to this many steps train the input table at `lr` (`input_lr` 0)
+INPUT_LR_LABELS_PER_DIM = 64  # a head with more trained labels than this per dimension: the table at `lr`
 # `batch_size` 0: a batch of 512 rows once an epoch holds this many rows (100 steps of 512), 256 below. More
 # rows a step share the step's negatives; a small set would take too few steps (docs/training.md)
 AUTO_BATCH_ROWS = 51_200
@@ -202,8 +204,9 @@ class TrainParams(BaseModel):
     # and narrow heads (many labels a dimension) lose (docs/training.md)
     input_lr: float = Field(
         default=0.0, ge=0.0, le=10.0,
-        description="peak lr of the input table; 0: lr, times sqrt(512 / steps) in a run of more steps "
-                    "whose head has at most 64 trained labels per dimension",
+        description=f"peak lr of the input table; 0: lr, times sqrt({INPUT_LR_STEPS} / steps) in a run "
+                    f"of more steps whose head has at most {INPUT_LR_LABELS_PER_DIM} trained labels per "
+                    "dimension",
         json_schema_extra=_in("optimiser"),
     )
     warmup: float = Field(default=0.05, ge=0.0, lt=1.0, description="fraction of steps with linear warmup",

@@ -65,7 +65,7 @@ from trainer.logit_adjust import adjusted
 from trainer.losses import get_loss
 from trainer.model import ModelShape, XCModel
 from trainer.negatives import NegativeSampler
-from trainer.params import TrainParams
+from trainer.params import INPUT_LR_LABELS_PER_DIM, INPUT_LR_STEPS, TrainParams
 from trainer.step import (
     EpochData,
     StepInputs,
@@ -131,10 +131,6 @@ def lr_at(params: TrainParams, step: int, total: int) -> float:
     if params.schedule == "linear":
         return params.lr * max(0.0, 1.0 - frac)
     return params.lr * 0.5 * (1.0 + math.cos(math.pi * min(frac, 1.0)))
-
-
-INPUT_LR_STEPS = 512  # runs up to this many steps train the input table at `lr`
-INPUT_LR_LABELS_PER_DIM = 64  # a head with more trained labels than this per dimension: the table at `lr`
 
 
 def input_lr_scale(params: TrainParams, total: int, labels: int) -> float:
