@@ -25,6 +25,8 @@ Methods (each (set, method, seed) in its own child process, so peak RSS and cras
   weights densified above density 0.1 first, as omikuji's own `test` command does), on the peers'
   features; its training time ends with the model saved (`Model.save`, timed apart as `save_s`), as
   `ovex train` and napkinXC's `fit` end with theirs on disk;
+* `omikuji-lead` (text sets): omikuji as above on the peers' features plus the marked leading words ovex's
+  featurizer adds by default (`--lead-words`): what that default is worth to a peer;
 * `napkinxc-plt`: napkinXC's probabilistic label tree, default settings, on the peers' features;
 * `popularity`: the 5 most frequent training labels for every row (the floor).
 
@@ -59,6 +61,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -75,17 +78,20 @@ from stamp import git as _git  # noqa: E402, F401
 
 from trainer import metrics as xc_metrics  # noqa: E402
 from trainer.data import Dataset, in_label_space, read_jsonl, read_xc, write_xc  # noqa: E402
+from trainer.params import TrainParams  # noqa: E402
 
 SETS = ("wordnet", "bibtex", "corel5k", "synth-1e5", "wordnet-texts")
 TEXT_SETS = ("wordnet", "wordnet-texts")  # JSONL rows: the peers' features are TF-IDF of the texts
 # planted sets: labels, features, training rows, test rows, seed (`ovex synth`)
 SYNTH: dict[str, tuple[int, int, int, int, int]] = {"synth-1e5": (100_000, 50_000, 100_000, 2_000, 7)}
-METHODS = ("ovex", "ovex-tfidf", "omikuji", "napkinxc-plt", "popularity")
+METHODS = ("ovex", "ovex-tfidf", "omikuji", "omikuji-lead", "napkinxc-plt", "popularity")
 OVEX_METHODS = ("ovex", "ovex-tfidf")
 # needs texts to build the peers' features from: wordnet only (not wordnet-texts: ovex's label tower
 # cannot read texts through a feature file)
 TEXT_ONLY = ("ovex-tfidf",)
-REQUIRES = {"omikuji": "omikuji", "napkinxc-plt": "napkinxc"}
+# the peers' features plus ovex's marked leading words: texts only (either text set)
+LEAD_PEERS = ("omikuji-lead",)
+REQUIRES = {"omikuji": "omikuji", "omikuji-lead": "omikuji", "napkinxc-plt": "napkinxc"}
 K = 5
 REPORTED = ("p@1", "p@3", "p@5", "ndcg@5", "psp@1", "psp@5")
 TAIL_MAX = 5  # a tail label has 1..TAIL_MAX training rows
@@ -261,9 +267,11 @@ def synth_files(name: str) -> tuple[Path, Path]:
     return train, test
 
 
-def peer_features(b: Bench, set_name: str) -> tuple[sp.csr_matrix, sp.csr_matrix, float, float, float]:
+def peer_features(b: Bench, set_name: str, lead_words: int = 0
+                  ) -> tuple[sp.csr_matrix, sp.csr_matrix, float, float, float]:
     """The peers' (train, test) features, the seconds (wall, CPU) to fit them on the training rows and
-    the wall seconds to transform the test rows."""
+    the wall seconds to transform the test rows. `lead_words` > 0 adds ovex's marked leading words
+    (`trainer.featurize.tokenize`) to a text's terms, so a peer learns from what ovex's featurizer adds."""
     if set_name not in TEXT_SETS:
         assert b.train.X is not None and b.test.X is not None
         d = max(b.train.X.shape[1], b.test.X.shape[1])
@@ -277,6 +285,12 @@ def peer_features(b: Bench, set_name: str) -> tuple[sp.csr_matrix, sp.csr_matrix
     assert texts is not None and b.test.texts is not None
     w0, c0 = time.perf_counter(), time.process_time()
     vec = TfidfVectorizer(**TFIDF)
+    if lead_words:
+        from trainer.featurize import LEAD_MARK, tokenize
+
+        words = vec.build_analyzer()
+        vec = TfidfVectorizer(sublinear_tf=TFIDF["sublinear_tf"], min_df=TFIDF["min_df"], analyzer=lambda t: [
+            *words(t), *(term for term in tokenize(t, 1, lead_words) if term.startswith(LEAD_MARK))])
     xtr = sp.csr_matrix(vec.fit_transform(texts), dtype=np.float32)
     fit_wall, fit_cpu = time.perf_counter() - w0, time.process_time() - c0
     t0 = time.perf_counter()
@@ -381,11 +395,11 @@ def warm_ovex() -> float:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run_omikuji(b: Bench, set_name: str, seed: int, work: Path) -> dict[str, Any]:
+def run_omikuji(b: Bench, set_name: str, seed: int, work: Path, lead_words: int = 0) -> dict[str, Any]:
     """Omikuji's defaults on all cores, trained from an XC file (the given one for XC sets)."""
     import omikuji
 
-    xtr, xte, fit_wall, fit_cpu, te_s = peer_features(b, set_name)
+    xtr, xte, fit_wall, fit_cpu, te_s = peer_features(b, set_name, lead_words)
     res: dict[str, Any] = {"featurize_s": fit_wall}
     path = b.train_path
     if set_name in TEXT_SETS:
@@ -456,7 +470,8 @@ def run_one(set_name: str, method: str, seed: int, extra: list[str], data_dir: P
     if method in OVEX_METHODS:
         res = run_ovex(b, set_name, method, seed, extra, work)
     else:
-        runner = {"omikuji": run_omikuji, "napkinxc-plt": run_napkinxc, "popularity": run_popularity}[method]
+        runner = {"omikuji": run_omikuji, "napkinxc-plt": run_napkinxc, "popularity": run_popularity,
+                  "omikuji-lead": partial(run_omikuji, lead_words=TrainParams().lead_words)}[method]
         res = runner(b, set_name, seed, work)
         res["peak_rss_mb"] = _peak_rss_mb()
     top = res.pop("top")
@@ -663,6 +678,8 @@ def main() -> None:
     for name in args.sets:
         for method in args.methods:
             if method in TEXT_ONLY and name != "wordnet":
+                continue
+            if method in LEAD_PEERS and name not in TEXT_SETS:
                 continue
             needs = [REQUIRES[method]] if method in REQUIRES else []
             if name in TEXT_SETS and method not in ("ovex", "popularity"):

@@ -307,6 +307,15 @@ BENCHES: tuple[Bench, ...] = (
           steps=(_s("bench/ensemble.py", "--out", "{results}/ensemble"),), quick=(),
           outputs=("ensemble.json", "ensemble.md"), measures=(*CLI, "bench/ensemble.py", "bench/real.py"),
           estimate_s=660, full=False),
+    # the default `--lead-words 3`'s evidence: the text sets with and without the marked leading words, and
+    # omikuji on the peers' features with the same marked words added
+    Bench("lead_words",
+          steps=(_s("bench/real.py", "--sets", "wordnet", "wordnet-texts", "--methods", "ovex", "omikuji",
+                    "omikuji-lead", "--seeds", "0", "1", "2",
+                    "--ovex-args=--lead-words 0", "--label", "ovex --lead-words 0 (the previous default)",
+                    "--out", "{results}/lead_words"),),
+          quick=(), outputs=("lead_words.json", "lead_words.md"),
+          measures=(*CLI, "bench/real.py"), estimate_s=800, full=False),
     # the default `--logit-adjust τ`'s evidence: unshifted models rescored over a grid of τ
     Bench("logit_adjust",
           steps=(_s("bench/logit_adjust.py", "--out", "{results}/logit_adjust"),), quick=(),

@@ -142,18 +142,19 @@ def test_class_level_fit_with_trainer_options() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    docs=st.lists(st.text(alphabet="abc d", min_size=0, max_size=40), min_size=8, max_size=20),
+    docs=st.lists(st.text(alphabet="abc d.;", min_size=0, max_size=40), min_size=8, max_size=20),
     mode=st.sampled_from(["vocab", "hash"]),
     ngrams=st.sampled_from([1, 2]),
+    lead=st.sampled_from([0, 1, 3]),
     sublinear=st.booleans(),
     buckets=st.sampled_from([1, 3, 64]),
 )
-@example(docs=["a b"] * 8, mode="hash", ngrams=1, sublinear=False, buckets=3)  # a batch without a token
-def test_batch_and_single_row_routes_are_bit_identical(docs: list[str], mode: str, ngrams: int,
+@example(docs=["a b"] * 8, mode="hash", ngrams=1, lead=0, sublinear=False, buckets=3)  # no token at all
+def test_batch_and_single_row_routes_are_bit_identical(docs: list[str], mode: str, ngrams: int, lead: int,
                                                        sublinear: bool, buckets: int) -> None:
     """A row featurizes the same alone (dict route, as a request) or inside a batch (numpy route)."""
-    cfg = FeaturizerConfig(ngrams=ngrams, min_df=1, hash_size=buckets if mode == "hash" else 0,
-                           sublinear_tf=sublinear)
+    cfg = FeaturizerConfig(ngrams=ngrams, lead_words=lead, min_df=1,
+                           hash_size=buckets if mode == "hash" else 0, sublinear_tf=sublinear)
     f = Featurizer(cfg).fit(_texts([*docs, "ab cd"]))  # "ab cd": the vocabulary is never empty
     batch = f.transform_texts(docs)
     for i, doc in enumerate(docs):
@@ -164,21 +165,23 @@ def test_batch_and_single_row_routes_are_bit_identical(docs: list[str], mode: st
 
 @settings(max_examples=60, deadline=None)
 @given(
-    docs=st.lists(st.text(alphabet="abcé dZ", min_size=0, max_size=40), min_size=1, max_size=20),
+    docs=st.lists(st.text(alphabet="abcé dZ.!", min_size=0, max_size=40), min_size=1, max_size=20),
     mode=st.sampled_from(["vocab", "hash"]),
     ngrams=st.sampled_from([1, 2]),
+    lead=st.sampled_from([0, 2]),
     min_df=st.integers(1, 3),
     max_vocab=st.sampled_from([1, 4, 100]),
     tfidf=st.booleans(),
     l2=st.booleans(),
 )
-def test_fit_transform_is_fit_then_transform_to_the_bit(docs: list[str], mode: str, ngrams: int, min_df: int,
-                                                        max_vocab: int, tfidf: bool, l2: bool) -> None:
+def test_fit_transform_is_fit_then_transform_to_the_bit(docs: list[str], mode: str, ngrams: int, lead: int,
+                                                        min_df: int, max_vocab: int, tfidf: bool,
+                                                        l2: bool) -> None:
     """Training featurizes its rows from the fit's one tokenization: the same vocabulary, idf and rows as
     a fit followed by a transform, through either route (fewer rows than a batch, or a batch)."""
     docs = [*docs, "ab cd ab"]  # the vocabulary is never empty at min_df 1
-    cfg = FeaturizerConfig(ngrams=ngrams, min_df=min_df, max_vocab=max_vocab, tfidf=tfidf, l2=l2,
-                           hash_size=16 if mode == "hash" else 0)
+    cfg = FeaturizerConfig(ngrams=ngrams, lead_words=lead, min_df=min_df, max_vocab=max_vocab, tfidf=tfidf,
+                           l2=l2, hash_size=16 if mode == "hash" else 0)
     ds = _texts(docs)
     try:
         apart = Featurizer(cfg).fit(ds)
@@ -191,7 +194,7 @@ def test_fit_transform_is_fit_then_transform_to_the_bit(docs: list[str], mode: s
     want = apart.transform(ds)
     assert one.vocab == apart.vocab and one.n_features == apart.n_features and one.n_docs == apart.n_docs
     if mode == "vocab":  # the vocabulary by its definition: terms of >= min_df texts, most texts first
-        df = Counter(term for doc in docs for term in set(tokenize(doc, ngrams)))
+        df = Counter(term for doc in docs for term in set(tokenize(doc, ngrams, lead)))
         ranked = sorted((t for t, c in df.items() if c >= min_df), key=lambda t: (-df[t], t))
         assert list(one.vocab) == ranked[:max_vocab]
         assert list(one.vocab.values()) == list(range(one.n_features))
@@ -214,14 +217,16 @@ def test_fit_transform_of_sparse_rows_is_fit_then_transform() -> None:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    docs=st.lists(st.text(alphabet="abcde fgh", min_size=1, max_size=30), min_size=1, max_size=8),
+    docs=st.lists(st.text(alphabet="abcde fgh.", min_size=1, max_size=30), min_size=1, max_size=8),
     mode=st.sampled_from(["vocab", "hash"]),
     ngrams=st.sampled_from([1, 2]),
+    lead=st.sampled_from([0, 3]),
     idf=st.booleans(),
 )
 def test_text_save_load_gives_identical_transforms(tmp_path: Path, docs: list[str], mode: str, ngrams: int,
-                                                   idf: bool) -> None:
-    cfg = FeaturizerConfig(ngrams=ngrams, min_df=1, hash_size=32 if mode == "hash" else 0, tfidf=idf)
+                                                   lead: int, idf: bool) -> None:
+    cfg = FeaturizerConfig(ngrams=ngrams, lead_words=lead, min_df=1, hash_size=32 if mode == "hash" else 0,
+                           tfidf=idf)
     # no token of 2+ characters at all: a vocabulary cannot be built (hashing still fits, to empty rows)
     assume(mode == "hash" or any(tokenize(d) for d in docs))
     f = Featurizer(cfg).fit(_texts(docs))

@@ -29,14 +29,17 @@ def test_default_params_fit_the_featurizer_they_say() -> None:
     for name in OPTIONS:
         assert getattr(cfg, name) == getattr(params, name), name
     assert params.hash_size == 0 and not cfg.hashed
-    # what those options do: word pairs are in (ngrams 2), terms of one text are out (min_df 2)
+    # what those options do: word pairs are in (ngrams 2), terms of one text are out (min_df 2), and each
+    # text's first three words count again, marked (lead_words 3)
     assert featurizer.vocab is not None
-    assert set(featurizer.vocab) == {"red", "apple", "pie", "red apple", "apple pie"}
+    assert set(featurizer.vocab) == {"red", "apple", "pie", "red apple", "apple pie",
+                                     "^red", "^apple", "^pie"}
 
 
 def test_every_featurizer_param_reaches_the_featurizer() -> None:
     """A value other than the default, for each option, is the featurizer's: none is dropped on the way."""
-    changed = {"tfidf": False, "l2": False, "max_vocab": 7, "min_df": 1, "ngrams": 1, "hash_size": 64}
+    changed = {"tfidf": False, "l2": False, "max_vocab": 7, "min_df": 1, "ngrams": 1, "hash_size": 64,
+               "lead_words": 0}
     assert set(changed) == OPTIONS
     for name, value in changed.items():
         assert value != TrainParams.model_fields[name].default, name
@@ -45,11 +48,13 @@ def test_every_featurizer_param_reaches_the_featurizer() -> None:
     assert FeaturizerConfig.from_params(TrainParams(hash_size=64)).hashed
 
 
-def test_library_defaults_differ_from_training_only_in_ngrams() -> None:
-    """FeaturizerConfig's defaults are TrainParams' but for ngrams (the library keeps to single words):
-    a default changed in one place and not the other fails here."""
+def test_library_defaults_differ_from_training_only_in_ngrams_and_lead_words() -> None:
+    """FeaturizerConfig's defaults are TrainParams' but for ngrams and lead_words (the library keeps to
+    single words, unmarked, as a featurizer saved before either field was): a default changed in one place
+    and not the other fails here."""
     library, training = FeaturizerConfig(), FeaturizerConfig.from_params(TrainParams())
     differ = {f.name for f in dataclasses.fields(FeaturizerConfig)
               if getattr(library, f.name) != getattr(training, f.name)}
-    assert differ == {"ngrams"}, differ
+    assert differ == {"ngrams", "lead_words"}, differ
     assert (library.ngrams, training.ngrams) == (1, 2)
+    assert (library.lead_words, training.lead_words) == (0, 3)

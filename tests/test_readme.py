@@ -441,5 +441,5 @@ def test_readme_sample_answer_is_what_the_demo_returns(tmp_path: Path) -> None:
     for lab in labels:
         assert lab["prob"] == pytest.approx(probs[lab["id"]], abs=0.02)
         assert lab["score"] == pytest.approx(scores[lab["id"]], abs=0.05)
-    assert answer["predictions"][0]["known_features"] == 4
+    assert answer["predictions"][0]["known_features"] == 7  # 4 words, 3 of them leading (marked again)
     assert f'"text": "{DEMO_TEXT}"' in text.split("## Predict with curl", 1)[1]

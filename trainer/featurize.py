@@ -25,7 +25,7 @@ from safetensors.numpy import load_file, save_file
 
 from trainer.data import Dataset
 from trainer.errors import ArtifactError, DataFormatError, ParamsError
-from trainer.params import TrainParams, fields_in
+from trainer.params import MAX_LEAD_WORDS, TrainParams, fields_in
 
 __all__ = ["FEATURIZER_VERSION", "Featurizer", "FeaturizerConfig", "tokenize"]
 
@@ -33,6 +33,8 @@ FEATURIZER_VERSION = 1
 _JSON_NAME = "featurizer.json"
 _TENSORS_NAME = "featurizer.safetensors"
 _TOKEN_RE = re.compile(r"\w\w+")
+_CLAUSE_END_RE = re.compile(r"[.;:!?](?:\s+|$)")  # a sentence or clause ends here
+LEAD_MARK = "^"  # marks a clause's leading word as a term of its own; no word token holds it
 _HASH_CACHE_MAX = 1 << 20
 _SMALL_BATCH = 8  # fewer texts than this take the dict route (lower latency for one request)
 
@@ -46,12 +48,14 @@ def _training_default(name: str) -> Any:
 @dataclass(frozen=True)
 class FeaturizerConfig:
     """Featurizer options, named as `TrainParams`' featurizer group names them, with the same defaults
-    (but `ngrams`: the library keeps to single words, training adds word pairs), plus two that only the
+    (but `ngrams` and `lead_words`: the library keeps to single words, training adds word pairs and marked
+    leading words, and a featurizer saved before `lead_words` existed reads as 0), plus two that only the
     library sets. JSON round trip via `to_dict` / `from_dict` (unknown keys rejected; a featurizer saved
     under the names of earlier versions reads as it was fit). `tfidf` and `l2` apply to whichever input
     the featurizer is fit on, texts or sparse features."""
 
     ngrams: int = 1
+    lead_words: int = 0
     min_df: int = _training_default("min_df")
     max_vocab: int = _training_default("max_vocab")
     hash_size: int = _training_default("hash_size")  # 0: a vocabulary; more: that many hash buckets
@@ -64,6 +68,8 @@ class FeaturizerConfig:
         problems = []
         if self.ngrams not in (1, 2):
             problems.append(f"ngrams must be 1 or 2, got {self.ngrams}")
+        if not 0 <= self.lead_words <= MAX_LEAD_WORDS:
+            problems.append(f"lead_words must be in [0, {MAX_LEAD_WORDS}], got {self.lead_words}")
         if self.min_df < 1:
             problems.append(f"min_df must be >= 1, got {self.min_df}")
         if self.max_vocab < 1:
@@ -116,12 +122,26 @@ def _current_names(d: dict[str, Any], kind: str | None) -> dict[str, Any]:
     return d
 
 
-def tokenize(text: str, ngrams: int = 1) -> list[str]:
-    """Lowercase word tokens of two or more word characters, plus adjacent bigrams if ngrams=2."""
-    toks = _TOKEN_RE.findall(text.lower())
+def tokenize(text: str, ngrams: int = 1, lead_words: int = 0) -> list[str]:
+    """Lowercase word tokens of two or more word characters, plus adjacent bigrams if ngrams=2, plus the
+    first `lead_words` tokens of each sentence or clause once more, marked (`^word`).
+
+    Why the marked copies: a description names what it is about first ("a state of extreme confusion"),
+    and a leading word as a term of its own weighs apart from the same word further on.
+    """
+    low = text.lower()
+    lead: list[str] = []
+    if lead_words > 0:
+        toks: list[str] = []
+        for clause in _CLAUSE_END_RE.split(low):
+            words = _TOKEN_RE.findall(clause)
+            toks += words
+            lead += [LEAD_MARK + w for w in words[:lead_words]]
+    else:
+        toks = _TOKEN_RE.findall(low)
     if ngrams == 2 and len(toks) > 1:
         toks = toks + [f"{a} {b}" for a, b in pairwise(toks)]
-    return toks
+    return toks + lead
 
 
 def _hash64(term: str) -> int:
@@ -261,7 +281,7 @@ class Featurizer:
         cfg = self.config
         df: Counter[str] = Counter()
         for t in texts:
-            df.update(set(tokenize(t, cfg.ngrams)))
+            df.update(set(self._terms(t)))
         room = max(cfg.max_vocab - len(self.vocab), 0)
         kept = sorted(((c, term) for term, c in df.items() if c >= cfg.min_df and term not in self.vocab),
                       key=lambda ct: (-ct[0], ct[1]))[:room]
@@ -372,9 +392,9 @@ class Featurizer:
         n = len(texts)
         lens = np.zeros(n, dtype=np.int64)
         flat: list[int] = []
-        ngrams = self.config.ngrams
+        terms_of = self._terms
         for i, text in enumerate(texts):
-            ids = [term_id(t) for t in tokenize(text, ngrams)]
+            ids = [term_id(t) for t in terms_of(text)]
             lens[i] = len(ids)
             flat.extend(ids)
         terms = np.asarray(flat, dtype=np.int64)
@@ -395,13 +415,12 @@ class Featurizer:
 
     def _raw_texts_small(self, texts: Sequence[str]) -> sp.csr_matrix:
         """The dict route of `_raw_texts`, for a handful of rows (no numpy set-up per call)."""
-        cfg = self.config
         indptr = [0]
         indices: list[int] = []
         data: list[float] = []
         vocab = self.vocab
         for text in texts:
-            tf = Counter(tokenize(text, cfg.ngrams))
+            tf = Counter(self._terms(text))
             weights = self._tf(np.fromiter(tf.values(), dtype=np.int64, count=len(tf))).tolist()
             if vocab is not None:
                 row = {j: wt for term, wt in zip(tf, weights, strict=True)
@@ -442,11 +461,15 @@ class Featurizer:
         terms the model does not know are left out."""
         self._require_fitted()
         out: dict[int, list[str]] = {}
-        for term in dict.fromkeys(tokenize(text, self.config.ngrams)):
+        for term in dict.fromkeys(self._terms(text)):
             col = self.vocab.get(term) if self.vocab is not None else self._hashed(term)[0]
             if col is not None:
                 out.setdefault(int(col), []).append(term)
         return out
+
+    def _terms(self, text: str) -> list[str]:
+        """A text's terms under this featurizer's options, repeats kept (their count is the tf)."""
+        return tokenize(text, self.config.ngrams, self.config.lead_words)
 
     def _hashed(self, term: str) -> tuple[int, float]:
         hit = self._hash_cache.get(term)

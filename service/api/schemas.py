@@ -22,7 +22,7 @@ from pydantic_core import PydanticCustomError
 from service.api.bodies import ClientBody
 
 # words of the `ovex demo` model's vocabulary: the OpenAPI examples work against it as they stand
-DEMO_TEXT = "giravu cabo mirile mage"
+DEMO_TEXT = "noci dotavo jihede kupici"
 # float32 is what the model computes in; larger magnitudes would become inf there.
 F32_MAX = 3.4028234663852886e38
 
@@ -134,7 +134,8 @@ class Contribution(BaseModel):
     """What one input feature added to a label's score."""
 
     feature: int = Field(description="the feature's column in the model's input space")
-    word: str | None = Field(None, description="the input's word (or word pair) behind it, for text models")
+    word: str | None = Field(None, description="the input's word (or word pair, or a sentence's or clause's "
+                             "leading word marked `^`) behind it, for text models")
     value: float = Field(description="the feature's value after the model's featurization (tf-idf, L2)")
     contribution: float = Field(description="its share of the score (see `method`)")
 

@@ -401,7 +401,8 @@ def test_answers_say_how_many_input_features_the_model_knows(server: Any) -> Non
     model = load_artifact(server.models_dir / "demo" / "1")
     texts = ["rocket orbit planet", "hello world", "rocket rocket zebra", "guitar HELLO"]
     expected = np.diff(model.featurizer.transform_texts(texts).indptr).tolist()
-    assert expected == [5, 0, 1, 1]  # three words of the demo's vocabulary and their two pairs
+    # three words of the demo's vocabulary, their two pairs, and each text's leading words again, marked
+    assert expected == [8, 0, 2, 2]
     r = httpx.post(f"{server.url}/v1/predict", json={"inputs": [{"text": t} for t in texts]})
     assert r.status_code == 200, r.text
     assert [p["known_features"] for p in r.json()["predictions"]] == expected
@@ -675,17 +676,20 @@ def test_home_shows_what_serves_the_next_step_and_live_traffic(browser: Any, ser
     wait_for(lambda: css_all(browser, "#home-served tr"), what="the served models")
     assert "demo" in css(browser, "#home-served").text and "default" in css(browser, "#home-served").text
     assert css(browser, "#next-step").get_attribute("href")
-    row = wait_for(lambda: css(browser, "#home-traffic tr[data-route='POST /v1/models/{name}/predict']"),
-                   what="the predict route's traffic")
-    cells = [c.text for c in row.find_elements("css selector", "td")]
-    assert cells[2].endswith("ms") and cells[3].endswith("ms") and int(cells[4].split()[0]) >= 1
-    assert int(cells[5].replace(",", "")) >= 7
-    model_row = wait_for(lambda: css(browser, "#home-models-traffic tr[data-model='demo']"),
-                         what="demo's rows")
-    cells = [c.text for c in model_row.find_elements("css selector", "td")]
+    def cells(selector: str) -> list[str]:
+        return [c.text for c in css(browser, selector).find_elements("css selector", "td")]
+
+    def counted(selector: str, column: int, at_least: int) -> list[str] | None:
+        """The row's cells once its count has caught up with the requests above (the page refreshes)."""
+        row = cells(selector)
+        return row if row[column] not in ("", "…") and int(row[column].replace(",", "")) >= at_least else None
+
+    route = "#home-traffic tr[data-route='POST /v1/models/{name}/predict']"
+    row = wait_for(lambda: counted(route, 5, 7), what="the predict route's traffic")
+    assert row[2].endswith("ms") and row[3].endswith("ms") and int(row[4].split()[0]) >= 1, row
     # per model: latency and the requests its own checks refused (features sent to a text model)
-    assert cells[2].endswith("ms") and cells[3].endswith("ms") and int(cells[4].split()[0]) >= 1, cells
-    assert int(cells[6].replace(",", "")) >= 5, cells
+    row = wait_for(lambda: counted("#home-models-traffic tr[data-model='demo']", 6, 5), what="demo's rows")
+    assert row[2].endswith("ms") and row[3].endswith("ms") and int(row[4].split()[0]) >= 1, row
     # requests per second from two reads
     for _ in range(4):
         httpx.post(f"{server.url}/v1/models/demo/predict", json={"inputs": [{"text": "rocket"}]})

@@ -14,6 +14,7 @@ from service.serving.predictor import InputRow, Options, Predictor
 from service.serving.registry import ServedModel, load_served
 from service.settings import Settings
 from tests.service.conftest import Server
+from trainer.featurize import LEAD_MARK
 
 N_FEATURES = 400
 
@@ -127,8 +128,9 @@ def test_text_words_are_named(tmp_path: Path) -> None:
     [why] = explain(pred, [row], [answer], max_terms=1000)
     words = set(text.split())
     for label, e in zip(answer.labels, why, strict=True):
-        # words, and the word pairs of a bigram model
-        assert e["contributions"] and all(set(c["word"].split()) <= words for c in e["contributions"])
+        # words, the word pairs of a bigram model, and leading words marked as such
+        assert e["contributions"] and all(set(c["word"].removeprefix(LEAD_MARK).split()) <= words
+                                          for c in e["contributions"])
         assert "unknownword" not in {c["word"] for c in e["contributions"]}
         total = e["bias"] + sum(c["contribution"] for c in e["contributions"])
         assert total == pytest.approx(label.score, rel=1e-4, abs=1e-4)
