@@ -186,3 +186,21 @@ def test_the_label_texts_set_leaves_twins_out_of_the_peers_answers_where_rows_ne
     assert real.test_twins(b, texts) is None
     b.twins = None
     assert real.fetched(b) == real.K and real.without_twins(b, [fetched]) == [[3, 0, 1, 2, 4]]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="the peers' tf-idf: scikit-learn")
+def test_omikuji_lead_features_are_the_peers_plus_the_marked_leading_words() -> None:
+    """`omikuji-lead` learns from the peers' tf-idf terms and ovex's marked leading words beside them;
+    the plain peers' features stay as they were, and the row is offered on the text sets alone."""
+    from trainer.data import Dataset
+
+    texts = ["red apple pie. green tea", "red apple tart. green tea", "blue sky. red apple"] * 2
+    y = sp.csr_matrix(np.ones((len(texts), 1), np.float32))
+    ds = Dataset(Y=y, n_features=0, n_labels=1, texts=texts, label_names=["x"])
+    b = real.Bench(ds, ds, ["x"], y, y, Path("x"), 1)
+    plain, _, _, _, _ = real.peer_features(b, "wordnet")
+    lead, lead_test, _, _, _ = real.peer_features(b, "wordnet", lead_words=2)
+    # the marked words seen in 2+ texts: ^red ^apple ^green ^tea ^blue ^sky
+    assert lead.shape[1] == plain.shape[1] + 6 and lead_test.shape == lead.shape
+    assert all(n > 0 for n in np.diff(lead.indptr) - np.diff(plain.indptr))
+    assert "omikuji-lead" in real.METHODS and real.LEAD_PEERS == ("omikuji-lead",)
