@@ -121,9 +121,9 @@ def test_featurizer_config_bounds_and_saved_configs_without_the_field() -> None:
 def test_a_request_is_featurized_with_the_marked_words_the_vocabulary_learned() -> None:
     texts = [r["text"] for r in _rows()]
     ds = Dataset(Y=sp.csr_matrix((len(texts), 1), dtype=np.float32), n_features=0, n_labels=1, texts=texts)
-    raw = {"min_df": 1, "tfidf": False, "l2": False, "sublinear_tf": False}
-    lead = Featurizer(FeaturizerConfig(lead_words=1, **raw)).fit(ds)  # type: ignore[arg-type]
-    plain = Featurizer(FeaturizerConfig(lead_words=0, **raw)).fit(ds)  # type: ignore[arg-type]
+    raw: dict[str, Any] = {"min_df": 1, "tfidf": False, "l2": False, "sublinear_tf": False}
+    lead = Featurizer(FeaturizerConfig(lead_words=1, **raw)).fit(ds)
+    plain = Featurizer(FeaturizerConfig(lead_words=0, **raw)).fit(ds)
     assert _marked(lead.vocab) == {"^apple", "^pear", "^plum", "^engine", "^wheel", "^brake", "^wing",
                                    "^feather", "^nest", "^it"}
     assert not _marked(plain.vocab)
